@@ -1,0 +1,328 @@
+"""The executor: one `shard_map` program that runs any schedule table.
+
+Every device runs the same program (SPMD). Stage k's code is branch k of a
+`lax.switch` on `axis_index('stage')`; a `lax.scan` walks the table one tick
+at a time, so the compiled program does not grow with the number of
+micro-batches. At each tick each stage runs the op the table gives it, then
+sends activations forward and gradients backward with `lax.ppermute` outside
+the switch (collectives must not sit in a branch). A message carries
+(payload, micro-batch, valid); the receiver files it in a ring-buffer slot
+`micro-batch mod capacity`, capacities derived from the table.
+
+Backward = exact vjp of the stage function at (weights, stashed input).
+Re-materialization (GPipe §2, "re-materialization"): with `remat="stage"`
+only stage inputs are kept and the forward is recomputed inside the vjp;
+with `remat="none"` the vjp residuals of the forward tick are packed into a
+residual ring buffer and reused at the backward tick; a `jax.checkpoint`
+policy keeps what the policy saves. Residuals that are the stage's own
+inputs (weights, stashed activation, micro-batch data) are never copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pipejax.compile.packing import Buffers, Packing
+from pipejax.compile.staged import StagedParams, TrainState
+from pipejax.partition import Plan
+from pipejax.schedules import BWD, FWD, Schedule, StageInfo
+from pipejax.mesh import AXIS
+from pipejax.trace import apply_layers, init_layer, layer_key
+
+Remat = Any  # "none" | "stage" | a jax.checkpoint policy
+
+
+@dataclasses.dataclass(frozen=True)
+class _Residuals:
+    """Which vjp residuals are recomputable inputs and which must be kept."""
+
+    recipe: tuple[tuple[str, int], ...]  # per residual leaf: ("known", j) or ("kept", i)
+    treedef: Any
+
+
+def _split_residuals(vjp_fn: Any, known: Sequence[Any]) -> tuple[list, _Residuals]:
+    """Separate the residual leaves of `vjp_fn` that are (by identity) among
+    `known` — values available again at the backward tick — from the rest."""
+    leaves, treedef = jax.tree.flatten(vjp_fn)
+    recipe, kept = [], []
+    for leaf in leaves:
+        j = next((j for j, x in enumerate(known) if leaf is x), None)
+        if j is None:
+            recipe.append(("kept", len(kept)))
+            kept.append(leaf)
+        else:
+            recipe.append(("known", j))
+    return kept, _Residuals(tuple(recipe), treedef)
+
+
+def _rebuild_vjp(res: _Residuals, known: Sequence[Any], kept: Sequence[Any]) -> Callable:
+    leaves = [known[i] if kind == "known" else kept[i] for kind, i in res.recipe]
+    return jax.tree.unflatten(res.treedef, leaves)
+
+
+class Executor:
+    """Compiles (plan, schedule, loss, remat) into shard_map programs on `mesh`."""
+
+    def __init__(self, layers: Sequence[Any], plan: Plan, schedule: Schedule, loss: Callable,
+                 remat: Remat, mesh: Mesh):
+        self.layers, self.plan, self.schedule = list(layers), plan, schedule
+        self.loss, self.remat, self.mesh = loss, remat, mesh
+        self.K, self.M = plan.stages, schedule.microbatches
+        K = self.K
+        self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(K)])
+        # Boundary k carries stage k's output to stage k + 1.
+        self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(K - 1)])
+        self.caps = (schedule.input_capacity, schedule.grad_capacity, schedule.residual_capacity)
+        self.sharding = NamedSharding(mesh, P(AXIS))
+
+    def kept_packing(self, x_m: Any, y_m: Any) -> Packing:
+        """Layout of the residuals each stage keeps from forward to backward,
+        for micro-batches shaped like `x_m`, `y_m` (known at trace time)."""
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return Packing.of([
+            jax.eval_shape(lambda p, a, x, y, kk, k=k: self._forward(k, p, a, x, y, kk)[1],
+                           self.params.abstract_tree(k),
+                           self._abstract_input(k), x_m, y_m, key)
+            for k in range(self.K)])
+
+    # ----------------------------------------------------------------- stages
+    def _abstract_input(self, k: int) -> Any:
+        return self.plan.stage_specs(k)[0].input if k > 0 else None
+
+    def _stage_fn(self, k: int, x_m: Any, y_m: Any, key: jax.Array) -> Callable:
+        """f_k(params, h): stage k's layers; the last stage ends in the loss."""
+        r = self.plan.ranges[k]
+        layers = self.layers[r.start:r.stop]
+
+        def f(params, h):
+            out = apply_layers(layers, params, x_m if k == 0 else h, key, True, first=r.start)
+            return self.loss(out, y_m) if k == self.K - 1 else out
+
+        if self.remat == "none":
+            return f
+        policy = jax.checkpoint_policies.nothing_saveable if self.remat == "stage" else self.remat
+        return jax.checkpoint(f, policy=policy)
+
+    def _forward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array):
+        """(output, kept residuals) of stage k on one micro-batch; the last
+        stage's output is its loss."""
+        out, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
+        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
+        kept, _ = _split_residuals(vjp_fn, known)
+        return out, kept
+
+    def _backward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
+                  kept: Sequence[Any], ct: Any):
+        """(param grads, input grad) of stage k: the vjp rebuilt from kept residuals.
+
+        The forward traced here only supplies the residual structure; its
+        values are unused and removed by XLA (with remat, the vjp replays it).
+        """
+        _, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
+        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
+        _, res = _split_residuals(vjp_fn, known)
+        return _rebuild_vjp(res, known, kept)(ct)
+
+    # -------------------------------------------------------------- one tick
+    def _tick_branches(self, kept_pack: Packing) -> list[Callable]:
+        """Branch 0 idles; branch 1 + 2k runs stage k's forward, 2 + 2k its backward.
+
+        Every branch maps (params, h_slot, g_slot, kept_slot, grads, x_m, y_m, key)
+        to (msg_fwd, msg_bwd, kept, grads, loss) with equal shapes.
+        """
+        K, M = self.K, self.M
+        acts, params_pack = self.acts, self.params
+
+        def idle(p, h, g, r, acc, x_m, y_m, key):
+            return h, g, r, acc, jnp.zeros((), jnp.float32)
+
+        def fwd(k):
+            def run(p, h, g, r, acc, x_m, y_m, key):
+                params = params_pack.unpack(k, p)
+                h_in = acts.unpack(k - 1, h) if k > 0 else None
+                out, kept = self._forward(k, params, h_in, x_m, y_m, key)
+                if k == K - 1:
+                    return h, g, kept_pack.pack(k, kept), acc, out.astype(jnp.float32)
+                return acts.pack(k, out), g, kept_pack.pack(k, kept), acc, jnp.zeros((), jnp.float32)
+            return run
+
+        def bwd(k):
+            def run(p, h, g, r, acc, x_m, y_m, key):
+                params = params_pack.unpack(k, p)
+                h_in = acts.unpack(k - 1, h) if k > 0 else None
+                kept = jax.tree.leaves(kept_pack.unpack(k, r))
+                if k == K - 1:
+                    ct = jnp.full((), 1.0 / M, jnp.float32)
+                else:
+                    ct = acts.unpack(k, g)
+                dparams, dh = self._backward(k, params, h_in, x_m, y_m, key, kept, ct)
+                grads = params_pack.pack(k, dparams)
+                acc = {d: acc[d] + grads[d] for d in acc}
+                msg = acts.pack(k - 1, dh) if k > 0 else g
+                return h, msg, r, acc, jnp.zeros((), jnp.float32)
+            return run
+
+        branches = [idle]
+        for k in range(K):
+            branches += [fwd(k), bwd(k)]
+        return branches
+
+    def _pipeline_body(self, p: Buffers, x: Any, y: Any, key: jax.Array):
+        """Inside shard_map: run the whole table; return (summed loss, local grads)."""
+        K = self.K
+        cin, cg, cr = self.caps
+        k = lax.axis_index(AXIS)
+        p = {d: b[0] for d, b in p.items()}
+        struct = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+        kept_pack = self.kept_packing(jax.tree.map(struct, x), jax.tree.map(struct, y))
+        branches = self._tick_branches(kept_pack)
+        table = (jnp.asarray(self.schedule.ops), jnp.asarray(self.schedule.mb))
+
+        def slot(bufs, i):
+            return {d: b[i] for d, b in bufs.items()}
+
+        def put(bufs, i, value, valid):
+            return {d: b.at[i].set(jnp.where(valid, value[d], b[i])) for d, b in bufs.items()}
+
+        def tick(carry, row):
+            stash, gbuf, kept, acc, loss = carry
+            op, m = row[0][k], row[1][k]
+            x_m = jax.tree.map(lambda a: a[m], x)
+            y_m = jax.tree.map(lambda a: a[m], y)
+            key_m = jax.random.fold_in(key, m)
+            branch = jnp.where(op == FWD, 1 + 2 * k, jnp.where(op == BWD, 2 + 2 * k, 0))
+            msg_f, msg_b, new_kept, acc, l = lax.switch(
+                branch, branches, p, slot(stash, m % cin), slot(gbuf, m % cg),
+                slot(kept, m % cr), acc, x_m, y_m, key_m)
+            kept = put(kept, m % cr, new_kept, op == FWD)
+            if K > 1:
+                fwd_perm = [(i, i + 1) for i in range(K - 1)]
+                bwd_perm = [(i + 1, i) for i in range(K - 1)]
+                sent_f = (msg_f, m, (op == FWD) & (k < K - 1))
+                sent_b = (msg_b, m, (op == BWD) & (k > 0))
+                got_f, mf, vf = lax.ppermute(sent_f, AXIS, fwd_perm)
+                got_b, mb, vb = lax.ppermute(sent_b, AXIS, bwd_perm)
+                stash = put(stash, mf % cin, got_f, vf)
+                gbuf = put(gbuf, mb % cg, got_b, vb)
+            return (stash, gbuf, kept, acc, loss + l), None
+
+        carry = (self.acts.zeros((cin,)), self.acts.zeros((cg,)), kept_pack.zeros((cr,)),
+                 self.params.zeros(), jnp.zeros((), jnp.float32))
+        (_, _, _, acc, loss), _ = lax.scan(tick, carry, table)
+        return lax.psum(loss, AXIS), acc
+
+    # ------------------------------------------------------------ programs
+    def _shard(self, fn: Callable, in_specs, out_specs) -> Callable:
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                             check_vma=False)
+
+    def _split_batch(self, batch: tuple) -> tuple:
+        x, y = batch
+        split = lambda a: a.reshape(self.M, a.shape[0] // self.M, *a.shape[1:])
+        return jax.tree.map(split, x), jax.tree.map(split, y)
+
+    def value_and_grad(self, params: StagedParams, batch: tuple, key: jax.Array):
+        """Mean loss over the M micro-batches and its gradient, stage-sharded."""
+        x, y = self._split_batch(batch)
+
+        def body(p, x, y, key):
+            loss, acc = self._pipeline_body(p, x, y, key)
+            return loss / self.M, {d: b[None] for d, b in acc.items()}
+
+        loss, grads = self._shard(body, (P(AXIS), P(), P(), P()), (P(), P(AXIS)))(
+            params.buffers, x, y, key)
+        return loss, StagedParams(grads, self.params)
+
+    def init_params(self, key: jax.Array) -> StagedParams:
+        """Each stage initializes its own layers on its own device; layer i
+        uses fold_in(key, i), so the values do not depend on K."""
+        plan = self.plan
+
+        def branch(k):
+            def run(key):
+                variables = []
+                for spec in plan.stage_specs(k):
+                    h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
+                    variables.append(init_layer(self.layers[spec.index], layer_key(key, spec.index), h))
+                return self.params.pack(k, variables)
+            return run
+
+        def body(key):
+            out = lax.switch(lax.axis_index(AXIS), [branch(k) for k in range(self.K)], key)
+            return {d: b[None] for d, b in out.items()}
+
+        buffers = jax.jit(self._shard(body, (P(),), P(AXIS)))(key)
+        return StagedParams(buffers, self.params)
+
+    def stage(self, variables: Sequence[dict]) -> StagedParams:
+        """Pack one variables dict per layer (as `unstage` returns) onto the stages."""
+        rows = [self.params.pack(k, [variables[i] for i in self.plan.ranges[k]])
+                for k in range(self.K)]
+        buffers = {d: jax.device_put(jnp.stack([r[d] for r in rows]), self.sharding)
+                   for d, _ in self.params.lengths}
+        return StagedParams(buffers, self.params)
+
+    # ------------------------------------------------------------ training
+    def optimizers(self, optimizer: Any) -> list[optax.GradientTransformation]:
+        """One transform per stage: `optimizer(StageInfo)` or the same for all."""
+        if isinstance(optimizer, optax.GradientTransformation):
+            return [optimizer] * self.K
+        if callable(optimizer):
+            return [optimizer(self.schedule.stage_info(k)) for k in range(self.K)]
+        raise TypeError(f"optimizer must be an optax GradientTransformation or a function "
+                        f"StageInfo -> GradientTransformation, not {type(optimizer).__name__}")
+
+    def opt_packing(self, opts: Sequence[optax.GradientTransformation]) -> Packing:
+        return Packing.of([jax.eval_shape(opts[k].init, self.params.abstract_tree(k))
+                           for k in range(self.K)])
+
+    def init_state(self, params: StagedParams, opts, opt_pack: Packing, key: jax.Array) -> TrainState:
+        def branch(k):
+            return lambda p: opt_pack.pack(k, opts[k].init(self.params.unpack(k, p)))
+
+        def body(p):
+            p = {d: b[0] for d, b in p.items()}
+            out = lax.switch(lax.axis_index(AXIS), [branch(k) for k in range(self.K)], p)
+            return {d: b[None] for d, b in out.items()}
+
+        opt_state = jax.jit(self._shard(body, (P(AXIS),), P(AXIS)))(params.buffers)
+        return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key)
+
+    def make_step(self, opts: Sequence[optax.GradientTransformation], opt_pack: Packing) -> Callable:
+        """The jitted training step: pipeline, then each stage's update on its device."""
+        pp = self.params
+
+        def update(k):
+            def run(p, g, s):
+                params, grads = pp.unpack(k, p), pp.unpack(k, g)
+                updates, s = opts[k].update(grads, opt_pack.unpack(k, s), params)
+                return pp.pack(k, optax.apply_updates(params, updates)), opt_pack.pack(k, s)
+            return run
+
+        def body(p, s, x, y, key):
+            loss, acc = self._pipeline_body(p, x, y, key)
+            local = lambda bufs: {d: b[0] for d, b in bufs.items()}
+            p, s = lax.switch(lax.axis_index(AXIS), [update(k) for k in range(self.K)],
+                              local(p), acc, local(s))
+            lead = lambda bufs: {d: b[None] for d, b in bufs.items()}
+            return lead(p), lead(s), loss / self.M
+
+        sharded = self._shard(body, (P(AXIS), P(AXIS), P(), P(), P()), (P(AXIS), P(AXIS), P()))
+
+        def step(state: TrainState, batch: tuple):
+            x, y = self._split_batch(batch)
+            key = jax.random.fold_in(state.key, state.step)
+            p, s, loss = sharded(state.params.buffers, state.opt_state, x, y, key)
+            new = TrainState(StagedParams(p, pp), s, state.step + 1, state.key)
+            return new, {"loss": loss}
+
+        return jax.jit(step, donate_argnums=0)

@@ -1,0 +1,33 @@
+"""Every error pipejax raises on bad input, defined in one place.
+
+Each message names the culprit (layer, shape, setting) and the numbers, and
+says what to do; callers catch the built-in base classes as usual.
+"""
+
+
+class PipejaxError(Exception):
+    """Base class of pipejax's own errors."""
+
+
+class ConfigError(PipejaxError, ValueError):
+    """A setting of `pj.pipeline` (or a helper) is out of range or unknown."""
+
+
+class LayerError(PipejaxError, ValueError):
+    """A layer cannot be traced: wrong input shape, mutable state, bad type."""
+
+
+class BatchError(PipejaxError, ValueError):
+    """A batch does not fit the pipeline (size, shapes, micro-batches)."""
+
+
+class DeviceError(PipejaxError, RuntimeError):
+    """The devices or the mesh cannot hold the requested stages."""
+
+
+class ScheduleError(PipejaxError, ValueError):
+    """A schedule table is impossible (an op before its input exists)."""
+
+
+class DataError(PipejaxError, ValueError):
+    """A data file is missing or malformed."""

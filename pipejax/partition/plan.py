@@ -1,0 +1,125 @@
+"""A `Plan`: which layers each stage holds, and what each stage costs.
+
+Built from the traced `LayerSpec`s and a split (from `balance` or the user).
+Printing a plan gives the table a researcher checks before training: stage,
+layer range and names, cost, parameter bytes, boundary activation bytes, and
+the padding that packing stages into equal flat buffers costs (DESIGN.md,
+heterogeneous stages in SPMD).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from pipejax.errors import ConfigError
+from pipejax.partition.balance import balance, check_split
+from pipejax.trace import LayerSpec
+
+
+def _bytes_by_dtype(specs: Sequence[LayerSpec]) -> dict[str, int]:
+    out: dict[str, int] = collections.Counter()
+    for spec in specs:
+        for x in jax.tree.leaves(spec.variables):
+            out[str(np.dtype(x.dtype))] += int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    return dict(out)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Layers per stage and the cost, parameter bytes and boundary bytes of each."""
+
+    specs: tuple[LayerSpec, ...]
+    split: tuple[int, ...]
+    objective: str
+
+    @property
+    def stages(self) -> int:
+        return len(self.split)
+
+    @property
+    def ranges(self) -> list[range]:
+        """Global layer indices of each stage."""
+        bounds = np.cumsum([0, *self.split])
+        return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def stage_specs(self, k: int) -> tuple[LayerSpec, ...]:
+        return tuple(self.specs[i] for i in self.ranges[k])
+
+    @property
+    def costs(self) -> list[float]:
+        return [sum(s.cost for s in self.stage_specs(k)) for k in range(self.stages)]
+
+    @property
+    def param_bytes(self) -> list[int]:
+        return [sum(s.param_bytes for s in self.stage_specs(k)) for k in range(self.stages)]
+
+    @property
+    def boundary_bytes(self) -> list[int]:
+        """Bytes of one micro-batch of each stage's output (what it sends on)."""
+        return [self.stage_specs(k)[-1].activation_bytes for k in range(self.stages)]
+
+    @property
+    def padded_param_bytes(self) -> int:
+        """Bytes of the packed parameter buffers: K × the largest stage, per dtype."""
+        per_stage = [_bytes_by_dtype(self.stage_specs(k)) for k in range(self.stages)]
+        dtypes = {d for p in per_stage for d in p}
+        return sum(self.stages * max(p.get(d, 0) for p in per_stage) for d in dtypes)
+
+    @property
+    def padding_overhead(self) -> float:
+        """Padded over real parameter bytes, minus one (0.0 means no padding)."""
+        real = sum(self.param_bytes)
+        return self.padded_param_bytes / real - 1.0 if real else 0.0
+
+    def __str__(self) -> str:
+        rows = [("stage", "layers", "names", "cost", "share", "params", "sends")]
+        total = sum(self.costs) or 1.0
+        for k, r in enumerate(self.ranges):
+            names = ",".join(s.name for s in self.stage_specs(k))
+            if len(names) > 40:
+                names = names[:37] + "..."
+            sends = _human(self.boundary_bytes[k]) if k < self.stages - 1 else "-"
+            rows.append((str(k), f"{r.start}-{r.stop - 1}", names, f"{self.costs[k]:.3g}",
+                         f"{100 * self.costs[k] / total:.1f}%", _human(self.param_bytes[k]), sends))
+        widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        cost_kind = "measured seconds" if self.specs[0].seconds is not None else "fwd+bwd FLOPs"
+        lines.append(f"objective {self.objective}, cost = {cost_kind}; padded parameter buffers "
+                     f"{_human(self.padded_param_bytes)} ({100 * self.padding_overhead:.1f}% padding)")
+        return "\n".join(lines)
+
+
+def make_plan(specs: Sequence[LayerSpec], stages: int,
+              partition: str | Sequence[int] = "variance", max_bytes: float | None = None) -> Plan:
+    """Split traced layers into `stages` contiguous stages.
+
+    `partition` is "variance" (GPipe), "bottleneck" (PipeDream) or an explicit
+    list of layer counts per stage.
+    """
+    specs = tuple(specs)
+    if isinstance(partition, str):
+        split = balance([s.cost for s in specs], stages, partition, max_bytes,
+                        memory=[s.param_bytes for s in specs])
+        objective = partition
+    elif isinstance(partition, (list, tuple)):
+        split = check_split(partition, len(specs), stages)
+        objective = "explicit"
+    else:
+        raise ConfigError(f"partition must be 'variance', 'bottleneck' or a list of layer "
+                          f"counts, not {partition!r}")
+    return Plan(specs=specs, split=split, objective=objective)
+

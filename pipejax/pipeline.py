@@ -1,0 +1,126 @@
+"""`pj.pipeline`: the public entry point that runs the data flow end to end.
+
+layer list ─trace→ LayerSpec[] ─partition→ Plan ─schedule→ Table ─compile→ step
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from pipejax.compile import Executor, StagedParams, TrainState
+from pipejax.errors import BatchError, ConfigError, LayerError
+from pipejax.mesh import stage_mesh
+from pipejax.partition import Plan, make_plan
+from pipejax.schedules import Schedule, make_schedule
+from pipejax.trace import trace
+
+REMATS = ("none", "stage")
+
+
+def _check_remat(remat: Any) -> Any:
+    if isinstance(remat, str):
+        if remat not in REMATS:
+            raise ConfigError(f"unknown remat {remat!r}; use 'none', 'stage' or a "
+                              "jax.checkpoint policy such as jax.checkpoint_policies.dots_saveable")
+    elif not callable(remat):
+        raise ConfigError(f"remat must be 'none', 'stage' or a jax.checkpoint policy, not {remat!r}")
+    return remat
+
+
+class Pipeline:
+    """A layer list compiled for a stage mesh. Build it with `pj.pipeline`."""
+
+    def __init__(self, layers: Sequence[Any], *, loss: Callable, example: Any, stages: int,
+                 microbatches: int, schedule: str | Schedule = "gpipe",
+                 partition: str | Sequence[int] = "variance", remat: Any = "stage",
+                 mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None):
+        if not isinstance(layers, (list, tuple)):
+            raise LayerError(f"layers must be a list of Flax modules or functions, not "
+                             f"{type(layers).__name__}; a model is a list so it can be split")
+        if len(layers) == 0:
+            raise LayerError("the layer list is empty; give at least one layer")
+        if not isinstance(stages, (int, np.integer)) or stages < 1:
+            raise ConfigError(f"stages={stages!r}; a pipeline needs at least 1 stage")
+        if stages > len(layers):
+            raise ConfigError(f"stages={stages} > {len(layers)} layers; every stage needs a layer, "
+                              "use fewer stages or split the model into more layers")
+        if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
+            raise ConfigError(f"microbatches={microbatches!r}; use at least 1")
+        self.layers = list(layers)
+        self.loss = loss
+        self.example = example
+        self.remat = _check_remat(remat)
+        self.schedule: Schedule = make_schedule(schedule, stages, microbatches)
+        if not self.schedule.synchronous:
+            raise ConfigError(f"schedule {self.schedule.name!r} is asynchronous; this version "
+                              "runs synchronous schedules only")
+        self.mesh = stage_mesh(stages, mesh)
+        self.specs = trace(self.layers, example, cost=cost)
+        self.plan: Plan = make_plan(self.specs, stages, partition, max_bytes)
+        self.K, self.M = stages, microbatches
+        self.executor = Executor(self.layers, self.plan, self.schedule, loss, self.remat, self.mesh)
+        self._value_and_grad = jax.jit(self.executor.value_and_grad)
+        self._step = None
+
+    # -------------------------------------------------------------- helpers
+    def _check_batch(self, batch: Any) -> tuple:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise BatchError("a batch is a pair (x, y) of inputs and targets")
+        x, y = batch
+        n = np.shape(jax.tree.leaves(x)[0])[0]
+        if n % self.M:
+            raise BatchError(f"batch of {n} examples does not split into microbatches={self.M} "
+                             f"({n} % {self.M} = {n % self.M}); use a batch size divisible by {self.M}")
+        mb = n // self.M
+        for a, e in zip(jax.tree.leaves(x), jax.tree.leaves(self.example)):
+            if (mb, *np.shape(a)[1:]) != tuple(np.shape(e)):
+                raise BatchError(f"inputs of shape {list(np.shape(a))} split into {self.M} "
+                                 f"micro-batches of {[mb, *np.shape(a)[1:]]}, but the pipeline was "
+                                 f"traced with example {list(np.shape(e))}; give x with "
+                                 f"{self.M} × {np.shape(e)[0]} examples of that shape")
+        for a in jax.tree.leaves(y):
+            if np.shape(a)[0] != n:
+                raise BatchError(f"targets hold {np.shape(a)[0]} examples but inputs hold {n}; "
+                                 "give one target per example")
+        return x, y
+
+    # ----------------------------------------------------------- public API
+    def init(self, key: jax.Array) -> StagedParams:
+        """Parameters, each stage's on its own device (layer i from fold_in(key, i))."""
+        return self.executor.init_params(key)
+
+    def stage(self, variables: Sequence[dict]) -> StagedParams:
+        """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
+        if len(variables) != len(self.layers):
+            raise ConfigError(f"got {len(variables)} variables dicts for {len(self.layers)} layers")
+        return self.executor.stage(variables)
+
+    def value_and_grad(self, params: StagedParams, batch: tuple,
+                       key: jax.Array | None = None) -> tuple[jax.Array, StagedParams]:
+        """Mean loss over the micro-batches and its gradient (synchronous schedules)."""
+        batch = self._check_batch(batch)
+        key = jax.random.key(0) if key is None else key
+        return self._value_and_grad(params, batch, key)
+
+    def init_state(self, params: StagedParams, optimizer: Any,
+                   key: jax.Array | None = None) -> TrainState:
+        """Train state for `optimizer` (an optax transform, or StageInfo -> transform);
+        also builds `pipe.step` for it."""
+        ex = self.executor
+        self._opts = ex.optimizers(optimizer)
+        self._opt_pack = ex.opt_packing(self._opts)
+        self._step = ex.make_step(self._opts, self._opt_pack)
+        key = jax.random.key(0) if key is None else key
+        return ex.init_state(params, self._opts, self._opt_pack, key)
+
+    @property
+    def step(self) -> Callable:
+        """The jitted `step(state, (x, y)) -> (state, metrics)`."""
+        if self._step is None:
+            raise ConfigError("pipe.step is built by pipe.init_state(params, optimizer); call it first")
+        return self._step

@@ -1,0 +1,185 @@
+"""Trace a layer list: shapes, parameters and cost of every layer.
+
+First step of the data flow (DESIGN.md): `jax.eval_shape` runs through the
+list with one example micro-batch, so no parameter is allocated. Each layer
+gets a `LayerSpec` with its input/output shapes and dtypes, its parameter
+shapes, and its cost: forward+backward FLOPs from XLA's `cost_analysis()` of
+that layer alone (GPipe §2 partitions by such estimates), parameter bytes and
+output activation bytes; `cost="time"` measures each layer instead.
+
+A layer is a Flax linen module (`layer.init` / `layer.apply`) or a plain
+function of one array (`nn.relu`, `jnp.tanh`, a flatten lambda).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipejax.errors import ConfigError, LayerError
+
+Layer = Any  # a flax.linen.Module or a callable of one array
+Variables = dict  # what `layer.apply` takes; {} for a plain function
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """What tracing learned about one layer."""
+
+    index: int
+    name: str
+    input: jax.ShapeDtypeStruct
+    output: Any  # pytree of jax.ShapeDtypeStruct
+    variables: Any  # pytree of jax.ShapeDtypeStruct, {} for a plain function
+    flops: float  # forward + backward, from XLA's cost analysis
+    param_bytes: int
+    activation_bytes: int  # bytes of the output, one micro-batch
+    seconds: float | None = None  # measured forward + backward (cost="time")
+
+    @property
+    def cost(self) -> float:
+        """The cost the partitioner balances: measured time if any, else FLOPs."""
+        return self.seconds if self.seconds is not None else self.flops
+
+
+def layer_name(layer: Layer) -> str:
+    """A short readable name: the module class, or the function's name."""
+    if isinstance(layer, nn.Module):
+        return type(layer).__name__
+    name = getattr(layer, "__name__", None) or type(layer).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+def _call_kwargs(layer: nn.Module, train: bool) -> dict:
+    """`deterministic=` / `train=` for modules whose `__call__` takes them.
+
+    A module that fixed `deterministic` at construction is left alone (Flax
+    rejects the flag given twice).
+    """
+    params = inspect.signature(type(layer).__call__).parameters
+    kwargs = {}
+    if "deterministic" in params and getattr(layer, "deterministic", None) is None:
+        kwargs["deterministic"] = not train
+    if "train" in params and getattr(layer, "train", None) is None:
+        kwargs["train"] = train
+    return kwargs
+
+
+def init_layer(layer: Layer, key: jax.Array, h: Any) -> Variables:
+    """Initial variables of one layer for input `h` ({} for a function)."""
+    if not isinstance(layer, nn.Module):
+        return {}
+    variables = layer.init({"params": key, "dropout": key}, h, **_call_kwargs(layer, False))
+    return dict(variables)
+
+
+def apply_layer(layer: Layer, variables: Variables, h: Any, key: jax.Array | None = None,
+                train: bool = True) -> Any:
+    """Run one layer. `key` feeds the 'dropout' stream when training."""
+    if not isinstance(layer, nn.Module):
+        return layer(h)
+    rngs = {"dropout": key} if (train and key is not None) else None
+    return layer.apply(variables, h, rngs=rngs, **_call_kwargs(layer, train))
+
+
+def layer_key(key: jax.Array, index: int) -> jax.Array:
+    """The key of layer `index` (global position in the list) for one micro-batch."""
+    return jax.random.fold_in(key, index)
+
+
+def apply_layers(layers: Sequence[Layer], variables: Sequence[Variables], h: Any,
+                 key: jax.Array | None = None, train: bool = True, first: int = 0) -> Any:
+    """Run a contiguous run of layers sequentially; `first` is the global index
+    of `layers[0]`, so keys match however the list is split into stages."""
+    for i, (layer, v) in enumerate(zip(layers, variables)):
+        k = None if key is None else layer_key(key, first + i)
+        h = apply_layer(layer, v, h, k, train)
+    return h
+
+
+def _nbytes(tree: Any) -> int:
+    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))
+
+
+def _describe(tree: Any) -> str:
+    return ", ".join(f"{x.dtype}{list(x.shape)}" for x in jax.tree.leaves(tree))
+
+
+def _fwd_bwd(layer: Layer) -> Callable:
+    """Forward + backward of one layer, seeded with ones (DESIGN.md: ones_like)."""
+    def run(variables, h, key):
+        out, vjp = jax.vjp(lambda v, x: apply_layer(layer, v, x, key), variables, h)
+        return vjp(jax.tree.map(jnp.ones_like, out))
+    return run
+
+
+def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float:
+    analysis = jax.jit(_fwd_bwd(layer)).lower(variables, h, key).cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older jax returns one dict per device
+        analysis = analysis[0] if analysis else {}
+    return float((analysis or {}).get("flops", 0.0))
+
+
+def _seconds(layer: Layer, variables: Any, h: Any, key: jax.Array, repeats: int = 5) -> float:
+    """Median wall time of one jitted forward+backward on the local device."""
+    run = jax.jit(_fwd_bwd(layer))
+    real_v = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), variables)
+    real_h = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), h)
+    jax.block_until_ready(run(real_v, real_h, key))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(real_v, real_h, key))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
+          key: jax.Array | None = None) -> list[LayerSpec]:
+    """Trace `layers` on one example micro-batch; allocates no parameters
+    (except with `cost="time"`, which must run each layer to time it).
+
+    Raises:
+      LayerError: naming the layer index, its class and the shapes, when a
+        layer cannot take its input or keeps mutable state (BatchNorm).
+    """
+    if cost not in ("flops", "time"):
+        raise ConfigError(f"unknown cost {cost!r}; use 'flops' or 'time'")
+    key = jax.random.key(0) if key is None else key
+    key_struct = jax.eval_shape(lambda: key)
+    h = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), example)
+    specs = []
+    for i, layer in enumerate(layers):
+        name = layer_name(layer)
+        if not (isinstance(layer, nn.Module) or callable(layer)):
+            raise LayerError(f"layer {i} ({name}) is neither a Flax module nor a callable; "
+                             "a layer list holds flax.linen modules or functions of one array")
+        try:
+            variables = jax.eval_shape(lambda k, x: init_layer(layer, k, x), key_struct, h)
+            out = jax.eval_shape(lambda v, x, k: apply_layer(layer, v, x, k), variables, h, key_struct)
+        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
+            produced = "the example" if i == 0 else f"layer {i - 1} ({specs[-1].name})"
+            raise LayerError(
+                f"layer {i} ({name}) cannot take input {_describe(h)} produced by {produced}: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
+                "check the shapes of this layer and the layer before it") from None
+        extra = sorted(set(variables) - {"params"})
+        if extra:
+            raise LayerError(
+                f"layer {i} ({name}) keeps mutable collections {extra} (BatchNorm statistics?); "
+                "pipelines train stateless layers only: use GroupNorm or LayerNorm instead")
+        flops = _flops(layer, variables, h, key)
+        seconds = _seconds(layer, variables, h, key) if cost == "time" else None
+        specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,
+                               flops=flops, param_bytes=_nbytes(variables),
+                               activation_bytes=_nbytes(out), seconds=seconds))
+        h = out
+    return specs
