@@ -31,11 +31,11 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipejax.compile.packing import Buffers, Packing
 from pipejax.compile.staged import StagedParams, TrainState
 from pipejax.partition import Plan
 from pipejax.schedules import BWD, FWD, Schedule, StageInfo
 from pipejax.mesh import AXIS
+from pipejax.packing import Buffers, Packing
 from pipejax.trace import apply_layers, init_layer, layer_key
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
@@ -43,30 +43,61 @@ Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
 @dataclasses.dataclass(frozen=True)
 class _Residuals:
-    """Which vjp residuals are recomputable inputs and which must be kept."""
+    """Where each vjp residual comes from at the backward tick."""
 
-    recipe: tuple[tuple[str, int], ...]  # per residual leaf: ("known", j) or ("kept", i)
+    recipe: tuple[tuple[str, Any], ...]  # ("known", j) | ("kept", i) | ("unused", aval)
     treedef: Any
 
 
-def _split_residuals(vjp_fn: Any, known: Sequence[Any]) -> tuple[list, _Residuals]:
-    """Separate the residual leaves of `vjp_fn` that are (by identity) among
-    `known` — values available again at the backward tick — from the rest."""
+def _used_leaves(leaves: Sequence[Any], treedef: Any, out: Any) -> list[bool]:
+    """Which residual leaves the vjp reads (jax.vjp also carries some it never uses)."""
+    struct = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
+    jaxpr = jax.make_jaxpr(lambda ls, ct: jax.tree.unflatten(treedef, ls)(ct))(
+        [struct(x) for x in leaves], jax.tree.map(struct, out)).jaxpr
+    read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+    return [id(v) in read for v in jaxpr.invars[:len(leaves)]]
+
+
+def _split_residuals(vjp_fn: Any, known: Sequence[Any], out: Any) -> tuple[list, _Residuals]:
+    """Sort the residual leaves of `vjp_fn`: those (by identity) among `known`,
+    values available again at the backward tick; those the vjp never reads;
+    and the rest, which must be kept from the forward to the backward tick."""
     leaves, treedef = jax.tree.flatten(vjp_fn)
     recipe, kept = [], []
-    for leaf in leaves:
+    for leaf, used in zip(leaves, _used_leaves(leaves, treedef, out)):
         j = next((j for j, x in enumerate(known) if leaf is x), None)
-        if j is None:
+        if j is not None:
+            recipe.append(("known", j))
+        elif not used:
+            recipe.append(("unused", jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf))))
+        else:
             recipe.append(("kept", len(kept)))
             kept.append(leaf)
-        else:
-            recipe.append(("known", j))
     return kept, _Residuals(tuple(recipe), treedef)
 
 
 def _rebuild_vjp(res: _Residuals, known: Sequence[Any], kept: Sequence[Any]) -> Callable:
-    leaves = [known[i] if kind == "known" else kept[i] for kind, i in res.recipe]
-    return jax.tree.unflatten(res.treedef, leaves)
+    pick = {"known": lambda j: known[j], "kept": lambda i: kept[i],
+            "unused": lambda aval: jnp.zeros(aval.shape, aval.dtype)}
+    return jax.tree.unflatten(res.treedef, [pick[kind](arg) for kind, arg in res.recipe])
+
+
+def _run_if(pred: jax.Array, fn: Callable, operands: Any, carry: Any) -> Any:
+    """`fn(operands, carry)` if `pred`, else `carry`: a while loop of 0 or 1 trips.
+
+    Not a `lax.cond`: XLA updates a loop carry (the gradient sum, the residual
+    ring buffer) in place, but copies every buffer a conditional passes through
+    untouched — two copies of all gradients per tick, measured. The barrier
+    ties the operands to the trip counter, so that XLA cannot hoist the work
+    out of the loop as loop-invariant and run it at every tick.
+    """
+    def body(c):
+        trips, carry = c
+        trips, ops = lax.optimization_barrier((trips, operands))
+        return trips + 1, fn(ops, carry)
+
+    return lax.while_loop(lambda c: c[0] < pred.astype(jnp.int32), body,
+                          (jnp.int32(0), carry))[1]
 
 
 class Executor:
@@ -78,7 +109,7 @@ class Executor:
         self.loss, self.remat, self.mesh = loss, remat, mesh
         self.K, self.M = plan.stages, schedule.microbatches
         K = self.K
-        self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(K)])
+        self.params = plan.param_packing
         # Boundary k carries stage k's output to stage k + 1.
         self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(K - 1)])
         self.caps = (schedule.input_capacity, schedule.grad_capacity, schedule.residual_capacity)
@@ -117,7 +148,7 @@ class Executor:
         stage's output is its loss."""
         out, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
         known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
-        kept, _ = _split_residuals(vjp_fn, known)
+        kept, _ = _split_residuals(vjp_fn, known, out)
         return out, kept
 
     def _backward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
@@ -127,71 +158,63 @@ class Executor:
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
-        _, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
+        out, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
         known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
-        _, res = _split_residuals(vjp_fn, known)
+        _, res = _split_residuals(vjp_fn, known, out)
         return _rebuild_vjp(res, known, kept)(ct)
 
     # -------------------------------------------------------------- one tick
-    def _tick_branches(self, kept_pack: Packing) -> list[Callable]:
-        """Branch 0 idles; branch 1 + 2k runs stage k's forward, 2 + 2k its backward.
-
-        Every branch maps (params, h_slot, g_slot, kept_slot, grads, x_m, y_m, key)
-        to (msg_fwd, msg_bwd, kept, grads, loss) with equal shapes.
-        """
-        K, M = self.K, self.M
-        acts, params_pack = self.acts, self.params
-
-        def idle(p, h, g, r, acc, x_m, y_m, key):
-            return h, g, r, acc, jnp.zeros((), jnp.float32)
+    def _forward_branches(self, kept_pack: Packing) -> list[Callable]:
+        """Branch k runs stage k's forward: (params, input slot, x_m, y_m, key)
+        -> (message for stage k + 1, residuals to keep, loss); the last
+        stage's message is empty and its loss is the micro-batch loss."""
+        K, acts, pp = self.K, self.acts, self.params
 
         def fwd(k):
-            def run(p, h, g, r, acc, x_m, y_m, key):
-                params = params_pack.unpack(k, p)
+            def run(p, h, x_m, y_m, key):
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
-                out, kept = self._forward(k, params, h_in, x_m, y_m, key)
+                out, kept = self._forward(k, pp.unpack(k, p), h_in, x_m, y_m, key)
                 if k == K - 1:
-                    return h, g, kept_pack.pack(k, kept), acc, out.astype(jnp.float32)
-                return acts.pack(k, out), g, kept_pack.pack(k, kept), acc, jnp.zeros((), jnp.float32)
+                    return acts.zeros(), kept_pack.pack(k, kept), out.astype(jnp.float32)
+                return acts.pack(k, out), kept_pack.pack(k, kept), jnp.zeros((), jnp.float32)
             return run
+
+        return [fwd(k) for k in range(K)]
+
+    def _backward_branches(self, kept_pack: Packing) -> list[Callable]:
+        """Branch k runs stage k's backward: (params, input slot, gradient slot,
+        kept slot, x_m, y_m, key) -> (packed parameter gradients, message for
+        stage k − 1). The last stage seeds its vjp with 1/M (mean over M)."""
+        K, M, acts, pp = self.K, self.M, self.acts, self.params
 
         def bwd(k):
-            def run(p, h, g, r, acc, x_m, y_m, key):
-                params = params_pack.unpack(k, p)
+            def run(p, h, g, r, x_m, y_m, key):
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
                 kept = jax.tree.leaves(kept_pack.unpack(k, r))
-                if k == K - 1:
-                    ct = jnp.full((), 1.0 / M, jnp.float32)
-                else:
-                    ct = acts.unpack(k, g)
-                dparams, dh = self._backward(k, params, h_in, x_m, y_m, key, kept, ct)
-                grads = params_pack.pack(k, dparams)
-                acc = {d: acc[d] + grads[d] for d in acc}
-                msg = acts.pack(k - 1, dh) if k > 0 else g
-                return h, msg, r, acc, jnp.zeros((), jnp.float32)
+                ct = jnp.full((), 1.0 / M, jnp.float32) if k == K - 1 else acts.unpack(k, g)
+                dparams, dh = self._backward(k, pp.unpack(k, p), h_in, x_m, y_m, key, kept, ct)
+                return pp.pack(k, dparams), acts.pack(k - 1, dh) if k > 0 else acts.zeros()
             return run
 
-        branches = [idle]
-        for k in range(K):
-            branches += [fwd(k), bwd(k)]
-        return branches
+        return [bwd(k) for k in range(K)]
 
     def _pipeline_body(self, p: Buffers, x: Any, y: Any, key: jax.Array):
         """Inside shard_map: run the whole table; return (summed loss, local grads)."""
         K = self.K
         cin, cg, cr = self.caps
         k = lax.axis_index(AXIS)
-        p = {d: b[0] for d, b in p.items()}
+        p = tuple(b[0] for b in p)
         struct = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
         kept_pack = self.kept_packing(jax.tree.map(struct, x), jax.tree.map(struct, y))
-        branches = self._tick_branches(kept_pack)
+        forwards = self._forward_branches(kept_pack)
+        backwards = self._backward_branches(kept_pack)
         table = (jnp.asarray(self.schedule.ops), jnp.asarray(self.schedule.mb))
 
         def slot(bufs, i):
-            return {d: b[i] for d, b in bufs.items()}
+            return tuple(b[i] for b in bufs)
 
         def put(bufs, i, value, valid):
-            return {d: b.at[i].set(jnp.where(valid, value[d], b[i])) for d, b in bufs.items()}
+            return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(bufs, value))
 
         def tick(carry, row):
             stash, gbuf, kept, acc, loss = carry
@@ -199,11 +222,25 @@ class Executor:
             x_m = jax.tree.map(lambda a: a[m], x)
             y_m = jax.tree.map(lambda a: a[m], y)
             key_m = jax.random.fold_in(key, m)
-            branch = jnp.where(op == FWD, 1 + 2 * k, jnp.where(op == BWD, 2 + 2 * k, 0))
-            msg_f, msg_b, new_kept, acc, l = lax.switch(
-                branch, branches, p, slot(stash, m % cin), slot(gbuf, m % cg),
-                slot(kept, m % cr), acc, x_m, y_m, key_m)
-            kept = put(kept, m % cr, new_kept, op == FWD)
+            # Read the slots into values of their own before any buffer is
+            # written, so that XLA updates the ring buffers in place.
+            h, g = lax.optimization_barrier((slot(stash, m % cin), slot(gbuf, m % cg)))
+
+            def forward(args, c):
+                kept, _, _ = c
+                msg, new_kept, l = lax.switch(k, forwards, *args)
+                return tuple(b.at[m % cr].set(v) for b, v in zip(kept, new_kept)), msg, l
+
+            kept, msg_f, l = _run_if(op == FWD, forward, (p, h, x_m, y_m, key_m),
+                                     (kept, self.acts.zeros(), jnp.zeros((), jnp.float32)))
+
+            def backward(args, c):
+                acc, _ = c
+                grads, msg = lax.switch(k, backwards, *args)
+                return tuple(a + d for a, d in zip(acc, grads)), msg
+
+            acc, msg_b = _run_if(op == BWD, backward, (p, h, g, slot(kept, m % cr), x_m, y_m, key_m),
+                                 (acc, self.acts.zeros()))
             if K > 1:
                 fwd_perm = [(i, i + 1) for i in range(K - 1)]
                 bwd_perm = [(i + 1, i) for i in range(K - 1)]
@@ -236,7 +273,7 @@ class Executor:
 
         def body(p, x, y, key):
             loss, acc = self._pipeline_body(p, x, y, key)
-            return loss / self.M, {d: b[None] for d, b in acc.items()}
+            return loss / self.M, tuple(b[None] for b in acc)
 
         loss, grads = self._shard(body, (P(AXIS), P(), P(), P()), (P(), P(AXIS)))(
             params.buffers, x, y, key)
@@ -258,7 +295,7 @@ class Executor:
 
         def body(key):
             out = lax.switch(lax.axis_index(AXIS), [branch(k) for k in range(self.K)], key)
-            return {d: b[None] for d, b in out.items()}
+            return tuple(b[None] for b in out)
 
         buffers = jax.jit(self._shard(body, (P(),), P(AXIS)))(key)
         return StagedParams(buffers, self.params)
@@ -267,8 +304,7 @@ class Executor:
         """Pack one variables dict per layer (as `unstage` returns) onto the stages."""
         rows = [self.params.pack(k, [variables[i] for i in self.plan.ranges[k]])
                 for k in range(self.K)]
-        buffers = {d: jax.device_put(jnp.stack([r[d] for r in rows]), self.sharding)
-                   for d, _ in self.params.lengths}
+        buffers = tuple(jax.device_put(jnp.stack(slot), self.sharding) for slot in zip(*rows))
         return StagedParams(buffers, self.params)
 
     # ------------------------------------------------------------ training
@@ -290,9 +326,9 @@ class Executor:
             return lambda p: opt_pack.pack(k, opts[k].init(self.params.unpack(k, p)))
 
         def body(p):
-            p = {d: b[0] for d, b in p.items()}
+            p = tuple(b[0] for b in p)
             out = lax.switch(lax.axis_index(AXIS), [branch(k) for k in range(self.K)], p)
-            return {d: b[None] for d, b in out.items()}
+            return tuple(b[None] for b in out)
 
         opt_state = jax.jit(self._shard(body, (P(AXIS),), P(AXIS)))(params.buffers)
         return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key)
@@ -310,10 +346,10 @@ class Executor:
 
         def body(p, s, x, y, key):
             loss, acc = self._pipeline_body(p, x, y, key)
-            local = lambda bufs: {d: b[0] for d, b in bufs.items()}
+            local = lambda bufs: tuple(b[0] for b in bufs)
             p, s = lax.switch(lax.axis_index(AXIS), [update(k) for k in range(self.K)],
                               local(p), acc, local(s))
-            lead = lambda bufs: {d: b[None] for d, b in bufs.items()}
+            lead = lambda bufs: tuple(b[None] for b in bufs)
             return lead(p), lead(s), loss / self.M
 
         sharded = self._shard(body, (P(AXIS), P(AXIS), P(), P(), P()), (P(AXIS), P(AXIS), P()))
@@ -325,4 +361,4 @@ class Executor:
             new = TrainState(StagedParams(p, pp), s, state.step + 1, state.key)
             return new, {"loss": loss}
 
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step)

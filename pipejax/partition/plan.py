@@ -9,7 +9,6 @@ heterogeneous stages in SPMD).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Sequence
 
@@ -17,16 +16,9 @@ import jax
 import numpy as np
 
 from pipejax.errors import ConfigError
+from pipejax.packing import Packing
 from pipejax.partition.balance import balance, check_split
 from pipejax.trace import LayerSpec
-
-
-def _bytes_by_dtype(specs: Sequence[LayerSpec]) -> dict[str, int]:
-    out: dict[str, int] = collections.Counter()
-    for spec in specs:
-        for x in jax.tree.leaves(spec.variables):
-            out[str(np.dtype(x.dtype))] += int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
-    return dict(out)
 
 
 def _human(n: float) -> str:
@@ -72,11 +64,14 @@ class Plan:
         return [self.stage_specs(k)[-1].activation_bytes for k in range(self.stages)]
 
     @property
+    def param_packing(self) -> Packing:
+        """How each stage's parameters are packed into equal slot buffers."""
+        return Packing.of([[s.variables for s in self.stage_specs(k)] for k in range(self.stages)])
+
+    @property
     def padded_param_bytes(self) -> int:
-        """Bytes of the packed parameter buffers: K × the largest stage, per dtype."""
-        per_stage = [_bytes_by_dtype(self.stage_specs(k)) for k in range(self.stages)]
-        dtypes = {d for p in per_stage for d in p}
-        return sum(self.stages * max(p.get(d, 0) for p in per_stage) for d in dtypes)
+        """Bytes of the packed parameter buffers over all K stages."""
+        return self.stages * self.param_packing.slot_bytes()
 
     @property
     def padding_overhead(self) -> float:

@@ -1,0 +1,55 @@
+"""Shared by the benchmarks: the machine and versions, a table printer, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def environment() -> dict:
+    import flax
+    import jax
+    import optax
+
+    return {"machine": platform.machine(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
+            "devices": [str(d) for d in jax.devices()][:8], "backend": jax.default_backend(),
+            "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of `fn()` (which must block until its result is ready)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def table(rows: Sequence[dict]) -> str:
+    keys = list(rows[0])
+    cells = [[str(r.get(k, "")) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2))
+    return path

@@ -1,0 +1,107 @@
+"""Pack each stage's pytree into flat buffers that have one shape on every stage.
+
+Stages of a heterogeneous model have different parameter (and optimizer
+state, activation, residual) trees, yet SPMD needs one array shape on every
+device (DESIGN.md, heterogeneous stages in SPMD). A `Packing` gives every
+leaf of every stage a *slot*: a flat buffer of one dtype, as long as the
+largest leaf any stage puts there. Within a dtype, each stage's leaves are
+ranked by size, and the j-th largest leaf of every stage shares slot j; so
+stages of identical structure need no padding, and a leaf that fills its slot
+is unpacked by a free reshape instead of a copied slice (the copy would cost
+a pass over all weights at every tick). `pack(k, tree)` and
+`unpack(k, buffers)` are the static reshapes that stage k's `lax.switch`
+branch does. One mechanism serves parameters, gradients, optimizer state,
+boundary activations and kept residuals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Buffers = tuple  # one array per slot; its last axis is the slot length
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    slot: int
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """Which slot every leaf of every stage's tree lives in."""
+
+    treedefs: tuple[Any, ...]  # one PyTreeDef per stage
+    leaves: tuple[tuple[_Leaf, ...], ...]  # per stage, per leaf
+    slots: tuple[tuple[str, int], ...]  # per slot: (dtype, length)
+
+    @classmethod
+    def of(cls, trees: Sequence[Any]) -> "Packing":
+        """Build from one tree of arrays or `ShapeDtypeStruct`s per stage."""
+        flats, treedefs = zip(*(jax.tree.flatten(t) for t in trees)) if trees else ((), ())
+        ranked: list[dict[int, tuple[str, int]]] = []  # per stage: leaf -> (dtype, rank)
+        lengths: dict[tuple[str, int], int] = {}
+        for flat in flats:
+            by_dtype: dict[str, list[int]] = {}
+            for i, x in enumerate(flat):
+                by_dtype.setdefault(str(np.dtype(x.dtype)), []).append(i)
+            stage = {}
+            for dtype, idx in by_dtype.items():
+                idx.sort(key=lambda i: -int(np.prod(flat[i].shape, dtype=np.int64)))
+                for rank, i in enumerate(idx):
+                    stage[i] = (dtype, rank)
+                    size = int(np.prod(flat[i].shape, dtype=np.int64))
+                    lengths[dtype, rank] = max(lengths.get((dtype, rank), 0), size)
+            ranked.append(stage)
+        order = sorted(lengths)
+        index = {s: j for j, s in enumerate(order)}
+        leaves = tuple(tuple(_Leaf(index[stage[i]], tuple(x.shape)) for i, x in enumerate(flat))
+                       for flat, stage in zip(flats, ranked))
+        return cls(tuple(treedefs), leaves, tuple((d, lengths[d, r]) for d, r in order))
+
+    @property
+    def stages(self) -> int:
+        return len(self.treedefs)
+
+    def zeros(self, lead: tuple[int, ...] = ()) -> Buffers:
+        """Zero buffers with leading axes `lead` (e.g. `(K,)` or `(capacity,)`)."""
+        return tuple(jnp.zeros((*lead, n), d) for d, n in self.slots)
+
+    def abstract_tree(self, k: int) -> Any:
+        """Stage k's tree of `ShapeDtypeStruct`s."""
+        return jax.tree.unflatten(self.treedefs[k], [
+            jax.ShapeDtypeStruct(s.shape, self.slots[s.slot][0]) for s in self.leaves[k]])
+
+    def pack(self, k: int, tree: Any) -> Buffers:
+        """Stage k's tree as zero-padded slot buffers."""
+        out: list[Any] = [None] * len(self.slots)
+        for spec, x in zip(self.leaves[k], jax.tree.leaves(tree)):
+            dtype, n = self.slots[spec.slot]
+            flat = jnp.ravel(x).astype(dtype)
+            out[spec.slot] = flat if spec.size == n else jnp.pad(flat, (0, n - spec.size))
+        return tuple(jnp.zeros((n,), d) if b is None else b for b, (d, n) in zip(out, self.slots))
+
+    def unpack(self, k: int, buffers: Buffers) -> Any:
+        """Stage k's tree from its slot buffers (a reshape when the leaf fills its slot)."""
+        flat = []
+        for s in self.leaves[k]:
+            b = buffers[s.slot]
+            flat.append((b if s.size == b.shape[-1] else b[:s.size]).reshape(s.shape))
+        return jax.tree.unflatten(self.treedefs[k], flat)
+
+    def slot_bytes(self) -> int:
+        """Bytes of one stage's buffers (every stage holds this much)."""
+        return sum(n * np.dtype(d).itemsize for d, n in self.slots)
+
+    def used_bytes(self, k: int) -> int:
+        """Bytes of stage k's own leaves, without padding."""
+        return sum(s.size * np.dtype(self.slots[s.slot][0]).itemsize for s in self.leaves[k])
