@@ -1,6 +1,6 @@
 """pipejax: compile a list of Flax layers into one pipelined, jitted training step."""
 
-from pipejax import errors, losses, models, partition, schedules
+from pipejax import data, errors, losses, models, partition, schedules
 from pipejax.compile import StagedParams, TrainState, unstage
 from pipejax.mesh import simulate_devices
 from pipejax.pipeline import Pipeline
@@ -14,6 +14,6 @@ def pipeline(layers, **kwargs) -> Pipeline:
 
 
 __all__ = ["LayerSpec", "Pipeline", "Schedule", "StageInfo", "StagedParams", "TrainState",
-           "apply_layers", "errors", "losses", "models", "partition", "pipeline", "schedules",
+           "apply_layers", "data", "errors", "losses", "models", "partition", "pipeline", "schedules",
            "simulate_devices", "trace", "unstage"]
 __version__ = "0.1.0"

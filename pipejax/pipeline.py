@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax.compile import Executor, StagedParams, TrainState
-from pipejax.errors import BatchError, ConfigError, LayerError
+from pipejax.errors import ConfigError, LayerError
 from pipejax.mesh import stage_mesh
 from pipejax.partition import Plan, make_plan
 from pipejax.schedules import Schedule, make_schedule
@@ -63,31 +63,10 @@ class Pipeline:
         self.specs = trace(self.layers, example, cost=cost)
         self.plan: Plan = make_plan(self.specs, stages, partition, max_bytes)
         self.K, self.M = stages, microbatches
-        self.executor = Executor(self.layers, self.plan, self.schedule, loss, self.remat, self.mesh)
+        self.executor = Executor(self.layers, self.plan, self.schedule, loss, self.remat, self.mesh,
+                                 example)
         self._value_and_grad = jax.jit(self.executor.value_and_grad)
         self._step = None
-
-    # -------------------------------------------------------------- helpers
-    def _check_batch(self, batch: Any) -> tuple:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise BatchError("a batch is a pair (x, y) of inputs and targets")
-        x, y = batch
-        n = np.shape(jax.tree.leaves(x)[0])[0]
-        if n % self.M:
-            raise BatchError(f"batch of {n} examples does not split into microbatches={self.M} "
-                             f"({n} % {self.M} = {n % self.M}); use a batch size divisible by {self.M}")
-        mb = n // self.M
-        for a, e in zip(jax.tree.leaves(x), jax.tree.leaves(self.example)):
-            if (mb, *np.shape(a)[1:]) != tuple(np.shape(e)):
-                raise BatchError(f"inputs of shape {list(np.shape(a))} split into {self.M} "
-                                 f"micro-batches of {[mb, *np.shape(a)[1:]]}, but the pipeline was "
-                                 f"traced with example {list(np.shape(e))}; give x with "
-                                 f"{self.M} × {np.shape(e)[0]} examples of that shape")
-        for a in jax.tree.leaves(y):
-            if np.shape(a)[0] != n:
-                raise BatchError(f"targets hold {np.shape(a)[0]} examples but inputs hold {n}; "
-                                 "give one target per example")
-        return x, y
 
     # ----------------------------------------------------------- public API
     def init(self, key: jax.Array) -> StagedParams:
@@ -103,7 +82,6 @@ class Pipeline:
     def value_and_grad(self, params: StagedParams, batch: tuple,
                        key: jax.Array | None = None) -> tuple[jax.Array, StagedParams]:
         """Mean loss over the micro-batches and its gradient (synchronous schedules)."""
-        batch = self._check_batch(batch)
         key = jax.random.key(0) if key is None else key
         return self._value_and_grad(params, batch, key)
 

@@ -162,20 +162,26 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
         if not (isinstance(layer, nn.Module) or callable(layer)):
             raise LayerError(f"layer {i} ({name}) is neither a Flax module nor a callable; "
                              "a layer list holds flax.linen modules or functions of one array")
-        try:
-            variables = jax.eval_shape(lambda k, x: init_layer(layer, k, x), key_struct, h)
-            out = jax.eval_shape(lambda v, x, k: apply_layer(layer, v, x, k), variables, h, key_struct)
-        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
+        def failed(err: Exception) -> LayerError:
             produced = "the example" if i == 0 else f"layer {i - 1} ({specs[-1].name})"
-            raise LayerError(
+            return LayerError(
                 f"layer {i} ({name}) cannot take input {_describe(h)} produced by {produced}: "
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
-                "check the shapes of this layer and the layer before it") from None
+                "check the shapes of this layer and the layer before it")
+
+        try:
+            variables = jax.eval_shape(lambda k, x: init_layer(layer, k, x), key_struct, h)
+        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
+            raise failed(err) from None
         extra = sorted(set(variables) - {"params"})
         if extra:
             raise LayerError(
                 f"layer {i} ({name}) keeps mutable collections {extra} (BatchNorm statistics?); "
                 "pipelines train stateless layers only: use GroupNorm or LayerNorm instead")
+        try:
+            out = jax.eval_shape(lambda v, x, k: apply_layer(layer, v, x, k), variables, h, key_struct)
+        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
+            raise failed(err) from None
         flops = _flops(layer, variables, h, key)
         seconds = _seconds(layer, variables, h, key) if cost == "time" else None
         specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from pipejax.compile.staged import StagedParams, TrainState
 from pipejax.partition import Plan
 from pipejax.schedules import BWD, FWD, Schedule, StageInfo
+from pipejax.errors import BatchError
 from pipejax.mesh import AXIS
 from pipejax.packing import Buffers, Packing
 from pipejax.trace import apply_layers, init_layer, layer_key
@@ -104,8 +105,9 @@ class Executor:
     """Compiles (plan, schedule, loss, remat) into shard_map programs on `mesh`."""
 
     def __init__(self, layers: Sequence[Any], plan: Plan, schedule: Schedule, loss: Callable,
-                 remat: Remat, mesh: Mesh):
+                 remat: Remat, mesh: Mesh, example: Any):
         self.layers, self.plan, self.schedule = list(layers), plan, schedule
+        self.example = example
         self.loss, self.remat, self.mesh = loss, remat, mesh
         self.K, self.M = plan.stages, schedule.microbatches
         K = self.K
@@ -263,8 +265,27 @@ class Executor:
                              check_vma=False)
 
     def _split_batch(self, batch: tuple) -> tuple:
+        """[M·mb, ...] -> [M, mb, ...], after checking the batch against the
+        example micro-batch (at trace time: shapes are static)."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise BatchError("a batch is a pair (x, y) of inputs and targets")
         x, y = batch
-        split = lambda a: a.reshape(self.M, a.shape[0] // self.M, *a.shape[1:])
+        M = self.M
+        n = jnp.shape(jax.tree.leaves(x)[0])[0]
+        if n % M:
+            raise BatchError(f"batch of {n} examples does not split into microbatches={M} "
+                             f"({n} % {M} = {n % M}); use a batch size divisible by {M}")
+        for a, e in zip(jax.tree.leaves(x), jax.tree.leaves(self.example)):
+            if (n // M, *jnp.shape(a)[1:]) != tuple(jnp.shape(e)):
+                raise BatchError(
+                    f"inputs of shape {list(jnp.shape(a))} split into {M} micro-batches of "
+                    f"{[n // M, *jnp.shape(a)[1:]]}, but the pipeline was traced with example "
+                    f"{list(jnp.shape(e))}; give x of shape {[M * jnp.shape(e)[0], *jnp.shape(e)[1:]]}")
+        for a in jax.tree.leaves(y):
+            if jnp.shape(a)[0] != n:
+                raise BatchError(f"targets hold {jnp.shape(a)[0]} examples but inputs hold {n}; "
+                                 "give one target per example")
+        split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
         return jax.tree.map(split, x), jax.tree.map(split, y)
 
     def value_and_grad(self, params: StagedParams, batch: tuple, key: jax.Array):
@@ -331,7 +352,10 @@ class Executor:
             return tuple(b[None] for b in out)
 
         opt_state = jax.jit(self._shard(body, (P(AXIS),), P(AXIS)))(params.buffers)
-        return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key)
+        replicated = NamedSharding(self.mesh, P())
+        step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
+        # Placed as `step` returns them, so the second step does not recompile.
+        return TrainState(params, opt_state, step, jax.device_put(key, replicated))
 
     def make_step(self, opts: Sequence[optax.GradientTransformation], opt_pack: Packing) -> Callable:
         """The jitted training step: pipeline, then each stage's update on its device."""
