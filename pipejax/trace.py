@@ -117,7 +117,7 @@ def _fwd_bwd(layer: Layer) -> Callable:
     """Forward + backward of one layer, seeded with ones (DESIGN.md: ones_like)."""
     def run(variables, h, key):
         out, vjp = jax.vjp(lambda v, x: apply_layer(layer, v, x, key), variables, h)
-        return vjp(jax.tree.map(jnp.ones_like, out))
+        return out, vjp(jax.tree.map(jnp.ones_like, out))  # out too, or its work is dropped
     return run
 
 

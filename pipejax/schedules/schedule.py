@@ -109,13 +109,15 @@ class Schedule:
                         f"{counts[m]} times; every micro-batch needs exactly one forward and one "
                         "backward on every stage")
         F, B = self.tick_of(FWD), self.tick_of(BWD)
-        for k in range(K):
+        for k in range(1, K):
             for m in range(M):
-                if k > 0 and F[k, m] <= F[k - 1, m]:
+                if F[k, m] <= F[k - 1, m]:
                     raise ScheduleError(
                         f"schedule {self.name!r}: tick {F[k, m]}, stage {k} runs the forward of "
                         f"micro-batch {m} before its input exists (stage {k - 1} sends it at "
                         f"tick {F[k - 1, m]})")
+        for k in range(K):
+            for m in range(M):
                 if B[k, m] <= F[k, m]:
                     raise ScheduleError(
                         f"schedule {self.name!r}: tick {B[k, m]}, stage {k} runs the backward of "

@@ -1,0 +1,39 @@
+"""The command line: `pipejax plan` and a short `pipejax train`."""
+
+import json
+
+import numpy as np
+
+from pipejax.cli import main
+
+
+def _data(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "toy.npz"
+    centers = rng.normal(size=(3, 12)) * 3
+    y = rng.integers(0, 3, 400)
+    x = centers[y] + rng.normal(size=(400, 12))
+    np.savez(path, x_train=x[:320], y_train=y[:320], x_test=x[320:], y_test=y[320:])
+    return str(path)
+
+
+def test_plan_prints_partition_and_timeline(tmp_path, capsys):
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "4", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "padding" in out and "stage 3" in out and "bubble=0.429" in out
+
+
+def test_train_learns_and_writes_metrics(tmp_path, capsys):
+    code = main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
+                 "--batch-size", "32", "--steps", "60", "--lr", "3e-3", "--quiet",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "test accuracy" in out
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["test_accuracy"] > 0.8 and last["steps"] == 60
+
+
+def test_bad_setting_is_a_clear_error(tmp_path, capsys):
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--schedule", "nope"]) == 2
+    assert "unknown schedule 'nope'" in capsys.readouterr().err

@@ -1,0 +1,41 @@
+"""Tracing a layer list: shapes, parameter shapes and per-layer cost."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pipejax as pj
+
+
+def test_shapes_params_and_bytes_without_allocating():
+    layers = [nn.Dense(16), nn.relu, lambda x: x.reshape(x.shape[0], 8, 2), nn.Conv(3, (3,)),
+              lambda x: x.reshape(x.shape[0], -1), nn.Dense(5)]
+    specs = pj.trace(layers, jnp.zeros((4, 20), jnp.float32))
+    assert [s.name for s in specs] == ["Dense", "relu", "lambda", "Conv", "lambda", "Dense"]
+    assert [s.output.shape for s in specs] == [(4, 16), (4, 16), (4, 8, 2), (4, 8, 3), (4, 24), (4, 5)]
+    assert specs[0].variables["params"]["kernel"].shape == (20, 16)
+    assert isinstance(specs[0].variables["params"]["kernel"], jax.ShapeDtypeStruct)
+    assert specs[0].param_bytes == (20 * 16 + 16) * 4
+    assert specs[1].param_bytes == 0 and specs[1].variables == {}
+    assert specs[3].activation_bytes == 4 * 8 * 3 * 4
+
+
+def test_flops_follow_the_matrix_sizes():
+    specs = pj.trace([nn.Dense(64), nn.Dense(256)], jnp.zeros((8, 32)))
+    # forward + backward of a dense layer is about 3 matrix products: 6·B·in·out FLOPs
+    for spec, (n_in, n_out) in zip(specs, [(32, 64), (64, 256)]):
+        assert spec.flops == pytest.approx(6 * 8 * n_in * n_out, rel=0.2)
+    assert specs[1].cost == specs[1].flops
+
+
+def test_measured_time_is_the_cost_when_asked():
+    specs = pj.trace([nn.Dense(64), nn.relu], jnp.zeros((8, 32)), cost="time")
+    assert all(s.seconds is not None and s.seconds > 0 for s in specs)
+    assert specs[0].cost == specs[0].seconds
+
+
+def test_integer_inputs_are_traced():
+    specs = pj.trace([nn.Embed(10, 4), lambda x: x.reshape(x.shape[0], -1), nn.Dense(3)],
+                     jnp.zeros((2, 5), jnp.int32))
+    assert specs[0].output.shape == (2, 5, 4) and specs[2].output.shape == (2, 3)
