@@ -25,7 +25,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
@@ -33,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from pipejax.compile.staged import StagedParams, TrainState
 from pipejax.partition import Plan
-from pipejax.schedules import BWD, FWD, Schedule, StageInfo
+from pipejax.schedules import BWD, FWD, Schedule
 from pipejax.errors import BatchError
 from pipejax.mesh import AXIS
 from pipejax.packing import Buffers, Packing
@@ -145,25 +144,31 @@ class Executor:
         policy = jax.checkpoint_policies.nothing_saveable if self.remat == "stage" else self.remat
         return jax.checkpoint(f, policy=policy)
 
-    def _forward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array):
-        """(output, kept residuals) of stage k on one micro-batch; the last
-        stage's output is its loss."""
+    def _vjp(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array):
+        """Stage k's output (the loss on the last stage), the residuals to keep
+        for its backward, and how to rebuild the vjp from them."""
         out, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
         known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
-        kept, _ = _split_residuals(vjp_fn, known, out)
+        kept, res = _split_residuals(vjp_fn, known, out)
+        return out, kept, lambda kept_again: _rebuild_vjp(res, known, kept_again)
+
+    def _forward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array):
+        """(output, kept residuals) of stage k on one micro-batch."""
+        out, kept, _ = self._vjp(k, params, h, x_m, y_m, key)
         return out, kept
 
     def _backward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
                   kept: Sequence[Any], ct: Any):
-        """(param grads, input grad) of stage k: the vjp rebuilt from kept residuals.
+        """(param grads, input grad) of stage k: the vjp rebuilt from kept
+        residuals; `ct` is the output's cotangent (None on the last stage,
+        whose loss is seeded with 1/M: the pipeline's loss is the mean).
 
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
-        out, vjp_fn = jax.vjp(self._stage_fn(k, x_m, y_m, key), params, h)
-        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
-        _, res = _split_residuals(vjp_fn, known, out)
-        return _rebuild_vjp(res, known, kept)(ct)
+        out, _, rebuild = self._vjp(k, params, h, x_m, y_m, key)
+        ct = jnp.full(out.shape, 1.0 / self.M, out.dtype) if ct is None else ct
+        return rebuild(kept)(ct)
 
     # -------------------------------------------------------------- one tick
     def _forward_branches(self, kept_pack: Packing) -> list[Callable]:
@@ -186,14 +191,14 @@ class Executor:
     def _backward_branches(self, kept_pack: Packing) -> list[Callable]:
         """Branch k runs stage k's backward: (params, input slot, gradient slot,
         kept slot, x_m, y_m, key) -> (packed parameter gradients, message for
-        stage k − 1). The last stage seeds its vjp with 1/M (mean over M)."""
-        K, M, acts, pp = self.K, self.M, self.acts, self.params
+        stage k − 1)."""
+        K, acts, pp = self.K, self.acts, self.params
 
         def bwd(k):
             def run(p, h, g, r, x_m, y_m, key):
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
                 kept = jax.tree.leaves(kept_pack.unpack(k, r))
-                ct = jnp.full((), 1.0 / M, jnp.float32) if k == K - 1 else acts.unpack(k, g)
+                ct = None if k == K - 1 else acts.unpack(k, g)
                 dparams, dh = self._backward(k, pp.unpack(k, p), h_in, x_m, y_m, key, kept, ct)
                 return pp.pack(k, dparams), acts.pack(k - 1, dh) if k > 0 else acts.zeros()
             return run

@@ -8,7 +8,7 @@ one Flax variables dict per layer, independent of the number of stages.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import numpy as np

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from pipejax.errors import ConfigError
