@@ -37,7 +37,8 @@ class Pipeline:
     def __init__(self, layers: Sequence[Any], *, loss: Callable, example: Any, stages: int,
                  microbatches: int, schedule: str | Schedule = "gpipe",
                  partition: str | Sequence[int] = "variance", remat: Any = "stage",
-                 mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None):
+                 mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
+                 weight_stashing: bool = False):
         if not isinstance(layers, (list, tuple)):
             raise LayerError(f"layers must be a list of Flax modules or functions, not "
                              f"{type(layers).__name__}; a model is a list so it can be split")
@@ -55,15 +56,20 @@ class Pipeline:
         self.example = example
         self.remat = _check_remat(remat)
         self.schedule: Schedule = make_schedule(schedule, stages, microbatches)
-        if not self.schedule.synchronous:
-            raise ConfigError(f"schedule {self.schedule.name!r} is asynchronous; this version "
-                              "runs synchronous schedules only")
+        if weight_stashing and self.schedule.synchronous:
+            raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
+                              f"{self.schedule.name!r} every backward already uses its forward's weights")
+        if self.schedule.asynchronous and not weight_stashing and self.remat != "stage":
+            raise ConfigError(
+                f"remat={self.remat!r} keeps residuals computed with the forward's weights, but "
+                f"the backward of {self.schedule.name!r} uses the current weights (the exact vjp "
+                "at (backward weights, stashed input)); use remat='stage' or weight_stashing=True")
         self.mesh = stage_mesh(stages, mesh)
         self.specs = trace(self.layers, example, cost=cost)
         self.plan: Plan = make_plan(self.specs, stages, partition, max_bytes)
         self.K, self.M = stages, microbatches
         self.executor = Executor(self.layers, self.plan, self.schedule, loss, self.remat, self.mesh,
-                                 example)
+                                 example, weight_stashing)
         self._value_and_grad = jax.jit(self.executor.value_and_grad)
         self._step = None
 
@@ -92,8 +98,24 @@ class Pipeline:
         self._opts = ex.optimizers(optimizer)
         self._opt_pack = ex.opt_packing(self._opts)
         self._step = ex.make_step(self._opts, self._opt_pack)
+        self._flush = ex.make_flush(self._opts, self._opt_pack)
         key = jax.random.key(0) if key is None else key
         return ex.init_state(params, self._opts, self._opt_pack, key)
+
+    def flush(self, state: TrainState) -> tuple[TrainState, dict]:
+        """Drain an asynchronous pipeline: finish every micro-batch in flight
+        (their updates included). A no-op for synchronous schedules."""
+        if self._step is None:
+            raise ConfigError("call pipe.init_state(params, optimizer) first")
+        return self._flush(state)
+
+    @property
+    def weight_stash_bytes(self) -> int:
+        """Extra memory per stage for weight stashing: one weight version per
+        micro-batch in flight between its forward and backward (0 if off)."""
+        if not self.executor.weight_stashing:
+            return 0
+        return self.schedule.residual_capacity * self.plan.param_packing.slot_bytes()
 
     @property
     def step(self) -> Callable:

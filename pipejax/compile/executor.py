@@ -21,6 +21,7 @@ inputs (weights, stashed activation, micro-batch data) are never copied.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -32,8 +33,8 @@ from jax.sharding import PartitionSpec as P
 
 from pipejax.compile.staged import StagedParams, TrainState
 from pipejax.partition import Plan
-from pipejax.schedules import BWD, FWD, Schedule
-from pipejax.errors import BatchError
+from pipejax.schedules import NONE, Schedule
+from pipejax.errors import BatchError, ConfigError
 from pipejax.mesh import AXIS
 from pipejax.packing import Buffers, Packing
 from pipejax.trace import apply_layers, init_layer, layer_key
@@ -104,16 +105,20 @@ class Executor:
     """Compiles (plan, schedule, loss, remat) into shard_map programs on `mesh`."""
 
     def __init__(self, layers: Sequence[Any], plan: Plan, schedule: Schedule, loss: Callable,
-                 remat: Remat, mesh: Mesh, example: Any):
+                 remat: Remat, mesh: Mesh, example: Any, weight_stashing: bool = False):
         self.layers, self.plan, self.schedule = list(layers), plan, schedule
-        self.example = example
+        self.example, self.weight_stashing = example, weight_stashing
+        # The last stage seeds its vjp with 1/M when the step's loss is the mean
+        # over M micro-batches, with 1 when each micro-batch is its own update.
+        self.seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
         self.loss, self.remat, self.mesh = loss, remat, mesh
         self.K, self.M = plan.stages, schedule.microbatches
         K = self.K
         self.params = plan.param_packing
         # Boundary k carries stage k's output to stage k + 1.
         self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(K - 1)])
-        self.caps = (schedule.input_capacity, schedule.grad_capacity, schedule.residual_capacity)
+        self.caps = (schedule.input_capacity, schedule.grad_capacity, schedule.residual_capacity,
+                     schedule.data_capacity)
         self.sharding = NamedSharding(mesh, P(AXIS))
 
     def kept_packing(self, x_m: Any, y_m: Any) -> Packing:
@@ -161,13 +166,13 @@ class Executor:
                   kept: Sequence[Any], ct: Any):
         """(param grads, input grad) of stage k: the vjp rebuilt from kept
         residuals; `ct` is the output's cotangent (None on the last stage,
-        whose loss is seeded with 1/M: the pipeline's loss is the mean).
+        whose loss is seeded with `self.seed`).
 
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
         out, _, rebuild = self._vjp(k, params, h, x_m, y_m, key)
-        ct = jnp.full(out.shape, 1.0 / self.M, out.dtype) if ct is None else ct
+        ct = jnp.full(out.shape, self.seed, out.dtype) if ct is None else ct
         return rebuild(kept)(ct)
 
     # -------------------------------------------------------------- one tick
@@ -205,64 +210,106 @@ class Executor:
 
         return [bwd(k) for k in range(K)]
 
-    def _pipeline_body(self, p: Buffers, x: Any, y: Any, key: jax.Array):
-        """Inside shard_map: run the whole table; return (summed loss, local grads)."""
-        K = self.K
-        cin, cg, cr = self.caps
+    def _run_table(self, p: Buffers, s: Any, bufs: dict, x_ring: Any, y_ring: Any,
+                   counters: tuple, key: jax.Array, kept_pack: Packing, updates: Any):
+        """Inside shard_map: run one pass over the table.
+
+        `bufs` holds the ring buffers (stage inputs, received gradients, kept
+        residuals, stashed weights); `counters` = (base, start, fed): this
+        pass's micro-batch ids are base + relative id, and an op is real only
+        for start <= id < fed (the rest is the fill or the drain, masked).
+        Synchronous tables accumulate gradients into `acc`; asynchronous ones
+        call `updates` (one optax update per stage) after every backward.
+        Returns (params, opt state, buffers, acc, loss sum, losses counted).
+        """
+        K, sync = self.K, self.schedule.synchronous
+        cin, cg, cr, cd = self.caps
         k = lax.axis_index(AXIS)
-        p = tuple(b[0] for b in p)
-        struct = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
-        kept_pack = self.kept_packing(jax.tree.map(struct, x), jax.tree.map(struct, y))
+        base, start, fed = counters
         forwards = self._forward_branches(kept_pack)
         backwards = self._backward_branches(kept_pack)
-        table = (jnp.asarray(self.schedule.ops), jnp.asarray(self.schedule.mb))
+        table = (jnp.asarray(self.schedule.fwd, jnp.int32), jnp.asarray(self.schedule.bwd, jnp.int32))
 
-        def slot(bufs, i):
-            return tuple(b[i] for b in bufs)
+        def slot(buf, i):
+            return tuple(b[i] for b in buf)
 
-        def put(bufs, i, value, valid):
-            return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(bufs, value))
+        def put(buf, i, value, valid):
+            return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(buf, value))
 
         def tick(carry, row):
-            stash, gbuf, kept, acc, loss = carry
-            op, m = row[0][k], row[1][k]
-            x_m = jax.tree.map(lambda a: a[m], x)
-            y_m = jax.tree.map(lambda a: a[m], y)
-            key_m = jax.random.fold_in(key, m)
+            p, s, bufs, acc, loss, count = carry
+            rel_f, rel_b = row[0][k], row[1][k]
+            gf, gb = base + rel_f, base + rel_b
+            do_f = (rel_f != NONE) & (gf >= start) & (gf < fed)
+            do_b = (rel_b != NONE) & (gb >= start) & (gb < fed)
+            data = lambda ring, g: jax.tree.map(lambda a: a[g % cd], ring)
             # Read the slots into values of their own before any buffer is
             # written, so that XLA updates the ring buffers in place.
-            h, g = lax.optimization_barrier((slot(stash, m % cin), slot(gbuf, m % cg)))
+            h_f, h_b, g_b = lax.optimization_barrier(
+                (slot(bufs["stash"], gf % cin), slot(bufs["stash"], gb % cin),
+                 slot(bufs["grads"], gb % cg)))
+            args_f = (h_f, data(x_ring, gf), data(y_ring, gf), jax.random.fold_in(key, gf))
 
             def forward(args, c):
-                kept, _, _ = c
-                msg, new_kept, l = lax.switch(k, forwards, *args)
-                return tuple(b.at[m % cr].set(v) for b, v in zip(kept, new_kept)), msg, l
+                p, kept, wstash, _, loss, count = c
+                msg, new_kept, l = lax.switch(k, forwards, p, *args)
+                kept = tuple(b.at[gf % cr].set(v) for b, v in zip(kept, new_kept))
+                wstash = tuple(b.at[gf % cr].set(v) for b, v in zip(wstash, p))
+                return p, kept, wstash, msg, loss + l, count + (k == K - 1)
 
-            kept, msg_f, l = _run_if(op == FWD, forward, (p, h, x_m, y_m, key_m),
-                                     (kept, self.acts.zeros(), jnp.zeros((), jnp.float32)))
+            _, kept, wstash, msg_f, loss, count = _run_if(
+                do_f, forward, args_f,
+                (p, bufs["kept"], bufs["weights"], self.acts.zeros(), loss, count))
+            r = slot(kept, gb % cr)
+            p_b = slot(wstash, gb % cr) if self.weight_stashing else p
+            args_b = (h_b, g_b, r, data(x_ring, gb), data(y_ring, gb), jax.random.fold_in(key, gb))
 
             def backward(args, c):
-                acc, _ = c
-                grads, msg = lax.switch(k, backwards, *args)
-                return tuple(a + d for a, d in zip(acc, grads)), msg
+                p, s, acc, _ = c
+                p_b, *rest = args
+                grads, msg = lax.switch(k, backwards, p_b, *rest)
+                if sync:
+                    return p, s, tuple(a + d for a, d in zip(acc, grads)), msg
+                p, s = lax.switch(k, updates, p, grads, s)
+                return p, s, acc, msg
 
-            acc, msg_b = _run_if(op == BWD, backward, (p, h, g, slot(kept, m % cr), x_m, y_m, key_m),
-                                 (acc, self.acts.zeros()))
+            p, s, acc, msg_b = _run_if(do_b, backward, (p_b, *args_b),
+                                       (p, s, acc, self.acts.zeros()))
+            bufs = dict(bufs, kept=kept, weights=wstash)
             if K > 1:
                 fwd_perm = [(i, i + 1) for i in range(K - 1)]
                 bwd_perm = [(i + 1, i) for i in range(K - 1)]
-                sent_f = (msg_f, m, (op == FWD) & (k < K - 1))
-                sent_b = (msg_b, m, (op == BWD) & (k > 0))
-                got_f, mf, vf = lax.ppermute(sent_f, AXIS, fwd_perm)
-                got_b, mb, vb = lax.ppermute(sent_b, AXIS, bwd_perm)
-                stash = put(stash, mf % cin, got_f, vf)
-                gbuf = put(gbuf, mb % cg, got_b, vb)
-            return (stash, gbuf, kept, acc, loss + l), None
+                got_f, mf, vf = lax.ppermute((msg_f, gf, do_f & (k < K - 1)), AXIS, fwd_perm)
+                got_b, mb, vb = lax.ppermute((msg_b, gb, do_b & (k > 0)), AXIS, bwd_perm)
+                bufs["stash"] = put(bufs["stash"], mf % cin, got_f, vf)
+                bufs["grads"] = put(bufs["grads"], mb % cg, got_b, vb)
+            return (p, s, bufs, acc, loss, count), None
 
-        carry = (self.acts.zeros((cin,)), self.acts.zeros((cg,)), kept_pack.zeros((cr,)),
-                 self.params.zeros(), jnp.zeros((), jnp.float32))
-        (_, _, _, acc, loss), _ = lax.scan(tick, carry, table)
-        return lax.psum(loss, AXIS), acc
+        acc = self.params.zeros() if sync else ()
+        zero = jnp.zeros((), jnp.float32)
+        (p, s, bufs, acc, loss, count), _ = lax.scan(
+            tick, (p, s, bufs, acc, zero, jnp.zeros((), jnp.int32)), table)
+        return p, s, bufs, acc, lax.psum(loss, AXIS), lax.psum(count, AXIS)
+
+    def ring_buffers(self, kept_pack: Packing, lead: tuple[int, ...] = ()) -> dict:
+        """Zero ring buffers of one device (`lead` = (K,) for all devices)."""
+        cin, cg, cr, _ = self.caps
+        return {"stash": self.acts.zeros((*lead, cin)), "grads": self.acts.zeros((*lead, cg)),
+                "kept": kept_pack.zeros((*lead, cr)),
+                "weights": self.params.zeros((*lead, cr)) if self.weight_stashing else ()}
+
+    def _kept_for(self, x: Any, y: Any) -> Packing:
+        """The residual layout for data rings / batches shaped [n, mb, ...]."""
+        struct = lambda a: jax.ShapeDtypeStruct(a.shape[-len(a.shape) + 1:], a.dtype)
+        return self.kept_packing(jax.tree.map(struct, x), jax.tree.map(struct, y))
+
+    def _sync_pass(self, p: Buffers, x: Any, y: Any, key: jax.Array):
+        """A synchronous table over one batch [M, mb, ...]: (acc grads, loss sum, count)."""
+        kept_pack = self._kept_for(x, y)
+        counters = (jnp.int32(0), jnp.int32(0), jnp.int32(self.M))
+        _, _, _, acc, loss, count = self._run_table(
+            p, (), self.ring_buffers(kept_pack), x, y, counters, key, kept_pack, None)
+        return acc, loss, count
 
     # ------------------------------------------------------------ programs
     def _shard(self, fn: Callable, in_specs, out_specs) -> Callable:
@@ -297,9 +344,13 @@ class Executor:
         """Mean loss over the M micro-batches and its gradient, stage-sharded."""
         x, y = self._split_batch(batch)
 
+        if self.schedule.asynchronous:
+            raise ConfigError(f"value_and_grad needs a synchronous schedule; {self.schedule.name!r} "
+                              "updates the weights inside the pipeline: use pipe.step")
+
         def body(p, x, y, key):
-            loss, acc = self._pipeline_body(p, x, y, key)
-            return loss / self.M, tuple(b[None] for b in acc)
+            acc, loss, count = self._sync_pass(tuple(b[0] for b in p), x, y, key)
+            return loss / count, tuple(b[None] for b in acc)
 
         loss, grads = self._shard(body, (P(AXIS), P(), P(), P()), (P(), P(AXIS)))(
             params.buffers, x, y, key)
@@ -360,10 +411,12 @@ class Executor:
         replicated = NamedSharding(self.mesh, P())
         step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
         # Placed as `step` returns them, so the second step does not recompile.
-        return TrainState(params, opt_state, step, jax.device_put(key, replicated))
+        # An asynchronous pipeline's in-flight buffers are made by its first
+        # step, once the shape of the targets is known.
+        return TrainState(params, opt_state, step, jax.device_put(key, replicated), None)
 
-    def make_step(self, opts: Sequence[optax.GradientTransformation], opt_pack: Packing) -> Callable:
-        """The jitted training step: pipeline, then each stage's update on its device."""
+    def _updates(self, opts: Sequence[optax.GradientTransformation], opt_pack: Packing) -> list:
+        """Branch k: stage k's optax update of its packed (params, grads, state)."""
         pp = self.params
 
         def update(k):
@@ -373,13 +426,22 @@ class Executor:
                 return pp.pack(k, optax.apply_updates(params, updates)), opt_pack.pack(k, s)
             return run
 
+        return [update(k) for k in range(self.K)]
+
+    def make_step(self, opts: Sequence[optax.GradientTransformation], opt_pack: Packing) -> Callable:
+        """The jitted training step. Synchronous: the table, then each stage's
+        update on its device. Asynchronous: one period of the table, with the
+        updates inside it and the in-flight micro-batches kept in the state."""
+        if self.schedule.asynchronous:
+            return jax.jit(functools.partial(self._async_pass, opts, opt_pack, feed=True))
+        pp, updates = self.params, self._updates(opts, opt_pack)
+        local = lambda bufs: tuple(b[0] for b in bufs)
+        lead = lambda bufs: tuple(b[None] for b in bufs)
+
         def body(p, s, x, y, key):
-            loss, acc = self._pipeline_body(p, x, y, key)
-            local = lambda bufs: tuple(b[0] for b in bufs)
-            p, s = lax.switch(lax.axis_index(AXIS), [update(k) for k in range(self.K)],
-                              local(p), acc, local(s))
-            lead = lambda bufs: tuple(b[None] for b in bufs)
-            return lead(p), lead(s), loss / self.M
+            acc, loss, count = self._sync_pass(local(p), x, y, key)
+            p, s = lax.switch(lax.axis_index(AXIS), updates, local(p), acc, local(s))
+            return lead(p), lead(s), loss / count
 
         sharded = self._shard(body, (P(AXIS), P(AXIS), P(), P(), P()), (P(AXIS), P(AXIS), P()))
 
@@ -387,7 +449,74 @@ class Executor:
             x, y = self._split_batch(batch)
             key = jax.random.fold_in(state.key, state.step)
             p, s, loss = sharded(state.params.buffers, state.opt_state, x, y, key)
-            new = TrainState(StagedParams(p, pp), s, state.step + 1, state.key)
-            return new, {"loss": loss}
+            new = TrainState(StagedParams(p, pp), s, state.step + 1, state.key, None)
+            return new, {"loss": loss, "completed": jnp.int32(self.M)}
 
         return jax.jit(step)
+
+    def _async_pass(self, opts, opt_pack: Packing, state: TrainState, batch: tuple | None, *,
+                    feed: bool):
+        """One period of an asynchronous table. With `feed`, the batch's M
+        micro-batches enter the data rings as ids base..base+M−1; without, the
+        period only advances what is in flight (flush). Dropout keys are
+        fold_in(state.key, id), the same at a micro-batch's forward and backward."""
+        K, M, cd = self.K, self.M, self.caps[3]
+        if feed:
+            x, y = self._split_batch(batch)
+        else:
+            x, y = state.inflight["x"], state.inflight["y"]
+            x, y = (jax.tree.map(lambda a: a[0, :M], t) for t in (x, y))
+        kept_pack = self._kept_for(x, y)
+        inflight = state.inflight
+        if inflight is None:  # the first step: empty rings, nothing in flight
+            ring = lambda a: jnp.zeros((K, cd, *a.shape[1:]), a.dtype)
+            inflight = {"bufs": self.ring_buffers(kept_pack, (K,)), "x": jax.tree.map(ring, x),
+                        "y": jax.tree.map(ring, y), "base": jnp.int32(0), "start": jnp.int32(0),
+                        "fed": jnp.int32(0)}
+        base, start, fed = inflight["base"], inflight["start"], inflight["fed"]
+        x_ring, y_ring = inflight["x"], inflight["y"]
+        if feed:
+            write = lambda ring, new: lax.dynamic_update_slice_in_dim(
+                ring, jnp.broadcast_to(new[None], (K, *new.shape)), base % cd, axis=1)
+            x_ring, y_ring = jax.tree.map(write, x_ring, x), jax.tree.map(write, y_ring, y)
+            fed = base + M
+        updates = self._updates(opts, opt_pack)
+        local = lambda tree: jax.tree.map(lambda b: b[0], tree)
+        lead = lambda tree: jax.tree.map(lambda b: b[None], tree)
+
+        def body(p, s, bufs, x_ring, y_ring, base, start, fed, key):
+            p, s, bufs, _, loss, count = self._run_table(
+                local(p), local(s), local(bufs), local(x_ring), local(y_ring), (base, start, fed),
+                key, kept_pack, updates)
+            return lead(p), lead(s), lead(bufs), loss, count
+
+        sharded = self._shard(body, (P(AXIS),) * 5 + (P(),) * 4,
+                              (P(AXIS), P(AXIS), P(AXIS), P(), P()))
+        p, s, bufs, loss, count = sharded(state.params.buffers, state.opt_state, inflight["bufs"],
+                                          x_ring, y_ring, base, start, fed, state.key)
+        inflight = {"bufs": bufs, "x": x_ring, "y": y_ring, "base": base + M, "start": start,
+                    "fed": fed}
+        new = TrainState(StagedParams(p, self.params), s, state.step + (1 if feed else 0),
+                         state.key, inflight)
+        return new, {"loss": loss / jnp.maximum(count, 1), "completed": count}
+
+    def make_flush(self, opts, opt_pack: Packing) -> Callable:
+        """`flush(state)`: periods with no new input until nothing is in flight;
+        returns the state and the metrics of the micro-batches it completed."""
+        period = jax.jit(functools.partial(self._async_pass, opts, opt_pack, batch=None, feed=False))
+        tl = self.schedule.timeline(1)
+        periods = -(-(int(tl.B.max()) + 1) // self.schedule.ticks) - 1  # beyond the feeding one
+
+        def flush(state: TrainState):
+            if not self.schedule.asynchronous or state.inflight is None:
+                return state, {"loss": jnp.float32(0), "completed": jnp.int32(0)}
+            total, count = 0.0, 0
+            for _ in range(periods):
+                state, m = period(state)
+                total += float(m["loss"]) * int(m["completed"])
+                count += int(m["completed"])
+            inflight = dict(state.inflight, start=state.inflight["base"], fed=state.inflight["base"])
+            return state._replace(inflight=inflight), {"loss": total / max(count, 1),
+                                                       "completed": count}
+
+        return flush

@@ -8,7 +8,7 @@ one Flax variables dict per layer, independent of the number of stages.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -44,6 +44,7 @@ class TrainState(NamedTuple):
     opt_state: Buffers  # slot buffers [K, length], packed like the parameters
     step: jax.Array  # int32 scalar: number of steps taken
     key: jax.Array  # base key; step t uses fold_in(key, t) for dropout
+    inflight: Any = None  # asynchronous schedules: ring buffers and counters between steps
 
 
 def unstage(params: StagedParams) -> list[dict]:

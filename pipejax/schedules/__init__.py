@@ -1,12 +1,14 @@
-"""Schedules as data: tables of (op, micro-batch) per (tick, stage)."""
+"""Schedules as data: per (tick, stage), the micro-batch run forward and backward."""
 
 from typing import Callable
 
 from pipejax.errors import ConfigError
-from pipejax.schedules.gpipe import gpipe
-from pipejax.schedules.schedule import BWD, FWD, IDLE, Schedule, StageInfo
+from pipejax.schedules.asynchronous import pb, pipedream
+from pipejax.schedules.schedule import NONE, Schedule, StageInfo, Timeline
+from pipejax.schedules.synchronous import gpipe, one_f_one_b
 
-BUILDERS: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe}
+BUILDERS: dict[str, Callable[[int, int], Schedule]] = {
+    "gpipe": gpipe, "1f1b": one_f_one_b, "pipedream": pipedream, "pb": pb}
 
 
 def make_schedule(schedule: "str | Schedule", K: int, M: int) -> Schedule:
@@ -22,4 +24,5 @@ def make_schedule(schedule: "str | Schedule", K: int, M: int) -> Schedule:
     return BUILDERS[schedule](K, M)
 
 
-__all__ = ["BWD", "FWD", "IDLE", "Schedule", "StageInfo", "gpipe", "make_schedule"]
+__all__ = ["NONE", "Schedule", "StageInfo", "Timeline", "gpipe", "make_schedule", "one_f_one_b",
+           "pb", "pipedream"]

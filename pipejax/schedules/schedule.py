@@ -1,23 +1,37 @@
-"""A schedule is data: a `[ticks, stages]` table of (op, micro-batch).
+"""A schedule is data: a `[ticks, stages]` table of which micro-batch each
+stage runs forward and backward at each tick.
 
 In the spirit of JaxPP's task lists, a `Schedule` can be printed, checked
 and measured without running a model; the executor runs any valid table.
-Everything the executor needs to size its buffers (ring-buffer capacities)
-and everything the optimizer needs to know (per-stage delay) is derived from
-the table here, never written by hand.
+A cell has two lanes, a forward and a backward, each naming a micro-batch or
+`NONE`; within a tick the forward runs first (pipelined backpropagation runs
+both lanes every tick, the other schedules one). Micro-batch numbers are
+relative to the step's first micro-batch.
+
+A *synchronous* table runs micro-batches 0..M−1 from an empty pipeline to an
+empty one and applies one update per step (GPipe, 1F1B). An *asynchronous*
+table is one period of a pipeline that never drains (PipeDream, pipelined
+backpropagation): step s runs it with micro-batch ids s·M + relative id
+(negative ids are micro-batches fed by earlier steps), and each stage updates
+its weights after every backward. Everything the executor needs to size its
+buffers, and everything a staleness-aware optimizer needs (delays, SpecTrain
+horizons), is derived here from the unrolled table, never written by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import numpy as np
 
 from pipejax.errors import ScheduleError
 
-IDLE, FWD, BWD = 0, 1, 2
-_OP_LETTER = {IDLE: ".", FWD: "F", BWD: "B"}
+NONE = -(1 << 30)  # no op in this lane
+# Event times within a tick: the forward lane, then the backward lane (with its
+# update), then the filing of the messages that arrived at the end of the tick.
+_F, _B, _END = 1, 2, 3
 
 
 class StageInfo(NamedTuple):
@@ -25,161 +39,277 @@ class StageInfo(NamedTuple):
 
     stage: int  # k, counted from 0
     stages: int  # K
-    delay: int  # D: weight updates between a micro-batch's forward and backward here
-    forward_horizon: int  # updates until this stage's forward weights are used in the backward
-    backward_horizon: int
+    delay: int  # D: this stage's weight updates between a micro-batch's forward and backward
+    forward_horizon: int  # this stage's updates from a forward to the end of that round trip
+    backward_horizon: int  # the same from the backward
 
 
-def _ring_capacity(intervals: list[list[tuple[int, int]]], M: int) -> int:
-    """Smallest C such that micro-batches m and m' with m ≡ m' (mod C) are never
-    alive at once in the same stage's buffer. An interval [write, last_read)
-    is written at the end of tick `write` and read during `last_read`."""
-    for C in range(1, M + 1):
-        ok = True
-        for per_stage in intervals:
-            for m, (a, b) in enumerate(per_stage):
-                for m2 in range(m + C, M, C):
-                    a2, b2 = per_stage[m2]
-                    if a < b2 and a2 < b:
-                        ok = False
-                        break
-                if not ok:
-                    break
-            if not ok:
-                break
-        if ok:
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """The table unrolled over `steps` steps (and the flush that follows, for
+    an asynchronous table): global ticks of every op of every micro-batch."""
+
+    F: np.ndarray  # [K, N] tick of the forward of micro-batch g on stage k
+    B: np.ndarray  # [K, N] tick of the backward
+    fed: np.ndarray  # [N] tick before whose start micro-batch g's data is available
+    ticks: int  # ticks from the first op to the last
+
+
+def _ring_capacity(lives: list[list[tuple[int, int]]]) -> int:
+    """Smallest C such that micro-batches sharing a slot g mod C are never alive
+    at once; `lives[k][g]` is (write time, last read time), both inclusive."""
+    N = max((len(x) for x in lives), default=0)
+    for C in range(1, N + 1):
+        if all(max(a, a2) > min(b, b2)
+               for per in lives for g, (a, b) in enumerate(per)
+               for (a2, b2) in per[g + C::C]):
             return C
-    return max(M, 1)
+    return max(N, 1)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
-    """A table of ops: `ops[t, k]` ∈ {IDLE, FWD, BWD} on micro-batch `mb[t, k]`.
-
-    `synchronous` schedules apply one optimizer update per step after all
-    micro-batches (GPipe, 1F1B); their delays are zero.
-    """
+    """`fwd[t, k]`, `bwd[t, k]`: the micro-batch stage k runs forward / backward
+    at tick t (relative to the step's first micro-batch), or `NONE`."""
 
     name: str
-    ops: np.ndarray  # [ticks, K] int
-    mb: np.ndarray  # [ticks, K] int
+    fwd: np.ndarray
+    bwd: np.ndarray
     microbatches: int
-    synchronous: bool = True
+    asynchronous: bool = False
 
     def __post_init__(self):
-        ops, mb = np.asarray(self.ops, np.int32), np.asarray(self.mb, np.int32)
-        if ops.ndim != 2 or ops.shape != mb.shape:
-            raise ScheduleError(f"schedule {self.name!r}: ops {ops.shape} and mb {mb.shape} "
+        fwd, bwd = np.asarray(self.fwd, np.int64), np.asarray(self.bwd, np.int64)
+        if fwd.ndim != 2 or fwd.shape != bwd.shape:
+            raise ScheduleError(f"schedule {self.name!r}: fwd {fwd.shape} and bwd {bwd.shape} "
                                 "must both be [ticks, stages]")
-        object.__setattr__(self, "ops", ops)
-        object.__setattr__(self, "mb", mb)
+        object.__setattr__(self, "fwd", fwd)
+        object.__setattr__(self, "bwd", bwd)
         self.validate()
 
     @property
     def ticks(self) -> int:
-        return self.ops.shape[0]
+        return self.fwd.shape[0]
 
     @property
     def stages(self) -> int:
-        return self.ops.shape[1]
+        return self.fwd.shape[1]
 
-    def tick_of(self, op: int) -> np.ndarray:
-        """`[K, M]` tick at which stage k runs `op` on micro-batch m."""
-        out = np.full((self.stages, self.microbatches), -1, np.int64)
-        t, k = np.nonzero(self.ops == op)
-        out[k, self.mb[t, k]] = t
-        return out
+    @property
+    def synchronous(self) -> bool:
+        return not self.asynchronous
+
+    # ------------------------------------------------------------- unrolling
+    @functools.lru_cache(maxsize=8)
+    def timeline(self, steps: int = 1) -> Timeline:
+        """Unroll `steps` steps; an asynchronous table then runs periods with no
+        new input until every micro-batch fed has finished (the flush)."""
+        K, M, T = self.stages, self.microbatches, self.ticks
+        N = M * (steps if self.asynchronous else 1)
+        F, B = np.full((K, N), -1, np.int64), np.full((K, N), -1, np.int64)
+        seen_f, seen_b = np.zeros((K, N), np.int64), np.zeros((K, N), np.int64)
+        periods = steps if self.asynchronous else 1
+        s = 0
+        while True:
+            for lane, out, seen in ((self.fwd, F, seen_f), (self.bwd, B, seen_b)):
+                t, k = np.nonzero(lane != NONE)
+                g = s * M + lane[t, k]
+                ok = (g >= 0) & (g < N)
+                out[k[ok], g[ok]] = s * T + t[ok]
+                np.add.at(seen, (k[ok], g[ok]), 1)
+            s += 1
+            if s >= periods and ((B >= 0).all() or s > periods + 4 * (K + T) + 4):
+                break
+        bad = np.argwhere((seen_f != 1) | (seen_b != 1))
+        if len(bad):
+            k, g = bad[0]
+            lane = "forward" if seen_f[k, g] != 1 else "backward"
+            count = seen_f[k, g] if lane == "forward" else seen_b[k, g]
+            raise ScheduleError(
+                f"schedule {self.name!r}: stage {k} runs the {lane} of micro-batch {g} {count} "
+                "times; every micro-batch needs exactly one forward and one backward on every stage")
+        fed = (np.arange(N) // M) * T if self.asynchronous else np.zeros(N, np.int64)
+        first = min(F.min(), B.min())
+        return Timeline(F, B, fed, int(max(F.max(), B.max()) - first + 1))
 
     def validate(self) -> None:
         """Reject an impossible table, naming the tick, stage and micro-batch."""
-        K, M = self.stages, self.microbatches
-        bad = (self.ops != IDLE) & ((self.mb < 0) | (self.mb >= M))
-        if bad.any():
-            t, k = np.argwhere(bad)[0]
-            raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} names micro-batch "
-                                f"{self.mb[t, k]} outside 0..{M - 1}")
-        for op in (FWD, BWD):
-            for k in range(K):
-                seen = self.mb[self.ops[:, k] == op, k]
-                counts = np.bincount(seen, minlength=M)
-                if (counts != 1).any():
-                    m = int(np.argmax(counts != 1))
-                    raise ScheduleError(
-                        f"schedule {self.name!r}: stage {k} runs {_OP_LETTER[op]} of micro-batch {m} "
-                        f"{counts[m]} times; every micro-batch needs exactly one forward and one "
-                        "backward on every stage")
-        F, B = self.tick_of(FWD), self.tick_of(BWD)
+        K, M, T = self.stages, self.microbatches, self.ticks
+        where = lambda tick: f"tick {tick % T}" + (f" of step {tick // T}" if self.asynchronous else "")
+        if not self.asynchronous:
+            for lane in (self.fwd, self.bwd):
+                bad = (lane != NONE) & ((lane < 0) | (lane >= M))
+                if bad.any():
+                    t, k = np.argwhere(bad)[0]
+                    raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} names "
+                                        f"micro-batch {lane[t, k]} outside 0..{M - 1}")
+        tl = self.timeline(3 if self.asynchronous else 1)
+        F, B = tl.F, tl.B
         for k in range(1, K):
-            for m in range(M):
-                if F[k, m] <= F[k - 1, m]:
+            for g in range(F.shape[1]):
+                if F[k, g] <= F[k - 1, g]:
                     raise ScheduleError(
-                        f"schedule {self.name!r}: tick {F[k, m]}, stage {k} runs the forward of "
-                        f"micro-batch {m} before its input exists (stage {k - 1} sends it at "
-                        f"tick {F[k - 1, m]})")
+                        f"schedule {self.name!r}: {where(F[k, g])}, stage {k} runs the forward of "
+                        f"micro-batch {g} before its input exists (stage {k - 1} sends it at "
+                        f"{where(F[k - 1, g])})")
         for k in range(K):
-            for m in range(M):
-                if B[k, m] <= F[k, m]:
+            for g in range(F.shape[1]):
+                if B[k, g] < F[k, g]:
                     raise ScheduleError(
-                        f"schedule {self.name!r}: tick {B[k, m]}, stage {k} runs the backward of "
-                        f"micro-batch {m} before its forward (tick {F[k, m]})")
-                if k < K - 1 and B[k, m] <= B[k + 1, m]:
+                        f"schedule {self.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
+                        f"micro-batch {g} before its forward ({where(F[k, g])})")
+                if k < K - 1 and B[k, g] <= B[k + 1, g]:
                     raise ScheduleError(
-                        f"schedule {self.name!r}: tick {B[k, m]}, stage {k} runs the backward of "
-                        f"micro-batch {m} before stage {k + 1} sends its gradient (tick {B[k + 1, m]})")
+                        f"schedule {self.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
+                        f"micro-batch {g} before stage {k + 1} sends its gradient "
+                        f"({where(B[k + 1, g])})")
+
+    # --------------------------------------------------------- derived facts
+    def bubble_fraction_over(self, steps: int) -> float:
+        """Idle share of the op slots (one per lane the table uses, per stage and
+        tick) from the first op to the last, over `steps` steps and the flush."""
+        lanes = 2 if ((self.fwd != NONE) & (self.bwd != NONE)).any() else 1
+        tl = self.timeline(steps)
+        busy = tl.F.size + tl.B.size
+        return 1.0 - busy / (lanes * self.stages * tl.ticks)
 
     @property
     def bubble_fraction(self) -> float:
-        """Share of (tick, stage) cells that are idle."""
-        return float(np.mean(self.ops == IDLE))
+        """Idle share of the op slots over one step (and, if asynchronous, its flush)."""
+        return self.bubble_fraction_over(1)
+
+    @property
+    def _steady_steps(self) -> int:
+        """Steps to unroll so that the middle step sees the steady state: the
+        longest life of a micro-batch spans at most 2·(K + ticks) ticks."""
+        if self.synchronous:
+            return 1
+        return 3 + 2 * -(-2 * (self.stages + self.ticks) // self.ticks)
+
+    def _steady(self) -> Timeline:
+        return self.timeline(self._steady_steps)
+
+    def _steady_ids(self) -> range:
+        M, S = self.microbatches, self._steady_steps
+        return range(M * (S // 2), M * (S // 2 + 1)) if self.asynchronous else range(M)
+
+    def _live(self, write: np.ndarray, read: np.ndarray) -> int:
+        """Ring-buffer capacity for values written at times `write[k, g]` and
+        last read at `read[k, g]` (times in quarter ticks)."""
+        return _ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
 
     @property
     def input_capacity(self) -> int:
-        """Ring-buffer slots for stage inputs: alive from arrival to backward."""
-        F, B = self.tick_of(FWD), self.tick_of(BWD)
-        return _ring_capacity([list(zip(F[k - 1], B[k])) for k in range(1, self.stages)],
-                              self.microbatches)
+        """Slots for stage inputs: filed when they arrive, read up to the backward."""
+        tl = self._steady()
+        return self._live(4 * tl.F[:-1] + _END, 4 * tl.B[1:] + _B)
 
     @property
     def grad_capacity(self) -> int:
-        """Ring-buffer slots for received output gradients: arrival to backward."""
-        B = self.tick_of(BWD)
-        return _ring_capacity([list(zip(B[k + 1], B[k])) for k in range(self.stages - 1)],
-                              self.microbatches)
+        """Slots for received output gradients: arrival to the backward."""
+        tl = self._steady()
+        return self._live(4 * tl.B[1:] + _END, 4 * tl.B[:-1] + _B)
 
     @property
     def residual_capacity(self) -> int:
-        """Ring-buffer slots for kept residuals: forward to backward on one stage."""
-        F, B = self.tick_of(FWD), self.tick_of(BWD)
-        return _ring_capacity([list(zip(F[k], B[k])) for k in range(self.stages)],
-                              self.microbatches)
+        """Slots for what a stage keeps from its forward to its backward
+        (residuals, and with weight stashing the forward's weights)."""
+        tl = self._steady()
+        return self._live(4 * tl.F + _F, 4 * tl.B + _B)
+
+    @property
+    def data_capacity(self) -> int:
+        """Slots for micro-batches of input and targets, a multiple of M: fed
+        before their step starts, read up to the first and last stages' backward."""
+        tl = self._steady()
+        read = np.maximum(4 * tl.B[0] + _B, 4 * tl.B[-1] + _B)
+        C = self._live((4 * tl.fed - 1)[None], read[None])
+        return -(-C // self.microbatches) * self.microbatches
+
+    def _updates_between(self, k: int, g: int, start: float, stop: float) -> int:
+        """Stage k's weight updates at times in (start, stop] (quarter ticks)."""
+        when = 4 * self._steady().B[k] + _B
+        return int(np.sum((when > start) & (when <= stop)))
 
     @property
     def delays(self) -> list[int]:
-        """Per stage: weight updates between a micro-batch's forward and backward."""
+        """Per stage, D: weight updates of that stage between a micro-batch's
+        forward and its backward there (steady state; 0 when synchronous)."""
         if self.synchronous:
             return [0] * self.stages
-        F, B = self.tick_of(FWD), self.tick_of(BWD)
-        return [int(np.max([np.sum((B[k] > F[k, m]) & (B[k] < B[k, m])) for m in range(self.microbatches)]))
-                for k in range(self.stages)]
+        tl = self._steady()
+        return [max(self._updates_between(k, g, 4 * tl.F[k, g] + _F, 4 * tl.B[k, g] + _B - 1)
+                    for g in self._steady_ids()) for k in range(self.stages)]
+
+    def horizons(self, k: int) -> tuple[int, int]:
+        """SpecTrain's version differences s for stage k (Chen et al. 2018, §3.2,
+        eqs 5–6): the updates of stage k by other micro-batches from the
+        forward (resp. backward) of a micro-batch on stage k until its round
+        trip ends (its backward on stage 0). For `pipedream` they equal
+        ⌊k/2⌋ + K − k − 1 and ⌊k/2⌋."""
+        if self.synchronous:
+            return 0, 0
+        tl = self._steady()
+        end = lambda g: 4 * tl.B[0, g] + _B
+        # From the forward, the micro-batch's own update on stage k is not counted.
+        fwd = max(self._updates_between(k, g, 4 * tl.F[k, g] + _F, end(g)) - 1
+                  for g in self._steady_ids())
+        bwd = max(self._updates_between(k, g, 4 * tl.B[k, g] + _B, end(g)) for g in self._steady_ids())
+        return fwd, bwd
 
     def stage_info(self, k: int) -> StageInfo:
-        D = self.delays[k]
-        return StageInfo(stage=k, stages=self.stages, delay=D, forward_horizon=D, backward_horizon=0)
+        f, b = self.horizons(k)
+        return StageInfo(stage=k, stages=self.stages, delay=self.delays[k],
+                         forward_horizon=f, backward_horizon=b)
 
-    def render(self, width: int = 4) -> str:
+    # ------------------------------------------------------------- pictures
+    def _cell(self, t: int, k: int) -> str:
+        f, b = self.fwd[t, k], self.bwd[t, k]
+        return "".join(p + str(v) for p, v in (("F", f), ("B", b)) if v != NONE) or "."
+
+    def render(self) -> str:
         """Text Gantt chart: one row per stage, one column per tick."""
-        head = "tick    " + "".join(str(t).rjust(width) for t in range(self.ticks))
-        rows = [head]
+        width = max(4, *(len(self._cell(t, k)) + 1 for t in range(self.ticks)
+                         for k in range(self.stages)))
+        rows = ["tick    " + "".join(str(t).rjust(width) for t in range(self.ticks))]
         for k in range(self.stages):
-            cells = []
-            for t in range(self.ticks):
-                op = int(self.ops[t, k])
-                cells.append((_OP_LETTER[op] + (str(self.mb[t, k]) if op != IDLE else "")).rjust(width))
-            rows.append(f"stage {k} " + "".join(cells))
-        rows.append(f"{self.name}: K={self.stages} M={self.microbatches} ticks={self.ticks} "
-                    f"bubble={self.bubble_fraction:.3f}")
+            rows.append(f"stage {k} " + "".join(self._cell(t, k).rjust(width)
+                                                 for t in range(self.ticks)))
+        kind = "asynchronous, one period" if self.asynchronous else "synchronous"
+        rows.append(f"{self.name} ({kind}): K={self.stages} M={self.microbatches} "
+                    f"ticks={self.ticks} bubble={self.bubble_fraction:.3f} "
+                    f"delays={self.delays}")
         return "\n".join(rows)
+
+    def plot(self, path: str) -> None:
+        """PNG timeline: forward, backward and idle cells coloured, micro-batch
+        numbers in the cells."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        K, T = self.stages, self.ticks
+        fig, ax = plt.subplots(figsize=(max(6, 0.45 * T), 0.6 * K + 1.2))
+        for t in range(T):
+            for k in range(K):
+                f, b = self.fwd[t, k], self.bwd[t, k]
+                parts = [(c, v) for c, v in (("#4c9be8", f), ("#f08a4b", b)) if v != NONE]
+                if not parts:
+                    ax.add_patch(plt.Rectangle((t, k), 1, 1, color="#eeeeee", ec="white"))
+                for i, (color, v) in enumerate(parts):
+                    h = 1 / len(parts)
+                    ax.add_patch(plt.Rectangle((t, k + i * h), 1, h, color=color, ec="white"))
+                    ax.text(t + 0.5, k + (i + 0.5) * h, str(v), ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, T), ax.set_ylim(K, 0)
+        ax.set_xlabel("tick"), ax.set_yticks([k + 0.5 for k in range(K)])
+        ax.set_yticklabels([f"stage {k}" for k in range(K)])
+        ax.set_title(f"{self.name}: K={K} M={self.microbatches}, bubble {self.bubble_fraction:.3f} "
+                     "(blue forward, orange backward)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
 
     def __repr__(self) -> str:
         return (f"Schedule({self.name!r}, stages={self.stages}, microbatches={self.microbatches}, "
-                f"ticks={self.ticks}, bubble_fraction={self.bubble_fraction:.3f})")
+                f"ticks={self.ticks}, asynchronous={self.asynchronous})")

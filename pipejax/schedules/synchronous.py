@@ -1,0 +1,67 @@
+"""Synchronous schedules: one step runs M micro-batches through an empty
+pipeline and applies one update, so the result equals un-pipelined training.
+
+- GPipe (Huang et al. 2019, §2.2, Fig. 2c): all forwards, then all backwards.
+- 1F1B, PipeDream-Flush (Narayanan et al. 2021): stage k runs K−k−1 warm-up
+  forwards, then alternates one forward and one backward, then drains; same
+  ticks and bubble as GPipe, but at most K micro-batches stashed per stage.
+Both have bubble (K−1)/(M+K−1) and 2·(M+K−1) ticks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipejax.errors import ConfigError
+from pipejax.schedules.schedule import NONE, Schedule
+
+
+def _check(name: str, K: int, M: int) -> None:
+    if K < 1 or M < 1:
+        raise ConfigError(f"{name} needs K >= 1 stages and M >= 1 micro-batches, got K={K}, M={M}")
+
+
+def _empty(ticks: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.full((ticks, K), NONE, np.int64), np.full((ticks, K), NONE, np.int64)
+
+
+def gpipe(K: int, M: int) -> Schedule:
+    """Fill-drain table: F(k, m) at tick m + k; B(k, m) at tick (M+K−1) + (K−1−k) + m."""
+    _check("gpipe", K, M)
+    fwd, bwd = _empty(2 * (M + K - 1), K)
+    for k in range(K):
+        for m in range(M):
+            fwd[m + k, k] = m
+            bwd[(M + K - 1) + (K - 1 - k) + m, k] = m
+    return Schedule("gpipe", fwd, bwd, microbatches=M)
+
+
+def one_f_one_b(K: int, M: int) -> Schedule:
+    """PipeDream-Flush: each stage's op order is K−k−1 forwards, then
+    (forward, backward) pairs, then the remaining backwards; every op runs at
+    the first tick after its input (or gradient) arrived."""
+    _check("1f1b", K, M)
+    orders = []
+    for k in range(K):
+        warm = min(K - k - 1, M)
+        order = [("F", m) for m in range(warm)]
+        for i in range(M - warm):
+            order += [("F", warm + i), ("B", i)]
+        order += [("B", m) for m in range(M - warm, M)]
+        orders.append(order)
+    done: dict[tuple[str, int, int], int] = {}
+    fwd, bwd = _empty(2 * (M + K - 1), K)
+    nxt, t = [0] * K, 0
+    while any(n < 2 * M for n in nxt):
+        for k in range(K):
+            if nxt[k] == 2 * M:
+                continue
+            op, m = orders[k][nxt[k]]
+            need = (("F", k - 1, m) if k > 0 else None) if op == "F" else \
+                (("B", k + 1, m) if k < K - 1 else ("F", k, m))
+            if need is None or done.get(need, t) < t:
+                (fwd if op == "F" else bwd)[t, k] = m
+                done[op, k, m] = t
+                nxt[k] += 1
+        t += 1
+    return Schedule("1f1b", fwd[:t], bwd[:t], microbatches=M)
