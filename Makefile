@@ -18,7 +18,7 @@ plan: $(BIN)/pipejax
 	$(BIN)/pipejax plan
 
 test: $(BIN)/pipejax
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 bench: $(BIN)/pipejax
-	cd benchmarks && ../$(BIN)/python overhead.py
+	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py

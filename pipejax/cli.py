@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--stages", type=int, default=4)
         q.add_argument("--microbatches", type=int, default=4)
         q.add_argument("--batch-size", type=int, default=128)
-        q.add_argument("--schedule", default="gpipe")
+        q.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "pipedream", "pb"])
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
         q.add_argument("--remat", default="stage", choices=["none", "stage"])
@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="print the partition table and the schedule timeline")
     common(plan)
+    plan.add_argument("--plot", type=Path, default=None, help="also draw the timeline to this PNG")
     return p
 
 
@@ -93,6 +94,12 @@ def plan(args) -> int:
     print(pipe.plan)
     print()
     print(pipe.schedule.render())
+    info = [pipe.schedule.stage_info(k) for k in range(pipe.K)]
+    print("delays D_k " + str([i.delay for i in info]) + ", SpecTrain horizons (forward, backward) "
+          + str([(i.forward_horizon, i.backward_horizon) for i in info]))
+    if args.plot:
+        pipe.schedule.plot(str(args.plot))
+        print(f"timeline drawn to {args.plot}")
     return 0
 
 
@@ -141,6 +148,7 @@ def train(args) -> int:
             bar.update(1)
         epoch += 1
     bar.close()
+    state, _ = pipe.flush(state)  # an asynchronous pipeline finishes what is in flight
     seconds = time.perf_counter() - start
     test_acc = accuracy(data.x_test, data.y_test)
     summary = {"test_accuracy": test_acc, "train_accuracy": accuracy(data.x_train, data.y_train),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import pipejax as pj
 
@@ -29,12 +32,21 @@ def heterogeneous_layers() -> list:
 def sequential_loss(layers, variables, x, y, M, key, loss=pj.losses.cross_entropy):
     """Mean over M micro-batches of the micro-batch loss, run layer after layer
     on one device; micro-batch m uses fold_in(key, m), layer i fold_in(., i)."""
-    mb = x.shape[0] // M
-    total = 0.0
-    for m in range(M):
-        out = pj.apply_layers(layers, variables, x[m * mb:(m + 1) * mb], jax.random.fold_in(key, m))
-        total = total + loss(out, y[m * mb:(m + 1) * mb])
+    split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
+
+    def one(total, m_xy):
+        m, xm, ym = m_xy
+        out = pj.apply_layers(layers, variables, xm, jax.random.fold_in(key, m))
+        return total + loss(out, ym), None
+
+    total, _ = jax.lax.scan(one, jnp.zeros(()), (jnp.arange(M), split(x), split(y)))
     return total / M
+
+
+def sequential_value_and_grad(layers, M, loss=pj.losses.cross_entropy):
+    """jit(value_and_grad(sequential_loss)) as a function of (variables, x, y, key)."""
+    return jax.jit(jax.value_and_grad(
+        lambda v, x, y, key: sequential_loss(layers, v, x, y, M, key, loss)))
 
 
 def rel_err(a, b) -> float:
@@ -49,3 +61,49 @@ def batch(n: int, features: int = 20, classes: int = 10, seed: int = 0):
     kx, ky = jax.random.split(jax.random.key(seed))
     return (jax.random.normal(kx, (n, features), jnp.float32),
             jax.random.randint(ky, (n,), 0, classes))
+
+
+def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, key, stash):
+    """Asynchronous training written as a plain loop over micro-batches that
+    keeps every weight version of every stage: micro-batch i's forward on
+    stage k uses the version after i − D_k updates; its backward the current
+    version (i updates), or with `stash` the forward's; each backward applies
+    the gradient of micro-batch i's mean loss at once. Returns the weights of
+    all layers after the last update."""
+    K = len(ranges)
+    versions = [[[variables[i] for i in r]] for r in ranges]
+    states = [opt.init(versions[k][0]) for k in range(K)]
+
+    def stage_fn(k, key_i, y):
+        r = ranges[k]
+
+        def f(w, h):
+            out = pj.apply_layers(layers[r.start:r.stop], w, h, key_i, first=r.start)
+            return loss(out, y) if k == K - 1 else out
+        return f
+
+    forward = [jax.jit(lambda w, h, key_i, y, k=k: stage_fn(k, key_i, y)(w, h)) for k in range(K)]
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def backward(k, w, h, key_i, y, ct, state, current):
+        out, vjp = jax.vjp(stage_fn(k, key_i, y), w, h)
+        grads, ct = vjp(jnp.ones_like(out) if ct is None else ct)
+        updates, state = opt.update(grads, state, current)
+        return ct, state, optax.apply_updates(current, updates)
+
+    for i in range(len(xs)):
+        key_i = jax.random.fold_in(key, i)
+        h, inputs, forward_weights = xs[i], [], []
+        for k in range(K):
+            w = versions[k][max(0, i - delays[k])]
+            inputs.append(h)
+            forward_weights.append(w)
+            h = forward[k](w, h, key_i, ys[i])
+        ct = None
+        for k in reversed(range(K)):
+            assert len(versions[k]) == i + 1  # backwards reach a stage in micro-batch order
+            w = forward_weights[k] if stash else versions[k][i]
+            ct, states[k], new = backward(k, w, inputs[k], key_i, ys[i], ct, states[k],
+                                          versions[k][-1])
+            versions[k].append(new)
+    return [w for k in range(K) for w in versions[k][-1]]

@@ -34,6 +34,20 @@ def test_train_learns_and_writes_metrics(tmp_path, capsys):
     assert last["test_accuracy"] > 0.8 and last["steps"] == 60
 
 
+def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
+    png = tmp_path / "pb.png"
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "4", "--schedule", "pb",
+                 "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "F0B-6" in out and "delays D_k [6, 4, 2, 0]" in out and png.stat().st_size > 1000
+
+
+def test_train_with_an_asynchronous_schedule(tmp_path, capsys):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
+                 "--batch-size", "16", "--steps", "40", "--schedule", "pb", "--quiet"]) == 0
+    assert "test accuracy" in capsys.readouterr().out
+
+
 def test_bad_setting_is_a_clear_error(tmp_path, capsys):
-    assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--schedule", "nope"]) == 2
-    assert "unknown schedule 'nope'" in capsys.readouterr().err
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--partition", "3,3"]) == 2
+    assert "partition [3, 3] covers 6 layers but the list has 9" in capsys.readouterr().err

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import pytest
 
 import pipejax as pj
-from tests.reference import batch, heterogeneous_layers, rel_err, sequential_loss
+from tests.reference import (batch, heterogeneous_layers, rel_err, sequential_loss,
+                             sequential_value_and_grad)
 
 MB = 4  # examples per micro-batch
 
@@ -19,8 +20,7 @@ def _check(K, M, remat="stage", partition="variance"):
     key = jax.random.key(7)
     loss, grads = pipe.value_and_grad(params, (x, y), key)
     variables = pj.unstage(params)
-    ref_loss, ref_grads = jax.value_and_grad(sequential_loss, argnums=1)(
-        layers, variables, x, y, M, key)
+    ref_loss, ref_grads = sequential_value_and_grad(layers, M)(variables, x, y, key)
     assert rel_err(loss, ref_loss) < 1e-5
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
     return pipe

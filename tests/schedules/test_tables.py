@@ -1,0 +1,117 @@
+"""Schedule tables and the facts derived from them (never hand-written)."""
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from pipejax.errors import ScheduleError
+from pipejax.schedules import NONE, Schedule, gpipe, make_schedule, one_f_one_b, pb, pipedream
+
+GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
+
+
+@pytest.mark.parametrize("build", [gpipe, one_f_one_b])
+@pytest.mark.parametrize("K,M", GRID + [(1, 1), (3, 1), (4, 7)])
+def test_synchronous_bubble_is_gpipes(build, K, M):
+    s = build(K, M)
+    assert s.synchronous and s.ticks == 2 * (M + K - 1)
+    assert s.bubble_fraction == pytest.approx((K - 1) / (M + K - 1), abs=1e-12)
+    assert s.delays == [0] * K
+
+
+def _in_flight(s):
+    """Per stage, the most micro-batches between their forward and backward."""
+    tl = s.timeline(1)
+    return [max(int(np.sum((tl.F[k] <= t) & (tl.B[k] >= t))) for t in range(s.ticks))
+            for k in range(s.stages)]
+
+
+@pytest.mark.parametrize("K,M", GRID)
+def test_1f1b_stashes_at_most_K_where_gpipe_stashes_M(K, M):
+    assert max(_in_flight(one_f_one_b(K, M))) <= K
+    assert one_f_one_b(K, M).input_capacity <= K and one_f_one_b(K, M).residual_capacity <= K
+    assert max(_in_flight(gpipe(K, M))) == M and gpipe(K, M).residual_capacity == M
+
+
+@pytest.mark.parametrize("K,M", GRID)
+def test_asynchronous_bubbles_vanish_over_many_steps(K, M):
+    for S in (1, 4, 32):
+        # PipeDream: one op per stage and tick, exactly (K−1)/(S·M+K−1).
+        assert pipedream(K, M).bubble_fraction_over(S) == pytest.approx(
+            (K - 1) / (S * M + K - 1), abs=1e-12)
+        # PB: a forward and a backward lane per tick, fill and drain 2K−2 ticks.
+        assert pb(K, M).bubble_fraction_over(S) == pytest.approx(
+            (2 * K - 2) / (S * M + 2 * K - 2), abs=1e-12)
+    assert pb(K, M).bubble_fraction_over(1000) < 0.02
+
+
+@pytest.mark.parametrize("K,M", GRID + [(1, 3), (8, 1)])
+def test_delays_come_from_the_table(K, M):
+    assert pipedream(K, M).delays == [K - 1 - k for k in range(K)]
+    assert pb(K, M).delays == [2 * (K - 1 - k) for k in range(K)]
+
+
+@pytest.mark.parametrize("N", range(1, 9))
+def test_pipedream_horizons_are_spectrains_eqs_5_and_6(N):
+    s = pipedream(N, 4)
+    for k in range(N):
+        info = s.stage_info(k)
+        assert info.forward_horizon == k // 2 + N - k - 1  # eq 5
+        assert info.backward_horizon == k // 2  # eq 6
+        assert info.delay == N - 1 - k and info.stages == N and info.stage == k
+
+
+def test_every_micro_batch_runs_once_per_stage_over_steps():
+    for s in (pipedream(4, 3), pb(3, 5)):
+        tl = s.timeline(5)
+        assert (tl.F >= 0).all() and (tl.B >= tl.F).all()
+        assert (tl.F[1:] > tl.F[:-1]).all() and (tl.B[:-1] > tl.B[1:]).all()
+
+
+def test_render_shows_both_lanes():
+    text = pb(2, 2).render()
+    assert "F0B-2" in text and "F0B0" in text and "delays=[2, 0]" in text
+    assert "F2" in gpipe(2, 3).render() and "bubble=0.250" in gpipe(2, 3).render()
+
+
+def test_plot_writes_a_png(tmp_path):
+    path = tmp_path / "timeline.png"
+    one_f_one_b(4, 8).plot(str(path))
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[1] > image.shape[0] > 50
+
+
+def _table(rows):
+    lanes = {"F": [], "B": []}
+    for r in rows:
+        for lane in "FB":
+            lanes[lane].append([int(c[1:]) if c[0] == lane else NONE for c in r])
+    return np.array(lanes["F"]), np.array(lanes["B"])
+
+
+def test_validate_rejects_a_forward_before_its_input():
+    fwd, bwd = _table([["F0", "F0"], ["B0", "."], [".", "B0"]])
+    with pytest.raises(ScheduleError, match="tick 0, stage 1 runs the forward of micro-batch 0 "
+                                            "before its input exists"):
+        Schedule("bad", fwd, bwd, microbatches=1)
+
+
+def test_validate_rejects_a_backward_before_the_next_stage():
+    fwd, bwd = _table([["F0", "."], ["B0", "F0"], [".", "B0"]])
+    with pytest.raises(ScheduleError, match="tick 1, stage 0 runs the backward of micro-batch 0 "
+                                            "before stage 1 sends its gradient"):
+        Schedule("bad", fwd, bwd, microbatches=1)
+
+
+def test_validate_rejects_a_missing_or_repeated_op():
+    fwd, bwd = _table([["F0"], ["F0"], ["B0"]])
+    with pytest.raises(ScheduleError, match="runs the forward of micro-batch 0 2 times"):
+        Schedule("bad", fwd, bwd, microbatches=1)
+
+
+def test_user_schedule_must_fit_the_pipeline():
+    with pytest.raises(Exception, match="built for K=2, M=3"):
+        make_schedule(gpipe(2, 3), 4, 3)
+    assert make_schedule(gpipe(2, 3), 2, 3).ticks == 8
+    with pytest.raises(Exception, match="unknown schedule"):
+        make_schedule("zb-h1", 2, 2)
