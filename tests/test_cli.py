@@ -50,4 +50,4 @@ def test_train_with_an_asynchronous_schedule(tmp_path, capsys):
 
 def test_bad_setting_is_a_clear_error(tmp_path, capsys):
     assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--partition", "3,3"]) == 2
-    assert "partition [3, 3] covers 6 layers but the list has 9" in capsys.readouterr().err
+    assert "partition [3, 3] covers 6 layers but the list has 10" in capsys.readouterr().err
