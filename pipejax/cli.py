@@ -154,7 +154,9 @@ def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> Non
         ax2.plot([r["step"] for r in evals], [r["test_accuracy"] for r in evals], "o-",
                  color="tab:orange", label="test accuracy")
         ax2.set_ylabel("test accuracy")
-    ax.set_xlabel("step"), ax.set_ylabel("loss"), ax.set_yscale("log")
+    ax.set_xlabel("step"), ax.set_ylabel("loss")
+    if all(r["loss"] > 0 for r in rows if "loss" in r):
+        ax.set_yscale("log")
     ax.set_title(f"test accuracy {100 * summary['test_accuracy']:.2f}%")
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=100)

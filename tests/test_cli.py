@@ -2,6 +2,8 @@
 
 import json
 
+import flax.serialization
+
 import numpy as np
 
 from pipejax.cli import main
@@ -32,6 +34,19 @@ def test_train_learns_and_writes_metrics(tmp_path, capsys):
     assert "test accuracy" in out
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["test_accuracy"] > 0.8 and last["steps"] == 60
+    assert (tmp_path / "run" / "metrics.csv").read_text().startswith("epoch,loss,step")
+    assert (tmp_path / "run" / "curve.png").stat().st_size > 1000
+    params = flax.serialization.msgpack_restore((tmp_path / "run" / "params.msgpack").read_bytes())
+    assert params["1"]["params"]["kernel"].shape == (12, 256)  # layer 1: the first Dense
+
+
+def test_train_another_model_with_evaluation(tmp_path, capsys):
+    assert main(["train", "--model", "vgg", "--data", _data(tmp_path), "--stages", "4",
+                 "--microbatches", "2", "--batch-size", "32", "--steps", "20", "--eval-every", "10",
+                 "--quiet", "--out", str(tmp_path / "vgg")]) == 0
+    rows = [json.loads(r) for r in (tmp_path / "vgg" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "test_accuracy" in r and "seconds" not in r] == [10, 20]
+    assert rows[-1]["model"] == "vgg" and len(rows[-1]["split"]) == 4
 
 
 def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
