@@ -14,15 +14,15 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 data = pj.data.mnist1d()
-layers = pj.models.snn(depth=16, width=128, classes=10, dropout=0.05)
-pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((16, 40)),
+layers = pj.models.snn(depth=16, width=128, classes=10, dropout=0.02)
+pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((32, 40)),
                    stages=4, microbatches=4, schedule="pipedream", weight_stashing=True)
 print(pipe.schedule.render())
 print(f"weight stashing costs {pipe.weight_stash_bytes / 2**20:.2f} MiB per stage")
 
-state = pipe.init_state(pipe.init(jax.random.key(0)), optax.sgd(3e-3, momentum=0.9))
+state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adam(3e-4))
 for epoch in range(15):
-    for x, y in pj.data.batches(data.x_train, data.y_train, 64, seed=0, epoch=epoch):
+    for x, y in pj.data.batches(data.x_train, data.y_train, 128, seed=0, epoch=epoch):
         state, metrics = pipe.step(state, (x, y))
     print(f"epoch {epoch:2d}  loss {float(metrics['loss']):.4f}")
 state, _ = pipe.flush(state)  # finish the micro-batches still in flight

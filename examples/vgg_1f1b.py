@@ -20,8 +20,9 @@ pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((8, 8
 print(pipe.plan)
 print(pipe.schedule.render())
 
-optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(2e-3, weight_decay=1e-4))
-state = pipe.init_state(pipe.init(jax.random.key(0)), optimizer)
+# Each stage's optimizer sees that stage's parameters only: tree-wide transforms
+# such as clip_by_global_norm would clip per stage, not over the whole model.
+state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adamw(2e-3, weight_decay=1e-4))
 for epoch in range(20):
     for x, y in pj.data.batches(data.x_train, data.y_train, 64, seed=1, epoch=epoch):
         state, metrics = pipe.step(state, (x, y))

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax.compile import Executor, StagedParams, TrainState
+from pipejax.compile.executor import SteppedOnce
 from pipejax.errors import ConfigError, LayerError
 from pipejax.mesh import stage_mesh
 from pipejax.partition import Plan, make_plan
@@ -70,7 +71,7 @@ class Pipeline:
         self.K, self.M = stages, microbatches
         self.executor = Executor(self.layers, self.plan, self.schedule, loss, self.remat, self.mesh,
                                  example, weight_stashing)
-        self._value_and_grad = jax.jit(self.executor.value_and_grad)
+        self._value_and_grad = SteppedOnce(jax.jit(self.executor.value_and_grad), self.mesh)
         self._step = None
 
     # ----------------------------------------------------------- public API

@@ -32,11 +32,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pipejax.compile.staged import StagedParams, TrainState
-from pipejax.partition import Plan
-from pipejax.schedules import NONE, Schedule
 from pipejax.errors import BatchError, ConfigError
 from pipejax.mesh import AXIS
 from pipejax.packing import Buffers, Packing
+from pipejax.partition import Plan
+from pipejax.schedules import NONE, Schedule
 from pipejax.trace import apply_layers, init_layer, layer_key
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
@@ -99,6 +99,29 @@ def _run_if(pred: jax.Array, fn: Callable, operands: Any, carry: Any) -> Any:
 
     return lax.while_loop(lambda c: c[0] < pred.astype(jnp.int32), body,
                           (jnp.int32(0), carry))[1]
+
+
+class SteppedOnce:
+    """The jitted step, called so that one execution runs at a time on CPU.
+
+    XLA's CPU client can deadlock when executions of one program with
+    collectives overlap on simulated devices (seen here: a ppermute rendezvous
+    waiting forever after a few hundred quick asynchronous dispatches; blocking
+    on each result ran the same loop cleanly). On CPU meshes each call
+    therefore waits for its result; elsewhere it dispatches asynchronously.
+    `lower`, `trace` and the rest are the jitted function's own.
+    """
+
+    def __init__(self, jitted: Callable, mesh: Mesh):
+        self._jitted = jitted
+        self._block = all(d.platform == "cpu" for d in mesh.devices.flat)
+
+    def __call__(self, *args, **kwargs):
+        out = self._jitted(*args, **kwargs)
+        return jax.block_until_ready(out) if self._block else out
+
+    def __getattr__(self, name: str):
+        return getattr(self._jitted, name)
 
 
 class Executor:
@@ -433,7 +456,8 @@ class Executor:
         update on its device. Asynchronous: one period of the table, with the
         updates inside it and the in-flight micro-batches kept in the state."""
         if self.schedule.asynchronous:
-            return jax.jit(functools.partial(self._async_pass, opts, opt_pack, feed=True))
+            return SteppedOnce(jax.jit(functools.partial(self._async_pass, opts, opt_pack,
+                                                         feed=True)), self.mesh)
         pp, updates = self.params, self._updates(opts, opt_pack)
         local = lambda bufs: tuple(b[0] for b in bufs)
         lead = lambda bufs: tuple(b[None] for b in bufs)
@@ -452,7 +476,7 @@ class Executor:
             new = TrainState(StagedParams(p, pp), s, state.step + 1, state.key, None)
             return new, {"loss": loss, "completed": jnp.int32(self.M)}
 
-        return jax.jit(step)
+        return SteppedOnce(jax.jit(step), self.mesh)
 
     def _async_pass(self, opts, opt_pack: Packing, state: TrainState, batch: tuple | None, *,
                     feed: bool):
@@ -503,7 +527,8 @@ class Executor:
     def make_flush(self, opts, opt_pack: Packing) -> Callable:
         """`flush(state)`: periods with no new input until nothing is in flight;
         returns the state and the metrics of the micro-batches it completed."""
-        period = jax.jit(functools.partial(self._async_pass, opts, opt_pack, batch=None, feed=False))
+        period = SteppedOnce(jax.jit(functools.partial(self._async_pass, opts, opt_pack,
+                                                       batch=None, feed=False)), self.mesh)
         tl = self.schedule.timeline(1)
         periods = -(-(int(tl.B.max()) + 1) // self.schedule.ticks) - 1  # beyond the feeding one
 
