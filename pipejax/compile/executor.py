@@ -118,7 +118,9 @@ class SteppedOnce:
 
     def __call__(self, *args, **kwargs):
         out = self._jitted(*args, **kwargs)
-        return jax.block_until_ready(out) if self._block else out
+        if self._block:  # one execution's outputs are ready together: wait on one
+            jax.block_until_ready(jax.tree.leaves(out)[-1])
+        return out
 
     def __getattr__(self, name: str):
         return getattr(self._jitted, name)
