@@ -21,7 +21,6 @@ horizons), is derived here from the unrolled table, never written by hand.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -85,6 +84,7 @@ class Schedule:
                                 "must both be [ticks, stages]")
         object.__setattr__(self, "fwd", fwd)
         object.__setattr__(self, "bwd", bwd)
+        object.__setattr__(self, "_timelines", {})  # steps -> Timeline
         self.validate()
 
     @property
@@ -100,10 +100,14 @@ class Schedule:
         return not self.asynchronous
 
     # ------------------------------------------------------------- unrolling
-    @functools.lru_cache(maxsize=8)
     def timeline(self, steps: int = 1) -> Timeline:
         """Unroll `steps` steps; an asynchronous table then runs periods with no
         new input until every micro-batch fed has finished (the flush)."""
+        if steps not in self._timelines:
+            self._timelines[steps] = self._unroll(steps)
+        return self._timelines[steps]
+
+    def _unroll(self, steps: int) -> Timeline:
         K, M, T = self.stages, self.microbatches, self.ticks
         N = M * (steps if self.asynchronous else 1)
         F, B = np.full((K, N), -1, np.int64), np.full((K, N), -1, np.int64)
