@@ -83,7 +83,9 @@ def build_layers(name: str, example_shape: tuple, classes: int) -> list:
     if name in ("resnet", "vgg"):
         return pj.models.MODELS[name](**kwargs, classes=classes, dims=2 if image else 1)
     layers = pj.models.MODELS[name](**kwargs, classes=classes)
-    return [flatten] + layers if (image or name == "mlp") and name != "snn" else layers
+    # The MLP, and the sequence models on images, read flat vectors (the SNN flattens itself).
+    needs_flat = name == "mlp" or (image and name != "snn")
+    return [flatten] + layers if needs_flat else layers
 
 
 def _pipeline(args, example_shape, classes: int, mesh):

@@ -101,6 +101,16 @@ def _run_if(pred: jax.Array, fn: Callable, operands: Any, carry: Any) -> Any:
                           (jnp.int32(0), carry))[1]
 
 
+def _local(tree: Any) -> Any:
+    """Inside shard_map: drop the leading stage axis (length 1 on each device)."""
+    return jax.tree.map(lambda b: b[0], tree)
+
+
+def _lead(tree: Any) -> Any:
+    """Inside shard_map: add the leading stage axis back for `P('stage')` outputs."""
+    return jax.tree.map(lambda b: b[None], tree)
+
+
 class SteppedOnce:
     """The jitted step, called so that one execution runs at a time on CPU.
 
@@ -325,7 +335,7 @@ class Executor:
 
     def _kept_for(self, x: Any, y: Any) -> Packing:
         """The residual layout for data rings / batches shaped [n, mb, ...]."""
-        struct = lambda a: jax.ShapeDtypeStruct(a.shape[-len(a.shape) + 1:], a.dtype)
+        struct = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
         return self.kept_packing(jax.tree.map(struct, x), jax.tree.map(struct, y))
 
     def _sync_pass(self, p: Buffers, x: Any, y: Any, key: jax.Array):
@@ -374,8 +384,8 @@ class Executor:
                               "updates the weights inside the pipeline: use pipe.step")
 
         def body(p, x, y, key):
-            acc, loss, count = self._sync_pass(tuple(b[0] for b in p), x, y, key)
-            return loss / count, tuple(b[None] for b in acc)
+            acc, loss, count = self._sync_pass(_local(p), x, y, key)
+            return loss / count, _lead(acc)
 
         loss, grads = self._shard(body, (P(AXIS), P(), P(), P()), (P(), P(AXIS)))(
             params.buffers, x, y, key)
@@ -397,7 +407,7 @@ class Executor:
 
         def body(key):
             out = lax.switch(lax.axis_index(AXIS), [branch(k) for k in range(self.K)], key)
-            return tuple(b[None] for b in out)
+            return _lead(out)
 
         buffers = jax.jit(self._shard(body, (P(),), P(AXIS)))(key)
         return StagedParams(buffers, self.params)
@@ -428,9 +438,9 @@ class Executor:
             return lambda p: opt_pack.pack(k, opts[k].init(self.params.unpack(k, p)))
 
         def body(p):
-            p = tuple(b[0] for b in p)
+            p = _local(p)
             out = lax.switch(lax.axis_index(AXIS), [branch(k) for k in range(self.K)], p)
-            return tuple(b[None] for b in out)
+            return _lead(out)
 
         opt_state = jax.jit(self._shard(body, (P(AXIS),), P(AXIS)))(params.buffers)
         replicated = NamedSharding(self.mesh, P())
@@ -461,13 +471,11 @@ class Executor:
             return SteppedOnce(jax.jit(functools.partial(self._async_pass, opts, opt_pack,
                                                          feed=True)), self.mesh)
         pp, updates = self.params, self._updates(opts, opt_pack)
-        local = lambda bufs: tuple(b[0] for b in bufs)
-        lead = lambda bufs: tuple(b[None] for b in bufs)
 
         def body(p, s, x, y, key):
-            acc, loss, count = self._sync_pass(local(p), x, y, key)
-            p, s = lax.switch(lax.axis_index(AXIS), updates, local(p), acc, local(s))
-            return lead(p), lead(s), loss / count
+            acc, loss, count = self._sync_pass(_local(p), x, y, key)
+            p, s = lax.switch(lax.axis_index(AXIS), updates, _local(p), acc, _local(s))
+            return _lead(p), _lead(s), loss / count
 
         sharded = self._shard(body, (P(AXIS), P(AXIS), P(), P(), P()), (P(AXIS), P(AXIS), P()))
 
@@ -507,14 +515,12 @@ class Executor:
             x_ring, y_ring = jax.tree.map(write, x_ring, x), jax.tree.map(write, y_ring, y)
             fed = base + M
         updates = self._updates(opts, opt_pack)
-        local = lambda tree: jax.tree.map(lambda b: b[0], tree)
-        lead = lambda tree: jax.tree.map(lambda b: b[None], tree)
 
         def body(p, s, bufs, x_ring, y_ring, base, start, fed, key):
             p, s, bufs, _, loss, count = self._run_table(
-                local(p), local(s), local(bufs), local(x_ring), local(y_ring), (base, start, fed),
+                _local(p), _local(s), _local(bufs), _local(x_ring), _local(y_ring), (base, start, fed),
                 key, kept_pack, updates)
-            return lead(p), lead(s), lead(bufs), loss, count
+            return _lead(p), _lead(s), _lead(bufs), loss, count
 
         sharded = self._shard(body, (P(AXIS),) * 5 + (P(),) * 4,
                               (P(AXIS), P(AXIS), P(AXIS), P(), P()))
