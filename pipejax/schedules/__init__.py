@@ -4,7 +4,8 @@ from typing import Callable
 
 from pipejax.errors import ConfigError
 from pipejax.schedules.asynchronous import pb, pipedream
-from pipejax.schedules.schedule import NONE, Schedule, StageInfo, Timeline
+from pipejax.schedules.schedule import Schedule, StageInfo
+from pipejax.schedules.timeline import NONE, Timeline
 from pipejax.schedules.synchronous import gpipe, one_f_one_b
 
 BUILDERS: dict[str, Callable[[int, int], Schedule]] = {

@@ -26,8 +26,9 @@ from typing import NamedTuple
 import numpy as np
 
 from pipejax.errors import ScheduleError
+from pipejax.schedules import pictures
+from pipejax.schedules.timeline import NONE, Timeline, ring_capacity, unroll
 
-NONE = -(1 << 30)  # no op in this lane
 # Event times within a tick: the forward lane, then the backward lane (with its
 # update), then the filing of the messages that arrived at the end of the tick.
 _F, _B, _END = 1, 2, 3
@@ -41,29 +42,6 @@ class StageInfo(NamedTuple):
     delay: int  # D: this stage's weight updates between a micro-batch's forward and backward
     forward_horizon: int  # this stage's updates from a forward to the end of that round trip
     backward_horizon: int  # the same from the backward
-
-
-@dataclasses.dataclass(frozen=True)
-class Timeline:
-    """The table unrolled over `steps` steps (and the flush that follows, for
-    an asynchronous table): global ticks of every op of every micro-batch."""
-
-    F: np.ndarray  # [K, N] tick of the forward of micro-batch g on stage k
-    B: np.ndarray  # [K, N] tick of the backward
-    fed: np.ndarray  # [N] tick before whose start micro-batch g's data is available
-    ticks: int  # ticks from the first op to the last
-
-
-def _ring_capacity(lives: list[list[tuple[int, int]]]) -> int:
-    """Smallest C such that micro-batches sharing a slot g mod C are never alive
-    at once; `lives[k][g]` is (write time, last read time), both inclusive."""
-    N = max((len(x) for x in lives), default=0)
-    for C in range(1, N + 1):
-        if all(max(a, a2) > min(b, b2)
-               for per in lives for g, (a, b) in enumerate(per)
-               for (a2, b2) in per[g + C::C]):
-            return C
-    return max(N, 1)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -104,37 +82,9 @@ class Schedule:
         """Unroll `steps` steps; an asynchronous table then runs periods with no
         new input until every micro-batch fed has finished (the flush)."""
         if steps not in self._timelines:
-            self._timelines[steps] = self._unroll(steps)
+            self._timelines[steps] = unroll(self.name, self.fwd, self.bwd, self.microbatches,
+                                           self.asynchronous, steps)
         return self._timelines[steps]
-
-    def _unroll(self, steps: int) -> Timeline:
-        K, M, T = self.stages, self.microbatches, self.ticks
-        N = M * (steps if self.asynchronous else 1)
-        F, B = np.full((K, N), -1, np.int64), np.full((K, N), -1, np.int64)
-        seen_f, seen_b = np.zeros((K, N), np.int64), np.zeros((K, N), np.int64)
-        periods = steps if self.asynchronous else 1
-        s = 0
-        while True:
-            for lane, out, seen in ((self.fwd, F, seen_f), (self.bwd, B, seen_b)):
-                t, k = np.nonzero(lane != NONE)
-                g = s * M + lane[t, k]
-                ok = (g >= 0) & (g < N)
-                out[k[ok], g[ok]] = s * T + t[ok]
-                np.add.at(seen, (k[ok], g[ok]), 1)
-            s += 1
-            if s >= periods and ((B >= 0).all() or s > periods + 4 * (K + T) + 4):
-                break
-        bad = np.argwhere((seen_f != 1) | (seen_b != 1))
-        if len(bad):
-            k, g = bad[0]
-            lane = "forward" if seen_f[k, g] != 1 else "backward"
-            count = seen_f[k, g] if lane == "forward" else seen_b[k, g]
-            raise ScheduleError(
-                f"schedule {self.name!r}: stage {k} runs the {lane} of micro-batch {g} {count} "
-                "times; every micro-batch needs exactly one forward and one backward on every stage")
-        fed = (np.arange(N) // M) * T if self.asynchronous else np.zeros(N, np.int64)
-        first = min(F.min(), B.min())
-        return Timeline(F, B, fed, int(max(F.max(), B.max()) - first + 1))
 
     def validate(self) -> None:
         """Reject an impossible table, naming the tick, stage and micro-batch."""
@@ -200,7 +150,7 @@ class Schedule:
     def _live(self, write: np.ndarray, read: np.ndarray) -> int:
         """Ring-buffer capacity for values written at times `write[k, g]` and
         last read at `read[k, g]` (times in quarter ticks)."""
-        return _ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
+        return ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
 
     @property
     def input_capacity(self) -> int:
@@ -229,6 +179,15 @@ class Schedule:
         read = np.maximum(4 * tl.B[0] + _B, 4 * tl.B[-1] + _B)
         C = self._live((4 * tl.fed - 1)[None], read[None])
         return -(-C // self.microbatches) * self.microbatches
+
+    @property
+    def drain_periods(self) -> int:
+        """Periods with no new input after a step until every micro-batch it
+        fed has finished: what a flush runs (0 when synchronous)."""
+        if self.synchronous:
+            return 0
+        last = int(self.timeline(1).B.max())  # global tick, step 0 starts at tick 0
+        return -(-(last + 1) // self.ticks) - 1
 
     def _updates_between(self, k: int, g: int, start: float, stop: float) -> int:
         """Stage k's weight updates at times in (start, stop] (quarter ticks)."""
@@ -267,52 +226,14 @@ class Schedule:
                          forward_horizon=f, backward_horizon=b)
 
     # ------------------------------------------------------------- pictures
-    def _cell(self, t: int, k: int) -> str:
-        f, b = self.fwd[t, k], self.bwd[t, k]
-        return "".join(p + str(v) for p, v in (("F", f), ("B", b)) if v != NONE) or "."
-
     def render(self) -> str:
         """Text Gantt chart: one row per stage, one column per tick."""
-        width = max(4, *(len(self._cell(t, k)) + 1 for t in range(self.ticks)
-                         for k in range(self.stages)))
-        rows = ["tick    " + "".join(str(t).rjust(width) for t in range(self.ticks))]
-        for k in range(self.stages):
-            rows.append(f"stage {k} " + "".join(self._cell(t, k).rjust(width)
-                                                 for t in range(self.ticks)))
-        kind = "asynchronous, one period" if self.asynchronous else "synchronous"
-        rows.append(f"{self.name} ({kind}): K={self.stages} M={self.microbatches} "
-                    f"ticks={self.ticks} bubble={self.bubble_fraction:.3f} "
-                    f"delays={self.delays}")
-        return "\n".join(rows)
+        return pictures.render(self)
 
     def plot(self, path: str) -> None:
         """PNG timeline: forward, backward and idle cells coloured, micro-batch
         numbers in the cells."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        K, T = self.stages, self.ticks
-        fig, ax = plt.subplots(figsize=(max(6, 0.45 * T), 0.6 * K + 1.2))
-        for t in range(T):
-            for k in range(K):
-                f, b = self.fwd[t, k], self.bwd[t, k]
-                parts = [(c, v) for c, v in (("#4c9be8", f), ("#f08a4b", b)) if v != NONE]
-                if not parts:
-                    ax.add_patch(plt.Rectangle((t, k), 1, 1, color="#eeeeee", ec="white"))
-                for i, (color, v) in enumerate(parts):
-                    h = 1 / len(parts)
-                    ax.add_patch(plt.Rectangle((t, k + i * h), 1, h, color=color, ec="white"))
-                    ax.text(t + 0.5, k + (i + 0.5) * h, str(v), ha="center", va="center", fontsize=7)
-        ax.set_xlim(0, T), ax.set_ylim(K, 0)
-        ax.set_xlabel("tick"), ax.set_yticks([k + 0.5 for k in range(K)])
-        ax.set_yticklabels([f"stage {k}" for k in range(K)])
-        ax.set_title(f"{self.name}: K={K} M={self.microbatches}, bubble {self.bubble_fraction:.3f} "
-                     "(blue forward, orange backward)")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        pictures.plot(self, path)
 
     def __repr__(self) -> str:
         return (f"Schedule({self.name!r}, stages={self.stages}, microbatches={self.microbatches}, "
