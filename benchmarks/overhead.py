@@ -48,7 +48,8 @@ def step_time_ratio(repeats: int) -> dict:
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((B // M, FEATURES)),
                        stages=1, microbatches=M, remat="none")
     params = pipe.init(jax.random.key(0))
-    state = pipe.init_state(params, opt)
+    trainer = pipe.trainer(opt)
+    state = trainer.init(params)
     x, y = batch(B)
 
     variables = pj.unstage(params)
@@ -81,7 +82,7 @@ def step_time_ratio(repeats: int) -> dict:
     def runner(name):
         def run():
             if name == "pipelined":
-                holder[name], m = pipe.step(holder[name], (x, y))
+                holder[name], m = trainer.step(holder[name], (x, y))
                 jax.block_until_ready(m["loss"])
             else:
                 v, s, loss = steps[name](*holder[name], x, y)
@@ -110,10 +111,11 @@ def compile_seconds(M: int, K: int = 4, mb: int = 16) -> float:
     layers = pj.models.mlp(depth=8, width=256, classes=CLASSES)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((mb, FEATURES)),
                        stages=K, microbatches=M)
-    state = pipe.init_state(pipe.init(jax.random.key(0)), optax.sgd(0.01))
+    trainer = pipe.trainer(optax.sgd(0.01))
+    state = trainer.init(pipe.init(jax.random.key(0)))
     lowered_batch = batch(M * mb)
     start = time.perf_counter()
-    pipe.step.lower(state, lowered_batch).compile()
+    trainer.step.lower(state, lowered_batch).compile()
     return time.perf_counter() - start
 
 
@@ -121,8 +123,9 @@ def temp_bytes(remat: str, K: int = 4, M: int = 8, mb: int = 32) -> int:
     layers = pj.models.mlp(depth=16, width=512, classes=CLASSES)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((mb, FEATURES)),
                        stages=K, microbatches=M, remat=remat)
-    state = pipe.init_state(pipe.init(jax.random.key(0)), optax.sgd(0.01))
-    compiled = pipe.step.lower(state, batch(M * mb)).compile()
+    trainer = pipe.trainer(optax.sgd(0.01))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    compiled = trainer.step.lower(state, batch(M * mb)).compile()
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 

@@ -1,4 +1,4 @@
-"""Every schedule on the one executor: ticks, bubble, stash, memory, compile time.
+"""Every schedule on the one table interpreter: ticks, bubble, stash, memory, compile time.
 
 For each schedule at K ∈ {2, 4, 8} stages and M ∈ {8, 32} micro-batches, on
 a 16-layer MLP (width 256, micro-batch 16): ticks per step, bubble fraction
@@ -32,13 +32,12 @@ def measure(schedule: str, K: int, M: int) -> dict:
     layers = pj.models.mlp(depth=15, width=256, classes=10)  # 16 Dense layers
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, FEATURES)),
                        stages=K, microbatches=M, schedule=schedule)
-    state = pipe.init_state(pipe.init(jax.random.key(0)), optax.sgd(0.01))
+    trainer = pipe.trainer(optax.sgd(0.01))
+    state = trainer.init(pipe.init(jax.random.key(0)))
     x = jnp.zeros((M * MB, FEATURES))
     y = jnp.zeros((M * MB,), jnp.int32)
-    if pipe.schedule.asynchronous:  # measure the steady-state program, in-flight buffers made
-        state, _ = pipe.step(state, (x, y))
     start = time.perf_counter()
-    compiled = pipe.step.lower(state, (x, y)).compile()
+    compiled = trainer.step.lower(state, (x, y)).compile()
     seconds = time.perf_counter() - start
     s = pipe.schedule
     return {"schedule": schedule, "K": K, "M": M, "ticks": s.ticks,

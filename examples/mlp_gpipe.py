@@ -18,13 +18,14 @@ pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                    example=jnp.zeros((32, 40)),        # ONE micro-batch of inputs
                    stages=4, microbatches=4, schedule="gpipe",
                    partition="variance", remat="stage")
-print(pipe.plan)
+print(pipe)
 print(pipe.schedule.render())
 
-state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adam(1e-3))
+trainer = pipe.trainer(optax.adam(1e-3))
+state = trainer.init(pipe.init(jax.random.key(0)))
 for epoch in range(20):
     for x, y in pj.data.batches(data.x_train, data.y_train, 128, seed=0, epoch=epoch):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
     print(f"epoch {epoch:2d}  loss {float(metrics['loss']):.4f}")
 
 variables = pj.unstage(state.params)                    # one dict per layer, stage-free

@@ -18,12 +18,13 @@ data = pj.data.mnist1d()
 layers = pj.models.residual_lstm(layers=3, hidden=64, classes=10)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((32, 40)),
                    stages=4, microbatches=4, partition="bottleneck")
-print(pipe.plan)
+print(pipe)
 
-state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adam(3e-3))
+trainer = pipe.trainer(optax.adam(3e-3))
+state = trainer.init(pipe.init(jax.random.key(0)))
 for epoch in range(8):
     for x, y in pj.data.batches(data.x_train, data.y_train, 128, seed=0, epoch=epoch):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
     print(f"epoch {epoch}  loss {float(metrics['loss']):.4f}")
 
 logits = pj.apply_layers(layers, pj.unstage(state.params), data.x_test, train=False)

@@ -21,7 +21,7 @@ data = pj.data.digits()
 layers = pj.models.resnet(depth=3, width=16, groups=4, classes=10, dims=2)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((1, 8, 8, 1)),
                    stages=4, microbatches=8, schedule="pb")
-print(pipe.plan)
+print(pipe)
 print("delays", pipe.schedule.delays)
 
 
@@ -29,12 +29,13 @@ def optimizer(info: pj.StageInfo) -> optax.GradientTransformation:
     return optax.sgd(0.01 / (1 + 0.5 * info.delay), momentum=0.9)
 
 
-state = pipe.init_state(pipe.init(jax.random.key(0)), optimizer)
+trainer = pipe.trainer(optimizer)
+state = trainer.init(pipe.init(jax.random.key(0)))
 for epoch in range(3):
     for x, y in pj.data.batches(data.x_train, data.y_train, 8, seed=0, epoch=epoch):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
     print(f"epoch {epoch}  loss {float(metrics['loss']):.4f}")
-state, _ = pipe.flush(state)
+state, _ = trainer.flush(state)
 
 logits = pj.apply_layers(layers, pj.unstage(state.params), data.x_test, train=False)
 print(f"test accuracy {np.mean(np.argmax(logits, -1) == data.y_test):.3f}")

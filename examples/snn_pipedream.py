@@ -18,14 +18,15 @@ layers = pj.models.snn(depth=16, width=128, classes=10, dropout=0.02)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((32, 40)),
                    stages=4, microbatches=4, schedule="pipedream", weight_stashing=True)
 print(pipe.schedule.render())
-print(f"weight stashing costs {pipe.weight_stash_bytes / 2**20:.2f} MiB per stage")
+print(f"weight stashing costs {pipe.layout.weight_stash_bytes / 2**20:.2f} MiB per stage")
 
-state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adam(3e-4))
+trainer = pipe.trainer(optax.adam(3e-4))
+state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(1))  # AlphaDropout needs a key
 for epoch in range(15):
     for x, y in pj.data.batches(data.x_train, data.y_train, 128, seed=0, epoch=epoch):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
     print(f"epoch {epoch:2d}  loss {float(metrics['loss']):.4f}")
-state, _ = pipe.flush(state)  # finish the micro-batches still in flight
+state, _ = trainer.flush(state)  # finish the micro-batches still in flight
 
 logits = pj.apply_layers(layers, pj.unstage(state.params), data.x_test, train=False)
 print(f"test accuracy {np.mean(np.argmax(logits, -1) == data.y_test):.3f}")

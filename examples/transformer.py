@@ -17,14 +17,15 @@ data = pj.data.mnist1d()
 layers = pj.models.transformer(layers=4, dim=64, heads=4, classes=10, patch=4)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((32, 40)),
                    stages=4, microbatches=4)
-print(pipe.plan)
+print(pipe)
 
 epochs, per_epoch = 25, len(data.x_train) // 128
 schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, per_epoch, epochs * per_epoch)
-state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adamw(schedule, weight_decay=1e-4))
+trainer = pipe.trainer(optax.adamw(schedule, weight_decay=1e-4))
+state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(1))
 for epoch in range(epochs):
     for x, y in pj.data.batches(data.x_train, data.y_train, 128, seed=0, epoch=epoch):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
     if epoch % 5 == 4:
         print(f"epoch {epoch:2d}  loss {float(metrics['loss']):.4f}")
 

@@ -17,15 +17,16 @@ data = pj.data.digits()
 layers = pj.models.vgg((16, 16, "M", 32, "M"), classes=10, dims=2, dense=64)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((8, 8, 8, 1)),
                    stages=4, microbatches=8, schedule="1f1b", partition="bottleneck")
-print(pipe.plan)
+print(pipe)
 print(pipe.schedule.render())
 
 # Each stage's optimizer sees that stage's parameters only: tree-wide transforms
 # such as clip_by_global_norm would clip per stage, not over the whole model.
-state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adamw(2e-3, weight_decay=1e-4))
+trainer = pipe.trainer(optax.adamw(2e-3, weight_decay=1e-4))
+state = trainer.init(pipe.init(jax.random.key(0)))
 for epoch in range(20):
     for x, y in pj.data.batches(data.x_train, data.y_train, 64, seed=1, epoch=epoch):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
 print(f"loss {float(metrics['loss']):.4f}")
 
 logits = pj.apply_layers(layers, pj.unstage(state.params), data.x_test, train=False)

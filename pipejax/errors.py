@@ -31,3 +31,7 @@ class ScheduleError(PipejaxError, ValueError):
 
 class DataError(PipejaxError, ValueError):
     """A data file is missing or malformed."""
+
+
+class ArgumentTypeError(PipejaxError, TypeError):
+    """An argument is of the wrong kind (not an optax transform, not staged parameters)."""

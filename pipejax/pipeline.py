@@ -1,25 +1,146 @@
-"""`pj.pipeline`: the public entry point that runs the data flow end to end.
+"""`pj.pipeline`: a layer list compiled for a stage mesh, as an immutable description.
 
-layer list ─trace→ LayerSpec[] ─partition→ Plan ─schedule→ Table ─compile→ step
+layer list ─trace→ LayerSpec[] ─partition→ Plan ─schedule→ Table ─compile→ programs
+
+A `Pipeline` holds what every step of the data flow produced and the
+programs that need no optimizer (`init`, `value_and_grad`);
+`pipe.trainer(optimizer)` binds an optimizer and compiles the training step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import Mesh
 
-from pipejax.compile import Executor, StagedParams, TrainState
-from pipejax.compile.executor import SteppedOnce
-from pipejax.errors import ConfigError, LayerError
+from pipejax.compile import StageCode, Staged, guarded, synchronous
+from pipejax.compile.layout import Layout
+from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard, stage_index
+from pipejax.errors import ArgumentTypeError, ConfigError, LayerError
 from pipejax.mesh import stage_mesh
 from pipejax.partition import Plan, make_plan
 from pipejax.schedules import Schedule, make_schedule
-from pipejax.trace import trace
+from pipejax.trace import Layer, LayerSpec, trace, trace_loss
 
 REMATS = ("none", "stage")
+
+
+def _struct(tree: Any) -> Any:
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), tree)
+
+
+def _describe(tree: Any) -> str:
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    return "{" + ", ".join(f"{jax.tree_util.keystr(p)}: {jnp.result_type(a)}{list(np.shape(a))}"
+                           for p, a in leaves) + "}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pipeline:
+    """A layer list compiled for a stage mesh. Build it with `pj.pipeline`."""
+
+    layers: tuple[Layer, ...]
+    loss: Callable
+    example: Any  # ShapeDtypeStructs of one micro-batch of inputs
+    targets: Any  # ShapeDtypeStructs of one micro-batch of targets
+    specs: tuple[LayerSpec, ...]
+    plan: Plan
+    schedule: Schedule
+    code: StageCode
+    layout: Layout
+    mesh: Mesh
+    remat: Any
+
+    def __post_init__(self):
+        code, mesh = self.code, self.mesh
+        branches = code.init_branches()
+        body = lambda key: lead(lax.switch(stage_index(), branches, key))
+        object.__setattr__(self, "_init", guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)),
+                                                  mesh))
+        vg = None
+        if self.schedule.synchronous:
+            vg = guarded(jax.jit(synchronous.value_and_grad(
+                code, self.schedule, self.layout, mesh, self.example, self.targets)), mesh)
+        object.__setattr__(self, "_value_and_grad", vg)
+
+    @property
+    def K(self) -> int:
+        return self.plan.stages
+
+    @property
+    def M(self) -> int:
+        return self.schedule.microbatches
+
+    @property
+    def random_layers(self) -> list[LayerSpec]:
+        """The layers that draw random numbers when training (dropout)."""
+        return [s for s in self.specs if s.random]
+
+    # ---------------------------------------------------------------- params
+    def init(self, key: jax.Array) -> Staged:
+        """Parameters, each stage's on its own device; layer i is initialized
+        by Flax with fold_in(key, i), so the values do not depend on K."""
+        return Staged(self._init(key), self.code.params)
+
+    def stage(self, variables: Sequence[dict]) -> Staged:
+        """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
+        if len(variables) != len(self.layers):
+            raise ConfigError(f"got {len(variables)} variables dicts for {len(self.layers)} layers; "
+                              "give one per layer, as pj.unstage returns them")
+        for spec, v in zip(self.specs, variables):
+            want, got = _struct(spec.variables), _struct(v)
+            if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
+                raise ConfigError(f"layer {spec.index} ({spec.name}) has variables {_describe(want)} "
+                                  f"but was given {_describe(got)}")
+        rows = [self.code.params.pack(k, [variables[i] for i in self.plan.ranges[k]])
+                for k in range(self.K)]
+        sharding = placement(self.mesh, STAGED)
+        return Staged(tuple(jax.device_put(jnp.stack(slot), sharding) for slot in zip(*rows)),
+                      self.code.params)
+
+    def check_params(self, params: Any, where: str) -> None:
+        """Raise unless `params` are this pipeline's staged parameters."""
+        if not isinstance(params, Staged) or params.packing != self.code.params:
+            raise ArgumentTypeError(
+                f"{where} takes this pipeline's Staged parameters (from pipe.init or pipe.stage), "
+                f"not {type(params).__name__}" + (" packed for another pipeline"
+                                                  if isinstance(params, Staged) else ""))
+
+    def key_or_default(self, key: jax.Array | None, where: str) -> jax.Array:
+        """`key`, or key(0) for a model without randomness; a random model needs a key."""
+        if key is not None:
+            return key
+        if self.random_layers:
+            names = ", ".join(f"{s.index} ({s.name})" for s in self.random_layers[:4])
+            raise ConfigError(f"layers {names} draw random numbers when training (dropout); pass "
+                              f"{where} a key, e.g. jax.random.key(step), so that every call gets "
+                              "fresh masks")
+        return jax.random.key(0)
+
+    # ------------------------------------------------------------- programs
+    def value_and_grad(self, params: Staged, batch: tuple,
+                       key: jax.Array | None = None) -> tuple[jax.Array, Staged]:
+        """Mean loss over the micro-batches and its gradient (synchronous
+        schedules); `batch` = (x, y) with M micro-batches stacked."""
+        if self._value_and_grad is None:
+            raise ConfigError(f"value_and_grad needs a synchronous schedule; {self.schedule.name!r} "
+                              "updates the weights inside the pipeline: use pipe.trainer(opt).step")
+        self.check_params(params, "value_and_grad")
+        return self._value_and_grad(params, batch, self.key_or_default(key, "value_and_grad"))
+
+    def trainer(self, optimizer: Any):
+        """Bind `optimizer` (an optax transform, or StageInfo -> transform)."""
+        from pipejax.trainer import Trainer
+
+        return Trainer(self, optimizer)
+
+    def __str__(self) -> str:
+        return f"{self.plan}\n{self.layout}"
 
 
 def _check_remat(remat: Any) -> Any:
@@ -32,95 +153,76 @@ def _check_remat(remat: Any) -> Any:
     return remat
 
 
-class Pipeline:
-    """A layer list compiled for a stage mesh. Build it with `pj.pipeline`."""
+def _check_counts(layers: Any, stages: Any, microbatches: Any) -> None:
+    if not isinstance(layers, (list, tuple)):
+        raise LayerError(f"layers must be a list of Flax modules or functions, not "
+                         f"{type(layers).__name__}; a model is a list so it can be split")
+    if len(layers) == 0:
+        raise LayerError("the layer list is empty; give at least one layer")
+    if not isinstance(stages, (int, np.integer)) or stages < 1:
+        raise ConfigError(f"stages={stages!r}; a pipeline needs at least 1 stage")
+    if stages > len(layers):
+        raise ConfigError(f"stages={stages} > {len(layers)} layers; every stage needs a layer, "
+                          "use fewer stages or split the model into more layers")
+    if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
+        raise ConfigError(f"microbatches={microbatches!r}; use at least 1")
 
-    def __init__(self, layers: Sequence[Any], *, loss: Callable, example: Any, stages: int,
-                 microbatches: int, schedule: str | Schedule = "gpipe",
-                 partition: str | Sequence[int] = "variance", remat: Any = "stage",
-                 mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
-                 weight_stashing: bool = False):
-        if not isinstance(layers, (list, tuple)):
-            raise LayerError(f"layers must be a list of Flax modules or functions, not "
-                             f"{type(layers).__name__}; a model is a list so it can be split")
-        if len(layers) == 0:
-            raise LayerError("the layer list is empty; give at least one layer")
-        if not isinstance(stages, (int, np.integer)) or stages < 1:
-            raise ConfigError(f"stages={stages!r}; a pipeline needs at least 1 stage")
-        if stages > len(layers):
-            raise ConfigError(f"stages={stages} > {len(layers)} layers; every stage needs a layer, "
-                              "use fewer stages or split the model into more layers")
-        if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
-            raise ConfigError(f"microbatches={microbatches!r}; use at least 1")
-        self.layers = list(layers)
-        self.loss = loss
-        self.example = example
-        self.remat = _check_remat(remat)
-        self.schedule: Schedule = make_schedule(schedule, stages, microbatches)
-        if weight_stashing and self.schedule.synchronous:
-            raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
-                              f"{self.schedule.name!r} every backward already uses its forward's weights")
-        if self.schedule.asynchronous and not weight_stashing and self.remat != "stage":
-            raise ConfigError(
-                f"remat={self.remat!r} keeps residuals computed with the forward's weights, but "
-                f"the backward of {self.schedule.name!r} uses the current weights (the exact vjp "
-                "at (backward weights, stashed input)); use remat='stage' or weight_stashing=True")
-        self.mesh = stage_mesh(stages, mesh)
-        self.specs = trace(self.layers, example, cost=cost)
-        self.plan: Plan = make_plan(self.specs, stages, partition, max_bytes)
-        self.K, self.M = stages, microbatches
-        self.executor = Executor(self.layers, self.plan, self.schedule, loss, self.remat, self.mesh,
-                                 example, weight_stashing)
-        self._value_and_grad = SteppedOnce(jax.jit(self.executor.value_and_grad), self.mesh)
-        self._step = None
 
-    # ----------------------------------------------------------- public API
-    def init(self, key: jax.Array) -> StagedParams:
-        """Parameters, each stage's on its own device (layer i from fold_in(key, i))."""
-        return self.executor.init_params(key)
+def _check_staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
+    if weight_stashing and schedule.synchronous:
+        raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
+                          f"{schedule.name!r} every backward already uses its forward's weights")
+    if schedule.asynchronous and not weight_stashing and remat != "stage":
+        raise ConfigError(
+            f"remat={remat!r} keeps residuals computed with the forward's weights, but the "
+            f"backward of {schedule.name!r} uses the current weights (the exact vjp at "
+            "(backward weights, stashed input)); use remat='stage' or weight_stashing=True")
 
-    def stage(self, variables: Sequence[dict]) -> StagedParams:
-        """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
-        if len(variables) != len(self.layers):
-            raise ConfigError(f"got {len(variables)} variables dicts for {len(self.layers)} layers")
-        return self.executor.stage(variables)
 
-    def value_and_grad(self, params: StagedParams, batch: tuple,
-                       key: jax.Array | None = None) -> tuple[jax.Array, StagedParams]:
-        """Mean loss over the micro-batches and its gradient (synchronous schedules)."""
-        key = jax.random.key(0) if key is None else key
-        return self._value_and_grad(params, batch, key)
+def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: int,
+             microbatches: int, targets: Any = None, schedule: str | Schedule = "gpipe",
+             partition: str | Sequence[int] = "variance", remat: Any = "stage",
+             mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
+             weight_stashing: bool = False) -> Pipeline:
+    """Trace, partition, schedule and compile a layer list for a stage mesh.
 
-    def init_state(self, params: StagedParams, optimizer: Any,
-                   key: jax.Array | None = None) -> TrainState:
-        """Train state for `optimizer` (an optax transform, or StageInfo -> transform);
-        also builds `pipe.step` for it."""
-        ex = self.executor
-        self._opts = ex.optimizers(optimizer)
-        self._opt_pack = ex.opt_packing(self._opts)
-        self._step = ex.make_step(self._opts, self._opt_pack)
-        self._flush = ex.make_flush(self._opts, self._opt_pack)
-        key = jax.random.key(0) if key is None else key
-        return ex.init_state(params, self._opts, self._opt_pack, key)
+    Args:
+      layers: the model, a list of Flax linen modules or functions of one array.
+      loss: `loss(outputs, targets)` of ONE micro-batch, returning its mean.
+      example: ONE micro-batch of inputs (its shape and dtype matter, not its values).
+      stages: K, pipeline stages, one device each.
+      microbatches: M, micro-batches per step; a batch stacks M of them.
+      targets: ONE micro-batch of targets; default integer class labels `[mb]`.
+      schedule: "gpipe" | "1f1b" (synchronous) | "pipedream" | "pb"
+        (asynchronous) | a `pj.Schedule` table.
+      partition: "variance" (GPipe: min Σ_k C_k²) | "bottleneck" (PipeDream:
+        min max_k C_k) | a list of layer counts per stage.
+      remat: "stage" (keep stage inputs only, recompute the forward in the
+        backward) | "none" | a `jax.checkpoint` policy.
+      mesh: a mesh whose only axis of size > 1 is "stage" with K devices;
+        default: the first K devices.
+      cost: what the partitioner balances: "flops" (XLA's estimate) or "time"
+        (each layer measured).
+      max_bytes: largest parameter bytes a stage may hold, for the partitioner.
+      weight_stashing: asynchronous schedules only: a backward uses the weights
+        its forward used (PipeDream), at the memory `pipe.layout` reports.
 
-    def flush(self, state: TrainState) -> tuple[TrainState, dict]:
-        """Drain an asynchronous pipeline: finish every micro-batch in flight
-        (their updates included). A no-op for synchronous schedules."""
-        if self._step is None:
-            raise ConfigError("call pipe.init_state(params, optimizer) first")
-        return self._flush(state)
-
-    @property
-    def weight_stash_bytes(self) -> int:
-        """Extra memory per stage for weight stashing: one weight version per
-        micro-batch in flight between its forward and backward (0 if off)."""
-        if not self.executor.weight_stashing:
-            return 0
-        return self.schedule.residual_capacity * self.plan.param_packing.slot_bytes()
-
-    @property
-    def step(self) -> Callable:
-        """The jitted `step(state, (x, y)) -> (state, metrics)`."""
-        if self._step is None:
-            raise ConfigError("pipe.step is built by pipe.init_state(params, optimizer); call it first")
-        return self._step
+    Returns:
+      An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
+      `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
+    """
+    _check_counts(layers, stages, microbatches)
+    remat = _check_remat(remat)
+    table = make_schedule(schedule, stages, microbatches)
+    _check_staleness(table, remat, weight_stashing)
+    mesh = stage_mesh(stages, mesh)
+    example = _struct(example)
+    mb = jax.tree.leaves(example)[0].shape[0]
+    targets = _struct(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
+    specs = tuple(trace(list(layers), example, cost=cost))
+    trace_loss(loss, specs[-1].output, targets)
+    plan = make_plan(specs, stages, partition, max_bytes)
+    seed = 1.0 / microbatches if table.synchronous else 1.0
+    code = StageCode(layers, plan, loss, remat, seed, example, targets)
+    return Pipeline(tuple(layers), loss, example, targets, specs, plan, table, code,
+                    Layout.of(code, table, weight_stashing), mesh, remat)

@@ -38,13 +38,14 @@ class LayerSpec:
     input: jax.ShapeDtypeStruct
     output: Any  # pytree of jax.ShapeDtypeStruct
     variables: Any  # pytree of jax.ShapeDtypeStruct, {} for a plain function
-    flops: float  # forward + backward, from XLA's cost analysis
+    flops: float | None  # forward + backward operations by XLA's cost analysis; None if none
     param_bytes: int
     activation_bytes: int  # bytes of the output, one micro-batch
+    random: bool = False  # its training forward reads its key (dropout)
     seconds: float | None = None  # measured forward + backward (cost="time")
 
     @property
-    def cost(self) -> float:
+    def cost(self) -> float | None:
         """The cost the partitioner balances: measured time if any, else FLOPs."""
         return self.seconds if self.seconds is not None else self.flops
 
@@ -121,11 +122,43 @@ def _fwd_bwd(layer: Layer) -> Callable:
     return run
 
 
-def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float:
+def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float | None:
+    """Operations of one forward+backward by XLA's cost analysis: FLOPs plus
+    transcendentals (XLA leaves out a count that is zero: a reshape has none,
+    tanh only transcendentals); None when XLA gives no analysis at all."""
     analysis = jax.jit(_fwd_bwd(layer)).lower(variables, h, key).cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older jax returns one dict per device
-        analysis = analysis[0] if analysis else {}
-    return float((analysis or {}).get("flops", 0.0))
+        analysis = analysis[0] if analysis else None
+    if not analysis:
+        return None
+    return float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
+
+
+def _reads_key(jaxpr: Any) -> bool:
+    """Whether a jaxpr whose last input is the key reads it."""
+    key = jaxpr.jaxpr.invars[-1]
+    return any(v is key for eqn in jaxpr.jaxpr.eqns for v in eqn.invars)
+
+
+def trace_loss(loss: Any, output: Any, targets: Any) -> None:
+    """Check that `loss(outputs, targets)` of one micro-batch is one float.
+
+    Raises:
+      LayerError: naming the shapes, when the loss fails on them or returns
+        something else than a scalar.
+    """
+    where = f"outputs {_describe(output)} and targets {_describe(targets)}"
+    try:
+        out = jax.eval_shape(loss, output, targets)
+    except Exception as err:  # noqa: BLE001 - re-raised with the shapes named
+        raise LayerError(
+            f"the loss cannot take {where}: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}; give pj.pipeline(targets=...) one "
+            "micro-batch of targets shaped as the loss expects") from None
+    if not (isinstance(out, jax.ShapeDtypeStruct) and out.shape == ()
+            and jnp.issubdtype(out.dtype, jnp.floating)):
+        raise LayerError(f"the loss returns {_describe(out)} for {where}; it must return one "
+                         "float, the mean over the micro-batch (e.g. jnp.mean(...))")
 
 
 def _seconds(layer: Layer, variables: Any, h: Any, key: jax.Array, repeats: int = 5) -> float:
@@ -179,13 +212,15 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
                 f"layer {i} ({name}) keeps mutable collections {extra} (BatchNorm statistics?); "
                 "pipelines train stateless layers only: use GroupNorm or LayerNorm instead")
         try:
-            out = jax.eval_shape(lambda v, x, k: apply_layer(layer, v, x, k), variables, h, key_struct)
+            jaxpr, out = jax.make_jaxpr(lambda v, x, k: apply_layer(layer, v, x, k),
+                                        return_shape=True)(variables, h, key_struct)
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named
             raise failed(err) from None
         flops = _flops(layer, variables, h, key)
         seconds = _seconds(layer, variables, h, key) if cost == "time" else None
         specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,
                                flops=flops, param_bytes=_nbytes(variables),
-                               activation_bytes=_nbytes(out), seconds=seconds))
+                               activation_bytes=_nbytes(out), random=_reads_key(jaxpr),
+                               seconds=seconds))
         h = out
     return specs

@@ -80,7 +80,8 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
     stage k uses the version after i − D_k updates; its backward the current
     version (i updates), or with `stash` the forward's; each backward applies
     the gradient of micro-batch i's mean loss at once. Returns the weights of
-    all layers after the last update."""
+    all layers after the last update, and each micro-batch's loss (computed at
+    its forward on the last stage)."""
     K = len(ranges)
     versions = [[[variables[i] for i in r]] for r in ranges]
     states = [opt.init(versions[k][0]) for k in range(K)]
@@ -102,6 +103,7 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
         updates, state = opt.update(grads, state, current)
         return ct, state, optax.apply_updates(current, updates)
 
+    losses = []
     for i in range(len(xs)):
         key_i = jax.random.fold_in(key, i)
         h, inputs, forward_weights = xs[i], [], []
@@ -110,6 +112,7 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
             inputs.append(h)
             forward_weights.append(w)
             h = forward[k](w, h, key_i, ys[i])
+        losses.append(float(h))
         ct = None
         for k in reversed(range(K)):
             assert len(versions[k]) == i + 1  # backwards reach a stage in micro-batch order
@@ -117,4 +120,4 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
             ct, states[k], new = backward(k, w, inputs[k], key_i, ys[i], ct, states[k],
                                           versions[k][-1])
             versions[k].append(new)
-    return [w for k in range(K) for w in versions[k][-1]]
+    return [w for k in range(K) for w in versions[k][-1]], np.asarray(losses)

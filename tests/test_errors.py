@@ -1,5 +1,8 @@
 """Bad input gets a clear error naming the culprit, never a deep XLA traceback."""
 
+import pathlib
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -9,7 +12,7 @@ import pytest
 from jax.sharding import Mesh
 
 import pipejax as pj
-from pipejax.errors import BatchError, ConfigError, DeviceError, LayerError
+from pipejax.errors import ArgumentTypeError, BatchError, ConfigError, DeviceError, LayerError
 
 EX = jnp.zeros((4, 20))
 
@@ -44,18 +47,33 @@ def test_fewer_than_one_stage(stages):
 def test_batch_not_divisible_by_microbatches():
     pipe = build(microbatches=4)
     params = pipe.init(jax.random.key(0))
-    with pytest.raises(BatchError, match=r"batch of 18 examples.*microbatches=4.*18 % 4 = 2"):
+    with pytest.raises(BatchError, match=r"inputs of 18 examples.*microbatches=4.*18 % 4 = 2"):
         pipe.value_and_grad(params, (jnp.zeros((18, 20)), jnp.zeros((18,), jnp.int32)))
-    state = pipe.init_state(params, optax.sgd(0.1))
+    trainer = pipe.trainer(optax.sgd(0.1))
+    state = trainer.init(params)
     with pytest.raises(BatchError, match="microbatches=4"):
-        pipe.step(state, (jnp.zeros((18, 20)), jnp.zeros((18,), jnp.int32)))
+        trainer.step(state, (jnp.zeros((18, 20)), jnp.zeros((18,), jnp.int32)))
 
 
 def test_batch_of_the_wrong_feature_shape():
     pipe = build()
-    with pytest.raises(BatchError, match=r"\[8, 21\].*example \[4, 20\]"):
+    with pytest.raises(BatchError, match=r"\[8, 21\].*built for micro-batches float32\[4, 20\]"):
         pipe.value_and_grad(pipe.init(jax.random.key(0)),
                             (jnp.zeros((8, 21)), jnp.zeros((8,), jnp.int32)))
+
+
+def test_targets_of_the_wrong_shape():
+    pipe = build()
+    with pytest.raises(BatchError, match=r"targets float32\[8, 3\].*int32\[4\].*give targets"):
+        pipe.value_and_grad(pipe.init(jax.random.key(0)), (jnp.zeros((8, 20)), jnp.zeros((8, 3))))
+
+
+def test_a_loss_that_does_not_fit_the_outputs():
+    with pytest.raises(LayerError, match=r"the loss cannot take outputs float32\[4, 10\] and "
+                                         r"targets float32\[4, 3\].*targets="):
+        build(loss=pj.losses.mse, targets=jnp.zeros((4, 3)))
+    with pytest.raises(LayerError, match=r"the loss returns float32\[4\].*one float"):
+        build(loss=lambda out, y: jnp.mean(out, axis=-1))
 
 
 def test_layer_whose_input_does_not_fit():
@@ -113,23 +131,71 @@ def test_mesh_without_a_stage_axis():
         build(mesh=mesh)
 
 
+def test_mesh_with_an_axis_the_pipeline_does_not_use():
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "stage"))
+    with pytest.raises(ConfigError, match=r"mesh axis 'data' \(2 devices\) is not used.*single axis"):
+        build(mesh=mesh)
+    one = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("data", "stage"))
+    assert build(mesh=one).mesh is one  # an axis of size 1 replicates nothing
+
+
+def test_a_model_with_dropout_needs_a_key():
+    pipe = build(pj.models.mlp(2, 16, 10, dropout=0.5))
+    assert [s.name for s in pipe.random_layers] == ["Dropout", "Dropout"]
+    params = pipe.init(jax.random.key(0))
+    x, y = jnp.zeros((8, 20)), jnp.zeros((8,), jnp.int32)
+    with pytest.raises(ConfigError, match=r"layers 2 \(Dropout\), 5 \(Dropout\).*pass "
+                                          r"value_and_grad a key"):
+        pipe.value_and_grad(params, (x, y))
+    with pytest.raises(ConfigError, match="pass trainer.init a key"):
+        pipe.trainer(optax.sgd(0.1)).init(params)
+    pipe.value_and_grad(params, (x, y), jax.random.key(1))
+    assert not build().random_layers  # no randomness: no key needed
+    build().value_and_grad(build().init(jax.random.key(0)), (x, y))
+
+
+def test_params_of_another_pipeline():
+    pipe, other = build(), build(pj.models.mlp(2, 8, 10))
+    with pytest.raises(ArgumentTypeError, match="packed for another pipeline"):
+        pipe.trainer(optax.sgd(0.1)).init(other.init(jax.random.key(0)))
+    with pytest.raises(ArgumentTypeError, match="value_and_grad takes this pipeline's Staged"):
+        pipe.value_and_grad(pj.unstage(pipe.init(jax.random.key(0))), (jnp.zeros((8, 20)),
+                                                                        jnp.zeros((8,), jnp.int32)))
+
+
+def test_stage_checks_every_layer():
+    pipe = build()
+    variables = pj.unstage(pipe.init(jax.random.key(0)))
+    variables[2] = {"params": {"bias": jnp.zeros(16), "kernel": jnp.zeros((15, 16))}}
+    with pytest.raises(ConfigError, match=r"layer 2 \(Dense\) has variables .*float32\[16, 16\].*"
+                                          r"given .*float32\[15, 16\]"):
+        pipe.stage(variables)
+
+
 def test_mesh_of_the_wrong_size():
     mesh = Mesh(np.array(jax.devices()[:4]), ("stage",))
     with pytest.raises(ConfigError, match="4 devices but stages=2"):
         build(mesh=mesh)
 
 
-def test_step_before_init_state():
-    with pytest.raises(ConfigError, match="init_state"):
-        build().step  # noqa: B018
-
-
 def test_optimizer_of_the_wrong_type():
     pipe = build()
-    with pytest.raises(TypeError, match="optimizer must be an optax GradientTransformation"):
-        pipe.init_state(pipe.init(jax.random.key(0)), "adam")
+    with pytest.raises(ArgumentTypeError, match="optimizer must be an optax GradientTransformation"):
+        pipe.trainer("adam")
+    with pytest.raises(TypeError, match=r"returned float for stage 0"):
+        pipe.trainer(lambda info: 0.1)
 
 
 def test_unstage_of_something_else():
-    with pytest.raises(TypeError, match="unstage expects the StagedParams"):
+    with pytest.raises(TypeError, match="unstage expects the Staged parameters"):
         pj.unstage({"w": 1})
+
+
+def test_every_raised_error_is_a_pipejax_error():
+    """STYLE: errors are classes defined in pipejax/errors.py, never bare built-ins."""
+    root = pathlib.Path(pj.__file__).parent
+    ours = {name for name, obj in vars(pj.errors).items() if isinstance(obj, type)}
+    raised = {(path.relative_to(root).as_posix(), name)
+              for path in root.rglob("*.py")
+              for name in re.findall(r"raise ([A-Z]\w*)\(", path.read_text())}
+    assert raised and {r for r in raised if r[1] not in ours} == set()

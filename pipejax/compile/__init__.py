@@ -1,6 +1,22 @@
-"""The compiler: (plan, schedule, loss, optimizer) -> one jitted shard_map step."""
+"""The compiler: (plan, schedule, loss, optimizer) -> jitted `shard_map` programs.
 
-from pipejax.compile.executor import Executor
-from pipejax.compile.staged import StagedParams, TrainState, unstage
+Modules, in the order data flows through them:
 
-__all__ = ["Executor", "StagedParams", "TrainState", "unstage"]
+- `packing`: stage trees into slot buffers of one shape on every stage.
+- `stages`: stage k's code (forward, backward, init) as branch k of a switch.
+- `residuals`: what a stage keeps from its forward to its backward.
+- `layout`: the packings and ring-buffer slots of a compiled pipeline, and their bytes.
+- `microbatch`: a batch checked and split into micro-batches.
+- `spmd`: shard_map helpers, the stage axis, 0-or-1-trip loops.
+- `table`: the table interpreter, one scan over ticks with ppermute.
+- `optimizer`: one optax transform per stage, its state packed.
+- `synchronous`, `asynchronous`: the programs built on the interpreter.
+- `state`: the typed state a trainer carries; `guard`: the CPU dispatch guard.
+"""
+
+from pipejax.compile.guard import guarded
+from pipejax.compile.layout import Layout
+from pipejax.compile.stages import StageCode
+from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
+
+__all__ = ["InFlight", "Layout", "Rings", "StageCode", "Staged", "TrainState", "guarded", "unstage"]

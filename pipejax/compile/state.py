@@ -1,9 +1,12 @@
-"""Stage-sharded containers: `StagedParams`, `TrainState`, and `unstage`.
+"""What a trainer carries from one step to the next, typed.
 
-Parameters live as packed slot buffers of shape `[K, length]`, sharded
-over the mesh axis `stage` so that row k sits on stage k's device. The
-packing travels as static pytree metadata, so `unstage` can always give back
-one Flax variables dict per layer, independent of the number of stages.
+`Staged` is a pytree packed into stage-sharded slot buffers `[K, length]`
+(row k on stage k's device) together with the static `Packing` that reads
+them back; parameters, gradients and per-stage optimizer states are all
+`Staged`. `TrainState` is the whole state of a trainer; for an asynchronous
+schedule its `inflight` part (`InFlight`: ring buffers, data rings and the
+micro-batch counters) is allocated by `trainer.init`, so every step runs the
+same compiled program.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from pipejax.packing import Buffers, Packing
+from pipejax.compile.packing import Buffers, Packing
+from pipejax.errors import ArgumentTypeError
 
 
 @jax.tree_util.register_pytree_node_class
-class StagedParams:
+class Staged:
     """Slot buffers `[K, length]` plus the static `Packing` that reads them."""
 
     def __init__(self, buffers: Buffers, packing: Packing):
@@ -31,23 +35,48 @@ class StagedParams:
     def tree_unflatten(cls, packing, children):
         return cls(children, packing)
 
+    def per_stage(self) -> list[Any]:
+        """The K stage trees as ordinary pytrees of arrays (copied to the host and back)."""
+        host = [np.asarray(jax.device_get(b)) for b in self.buffers]
+        return [jax.tree.map(jax.numpy.asarray, self.packing.unpack(k, tuple(b[k] for b in host)))
+                for k in range(self.packing.stages)]
+
     def __repr__(self) -> str:
         n = sum(int(np.prod(np.shape(b))) for b in self.buffers)
-        return (f"StagedParams(stages={self.packing.stages}, slots={len(self.buffers)}, "
-                f"elements={n})")
+        return f"Staged(stages={self.packing.stages}, slots={len(self.buffers)}, elements={n})"
+
+
+class Rings(NamedTuple):
+    """Ring buffers of one pipeline, slots `micro-batch mod capacity`."""
+
+    inputs: Buffers  # stage inputs received, kept up to their backward
+    grads: Buffers  # output gradients received, kept up to the backward
+    kept: Buffers  # vjp residuals kept from the forward to the backward
+    weights: Buffers  # with weight stashing: the weights each forward used; else ()
+
+
+class InFlight(NamedTuple):
+    """An asynchronous pipeline between two steps: what is in flight, and where."""
+
+    rings: Rings
+    x: Any  # data ring [K, slots, mb, ...]: inputs of the micro-batches not yet finished
+    y: Any  # the same for the targets
+    base: jax.Array  # int32: id of the next micro-batch to feed (relative id 0 of the next period)
+    start: jax.Array  # int32: ids below were never fed (before the first step, or a flush)
+    fed: jax.Array  # int32: ids at and above are not fed yet
 
 
 class TrainState(NamedTuple):
-    """Everything `pipe.step` carries from one step to the next."""
+    """Everything `trainer.step` carries from one step to the next."""
 
-    params: StagedParams
-    opt_state: Buffers  # slot buffers [K, length], packed like the parameters
+    params: Staged
+    opt_state: Staged  # per-stage optax states, packed like the parameters
     step: jax.Array  # int32 scalar: number of steps taken
-    key: jax.Array  # base key; step t uses fold_in(key, t) for dropout
-    inflight: Any = None  # asynchronous schedules: ring buffers and counters between steps
+    key: jax.Array  # base key; step t uses fold_in(key, t), micro-batch g fold_in(., g)
+    inflight: InFlight | None  # asynchronous schedules; None for synchronous ones
 
 
-def unstage(params: StagedParams) -> list[dict]:
+def unstage(params: Staged | TrainState) -> list[dict]:
     """One Flax variables dict per layer ({} for a plain function), in layer order.
 
     The result does not depend on how many stages the pipeline had, so it is
@@ -55,11 +84,7 @@ def unstage(params: StagedParams) -> list[dict]:
     """
     if isinstance(params, TrainState):
         params = params.params
-    if not isinstance(params, StagedParams):
-        raise TypeError(f"unstage expects the StagedParams of a pipeline (pipe.init, grads, "
-                        f"state.params), not {type(params).__name__}")
-    layers: list[dict] = []
-    host = [np.asarray(jax.device_get(b)) for b in params.buffers]
-    for k in range(params.packing.stages):
-        layers.extend(params.packing.unpack(k, tuple(b[k] for b in host)))
-    return [jax.tree.map(jax.numpy.asarray, v) for v in layers]
+    if not isinstance(params, Staged):
+        raise ArgumentTypeError(f"unstage expects the Staged parameters of a pipeline (pipe.init, "
+                                f"grads, state.params), not {type(params).__name__}")
+    return [layer for stage in params.per_stage() for layer in stage]

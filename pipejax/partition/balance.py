@@ -46,6 +46,28 @@ def objective_value(costs: Sequence[float], split: Sequence[int], objective: str
     return float(np.sum(c * c)) if objective == "variance" else float(np.max(c))
 
 
+def _check(costs: np.ndarray, stages: int, objective: str, max_bytes: float | None,
+           memory: Sequence[float] | None) -> None:
+    L = len(costs)
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"unknown partition objective {objective!r}; use one of {OBJECTIVES} "
+                          "or an explicit list of layer counts")
+    if stages < 1:
+        raise ConfigError(f"stages={stages}; a pipeline needs at least 1 stage")
+    if stages > L:
+        raise ConfigError(f"sequence is shorter than intended partitions ({L} < {stages}); "
+                          "use fewer stages or more layers")
+    if np.any(costs < 0) or not np.all(np.isfinite(costs)):
+        raise ConfigError("layer costs must be finite and non-negative")
+    if max_bytes is not None:
+        if memory is None or len(memory) != L:
+            raise ConfigError(f"max_bytes needs `memory`, the bytes of each of the {L} layers")
+        too_big = [i for i in range(L) if memory[i] > max_bytes]
+        if too_big:
+            raise ConfigError(f"layer {too_big[0]} alone needs {memory[too_big[0]]:.0f} bytes > "
+                              f"max_bytes={max_bytes:.0f}; raise the limit")
+
+
 def balance(costs: Sequence[float], stages: int, objective: str = "variance",
             max_bytes: float | None = None, memory: Sequence[float] | None = None) -> tuple[int, ...]:
     """The optimal contiguous split of `costs` into `stages` non-empty stages.
@@ -63,26 +85,10 @@ def balance(costs: Sequence[float], stages: int, objective: str = "variance",
     """
     costs = np.asarray(costs, dtype=np.float64)
     L = len(costs)
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"unknown partition objective {objective!r}; use one of {OBJECTIVES} "
-                          "or an explicit list of layer counts")
-    if stages < 1:
-        raise ConfigError(f"stages={stages}; a pipeline needs at least 1 stage")
-    if stages > L:
-        raise ConfigError(f"sequence is shorter than intended partitions ({L} < {stages}); "
-                          "use fewer stages or more layers")
-    if np.any(costs < 0) or not np.all(np.isfinite(costs)):
-        raise ConfigError("layer costs must be finite and non-negative")
+    _check(costs, stages, objective, max_bytes, memory)
     prefix = np.concatenate([[0.0], np.cumsum(costs)])
     if max_bytes is not None:
-        if memory is None or len(memory) != L:
-            raise ConfigError("max_bytes needs `memory`, the bytes of each of the "
-                              f"{L} layers")
         mem_prefix = np.concatenate([[0.0], np.cumsum(np.asarray(memory, np.float64))])
-        too_big = [i for i in range(L) if memory[i] > max_bytes]
-        if too_big:
-            raise ConfigError(f"layer {too_big[0]} alone needs {memory[too_big[0]]:.0f} bytes > "
-                              f"max_bytes={max_bytes:.0f}; raise the limit")
 
     def fits(a: int, b: int) -> bool:
         return max_bytes is None or mem_prefix[b] - mem_prefix[a] <= max_bytes

@@ -2,9 +2,9 @@
 
 Built from the traced `LayerSpec`s and a split (from `balance` or the user).
 Printing a plan gives the table a researcher checks before training: stage,
-layer range and names, cost, parameter bytes, boundary activation bytes, and
-the padding that packing stages into equal flat buffers costs (DESIGN.md,
-heterogeneous stages in SPMD).
+layer range and names, cost, parameter bytes and boundary activation bytes.
+How stages are laid out in device buffers (and the padding that costs) is the
+compiler's business: see `pipejax.compile.layout`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Sequence
 import numpy as np
 
 from pipejax.errors import ConfigError
-from pipejax.packing import Packing
 from pipejax.partition.balance import balance, check_split
 from pipejax.trace import LayerSpec
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """`n` bytes in B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -50,8 +50,10 @@ class Plan:
         return tuple(self.specs[i] for i in self.ranges[k])
 
     @property
-    def costs(self) -> list[float]:
-        return [sum(s.cost for s in self.stage_specs(k)) for k in range(self.stages)]
+    def costs(self) -> list[float | None]:
+        """Cost of each stage; None where a layer has no cost estimate."""
+        costs = [[s.cost for s in self.stage_specs(k)] for k in range(self.stages)]
+        return [None if None in c else float(sum(c)) for c in costs]
 
     @property
     def param_bytes(self) -> list[int]:
@@ -62,38 +64,28 @@ class Plan:
         """Bytes of one micro-batch of each stage's output (what it sends on)."""
         return [self.stage_specs(k)[-1].activation_bytes for k in range(self.stages)]
 
-    @property
-    def param_packing(self) -> Packing:
-        """How each stage's parameters are packed into equal slot buffers."""
-        return Packing.of([[s.variables for s in self.stage_specs(k)] for k in range(self.stages)])
-
-    @property
-    def padded_param_bytes(self) -> int:
-        """Bytes of the packed parameter buffers over all K stages."""
-        return self.stages * self.param_packing.slot_bytes()
-
-    @property
-    def padding_overhead(self) -> float:
-        """Padded over real parameter bytes, minus one (0.0 means no padding)."""
-        real = sum(self.param_bytes)
-        return self.padded_param_bytes / real - 1.0 if real else 0.0
-
     def __str__(self) -> str:
         rows = [("stage", "layers", "names", "cost", "share", "params", "sends")]
-        total = sum(self.costs) or 1.0
+        costs = self.costs
+        total = None if None in costs else (sum(costs) or 1.0)
         for k, r in enumerate(self.ranges):
             names = ",".join(s.name for s in self.stage_specs(k))
             if len(names) > 40:
                 names = names[:37] + "..."
-            sends = _human(self.boundary_bytes[k]) if k < self.stages - 1 else "-"
-            rows.append((str(k), f"{r.start}-{r.stop - 1}", names, f"{self.costs[k]:.3g}",
-                         f"{100 * self.costs[k] / total:.1f}%", _human(self.param_bytes[k]), sends))
+            sends = human_bytes(self.boundary_bytes[k]) if k < self.stages - 1 else "-"
+            cost, share = ("n/a", "n/a") if total is None else \
+                (f"{costs[k]:.3g}", f"{100 * costs[k] / total:.1f}%")
+            rows.append((str(k), f"{r.start}-{r.stop - 1}", names, cost, share,
+                         human_bytes(self.param_bytes[k]), sends))
         widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         cost_kind = "measured seconds" if self.specs[0].seconds is not None else "fwd+bwd FLOPs"
-        lines.append(f"objective {self.objective}, cost = {cost_kind}; padded parameter buffers "
-                     f"{_human(self.padded_param_bytes)} ({100 * self.padding_overhead:.1f}% padding)")
+        lines.append(f"objective {self.objective}, cost = {cost_kind}")
+        unknown = [s for s in self.specs if s.cost is None]
+        if unknown:
+            lines.append("no cost estimate (XLA's cost analysis gave none) for layers " +
+                         ", ".join(f"{s.index} ({s.name})" for s in unknown))
         return "\n".join(lines)
 
 
@@ -106,6 +98,13 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     """
     specs = tuple(specs)
     if isinstance(partition, str):
+        unknown = [s for s in specs if s.cost is None]
+        if unknown:
+            names = ", ".join(f"{s.index} ({s.name})" for s in unknown[:5])
+            raise ConfigError(
+                f"partition={partition!r} balances layer costs, but XLA's cost analysis gave no FLOP "
+                f"count for layers {names}{' ...' if len(unknown) > 5 else ''}; use cost='time' to "
+                "measure every layer, or give the split yourself, e.g. partition=[3, 2, 2]")
         split = balance([s.cost for s in specs], stages, partition, max_bytes,
                         memory=[s.param_bytes for s in specs])
         objective = partition

@@ -65,7 +65,7 @@ def test_dropout_keys_differ_by_microbatch_and_layer():
 def test_mse_loss_and_non_float_targets_shape():
     layers = [pj.models.mlp(1, 16, 3)[0], jnp.tanh, pj.models.mlp(1, 16, 3)[-1]]
     pipe = pj.pipeline(layers, loss=pj.losses.mse, example=jnp.zeros((MB, 20)),
-                       stages=3, microbatches=2)
+                       targets=jnp.zeros((MB, 3)), stages=3, microbatches=2)
     params = pipe.init(jax.random.key(0))
     x, _ = batch(2 * MB)
     y = jnp.ones((2 * MB, 3))

@@ -1,12 +1,15 @@
-"""Every schedule runs on the one executor: synchronous tables equal the
-sequential computation, asynchronous ones equal a versioned reference loop."""
+"""Every schedule runs on the one table interpreter: synchronous tables equal
+the sequential computation, asynchronous ones a versioned reference loop,
+micro-batch by micro-batch, well into the steady state."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
 import pipejax as pj
+from pipejax.compile.table import finishing
 from pipejax.errors import ConfigError
 from tests.reference import (batch, heterogeneous_layers, rel_err, sequential_value_and_grad,
                              versioned_reference)
@@ -34,70 +37,105 @@ def test_synchronous_schedules_equal_sequential(schedule, K, M):
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
 
 
-def _train_async(schedule, K, M, stash, steps=3, opt=None, remat="stage"):
+def _fill_microbatches(schedule: pj.Schedule) -> int:
+    """Micro-batches fed before the first round trip ends (stage 0 runs the
+    backward of micro-batch 0): the fill; from then on every stage is busy."""
+    full = int(schedule.timeline(1).B[0, 0])
+    return -(-(full + 1) // schedule.ticks) * schedule.microbatches
+
+
+def _train_async(schedule, K, M, stash, opt=None, remat="stage"):
+    """Steps past the fill by 2K + M micro-batches and more, then a flush;
+    returns the pipeline, final state, per-micro-batch losses by id, and the
+    reference's weights and losses."""
     layers = heterogeneous_layers()
     opt = opt or optax.sgd(0.05, momentum=0.9)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
                        stages=K, microbatches=M, schedule=schedule, weight_stashing=stash,
                        remat=remat)
+    steps = -(-(_fill_microbatches(pipe.schedule) + 2 * K + M) // M)
     params = pipe.init(jax.random.key(1))
-    state = pipe.init_state(params, opt, key=jax.random.key(9))
-    xs, ys, completed = [], [], 0
+    trainer = pipe.trainer(opt)
+    state = trainer.init(params, jax.random.key(9))
+    xs, ys, losses = [], [], {}
+
+    def record(metrics):
+        for g, loss in zip(np.asarray(metrics["microbatch"]), np.asarray(metrics["losses"])):
+            if not np.isnan(loss):
+                assert g not in losses, f"micro-batch {g} finished twice"
+                losses[int(g)] = float(loss)
+
     for s in range(steps):
         x, y = batch(M * MB, seed=s)
         xs += list(x.reshape(M, MB, 20))
         ys += list(y.reshape(M, MB))
-        state, metrics = pipe.step(state, (x, y))
-        completed += int(metrics["completed"])
-    state, metrics = pipe.flush(state)
-    completed += metrics["completed"]
-    assert completed == steps * M  # every micro-batch fed came out of the pipeline once
-    ref = versioned_reference(layers, pj.losses.cross_entropy, pipe.plan.ranges,
-                              pipe.schedule.delays, pj.unstage(params), opt, xs, ys,
-                              jax.random.key(9), stash)
-    return pipe, state, ref
+        state, metrics = trainer.step(state, (x, y))
+        record(metrics)
+    state, metrics = trainer.flush(state)
+    record(metrics)
+    assert sorted(losses) == list(range(steps * M))  # every micro-batch came out once
+    ref, ref_losses = versioned_reference(layers, pj.losses.cross_entropy, pipe.plan.ranges,
+                                          pipe.schedule.delays, pj.unstage(params), opt, xs, ys,
+                                          jax.random.key(9), stash)
+    return pipe, state, np.array([losses[g] for g in range(steps * M)]), ref, ref_losses
 
 
 @pytest.mark.parametrize("schedule", ["pb", "pipedream"])
 def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
-    pipe, state, ref = _train_async(schedule, 1, 4, stash=False)
+    pipe, state, losses, ref, ref_losses = _train_async(schedule, 1, 4, stash=False)
     assert pipe.schedule.delays == [0]
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
+    assert rel_err(losses, ref_losses) < 1e-5
 
 
 @pytest.mark.parametrize("schedule", ["pb", "pipedream"])
 @pytest.mark.parametrize("K,stash", [(4, False), (4, True), (8, False), (8, True)])
 def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash):
-    pipe, state, ref = _train_async(schedule, K, 2, stash)
-    assert pipe.schedule.delays[0] > 0
+    pipe, state, losses, ref, ref_losses = _train_async(schedule, K, 2, stash)
+    assert pipe.schedule.delays[0] == (2 * (K - 1) if schedule == "pb" else K - 1)
+    assert len(losses) >= _fill_microbatches(pipe.schedule) + 2 * K + 2
+    assert rel_err(losses, ref_losses) < 1e-5  # every micro-batch's loss, fill and steady state
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
 
 
 def test_weight_stashing_with_kept_residuals_and_its_memory():
-    pipe, state, ref = _train_async("pipedream", 4, 2, stash=True, remat="none")
+    pipe, state, losses, ref, ref_losses = _train_async("pipedream", 4, 2, stash=True, remat="none")
+    assert rel_err(losses, ref_losses) < 1e-5
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
-    assert pipe.weight_stash_bytes == pipe.schedule.residual_capacity * \
-        pipe.plan.param_packing.slot_bytes() > 0
+    # PipeDream keeps one weight version per micro-batch in flight on a stage,
+    # plus one: D_0 + 1 = K = 4 on stage 0, the most any stage needs
+    assert pipe.schedule.delays[0] + 1 == pipe.layout.kept_slots == 4
+    assert pipe.layout.weight_stash_bytes == 4 * pipe.layout.params.slot_bytes()
 
 
 def test_the_pipeline_keeps_running_between_steps():
-    """A step feeds M micro-batches and reports those that completed in it."""
+    """A step feeds M micro-batches and reports those the last stage finished:
+    none while the pipeline fills (loss NaN), then M per step."""
     pipe = pj.pipeline(pj.models.mlp(3, 16, 10), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((MB, 20)), stages=4, microbatches=2, schedule="pb")
-    state = pipe.init_state(pipe.init(jax.random.key(0)), optax.sgd(0.01))
-    counts = []
+    trainer = pipe.trainer(optax.sgd(0.01))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    counts, first = [], None
     for s in range(6):
-        state, metrics = pipe.step(state, batch(2 * MB, seed=s))
+        state, metrics = trainer.step(state, batch(2 * MB, seed=s))
         counts.append(int(metrics["completed"]))
-    assert counts[0] < 2 and counts[-1] == 2  # the fill, then one per micro-batch fed
-    assert int(state.step) == 6
+        first = metrics if first is None else first
+    # PB, K = 4: micro-batch g finishes on the last stage at tick g + 3; a step is 2 ticks
+    assert counts == [0, 1, 2, 2, 2, 2]
+    expected = [int(np.sum((s * 2 + finishing(pipe.schedule) >= 0))) for s in range(6)]
+    assert counts == expected
+    assert np.isnan(float(first["loss"])) and np.isnan(np.asarray(first["losses"])).all()
+    assert int(state.step) == 6 and int(state.inflight.base) == 12
+    state, metrics = trainer.flush(state)
+    assert int(metrics["completed"]) == 12 - sum(counts)
+    assert int(state.inflight.start) == int(state.inflight.fed) == int(state.inflight.base)
 
 
 def test_stage_info_of_an_asynchronous_schedule():
     seen = []
     pipe = pj.pipeline(pj.models.mlp(3, 16, 10), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((MB, 20)), stages=4, microbatches=2, schedule="pb")
-    pipe.init_state(pipe.init(jax.random.key(0)), lambda info: seen.append(info) or optax.sgd(0.1))
+    pipe.trainer(lambda info: seen.append(info) or optax.sgd(0.1))
     assert [s.delay for s in seen] == [6, 4, 2, 0]
     assert [(s.forward_horizon, s.backward_horizon) for s in seen] == [
         pipe.schedule.horizons(k) for k in range(4)] == [(6, 0), (5, 1), (4, 2), (3, 3)]
@@ -120,7 +158,10 @@ def test_1f1b_needs_less_memory_than_gpipe():
     for schedule in ("gpipe", "1f1b"):
         pipe = pj.pipeline(pj.models.mlp(7, 64, 10), loss=pj.losses.cross_entropy,
                            example=jnp.zeros((8, 20)), stages=4, microbatches=16, schedule=schedule)
-        state = pipe.init_state(pipe.init(jax.random.key(0)), optax.sgd(0.1))
-        compiled = pipe.step.lower(state, batch(16 * 8)).compile()
+        trainer = pipe.trainer(optax.sgd(0.1))
+        state = trainer.init(pipe.init(jax.random.key(0)))
+        compiled = trainer.step.lower(state, batch(16 * 8)).compile()
         temp[schedule] = compiled.memory_analysis().temp_size_in_bytes
-    assert temp["1f1b"] < temp["gpipe"]
+    # GPipe stashes all M = 16 stage inputs, 1F1B at most K = 4: the gap is at
+    # least 12 inputs of 8 × 64 float32 (24 KiB) on the widest stage
+    assert temp["gpipe"] - temp["1f1b"] >= 12 * 8 * 64 * 4

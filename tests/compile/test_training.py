@@ -1,15 +1,21 @@
-"""`pipe.step` trains like sequential optax steps; state, unstage and StageInfo."""
+"""The trainer trains like sequential optax steps; its state, compilation and parameters."""
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import pipejax as pj
 from tests.reference import batch, heterogeneous_layers, rel_err, sequential_loss
 
 K, M, MB = 4, 4, 4
+COMPILES: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, secs, **kw: COMPILES.append(name) if name.endswith("backend_compile_duration")
+    else None)
 
 
 def _pipe(**kw):
@@ -18,11 +24,14 @@ def _pipe(**kw):
 
 
 def test_twenty_steps_equal_sequential_optax():
+    """Loss, parameters and each stage's optimizer state after 20 steps equal
+    20 sequential optax steps on the whole layer list (dropout active)."""
     pipe = _pipe()
     layers = pipe.layers
     opt = optax.sgd(0.1, momentum=0.9)
     params = pipe.init(jax.random.key(0))
-    state = pipe.init_state(params, opt, key=jax.random.key(5))
+    trainer = pipe.trainer(opt)
+    state = trainer.init(params, jax.random.key(5))
     variables = pj.unstage(params)
     opt_state = opt.init(variables)
 
@@ -34,22 +43,84 @@ def test_twenty_steps_equal_sequential_optax():
         return optax.apply_updates(v, u), s, loss
 
     x, y = batch(M * MB)
-    first = None
+    losses = []
     for t in range(20):
-        state, metrics = pipe.step(state, (x, y))
+        state, metrics = trainer.step(state, (x, y))
         variables, opt_state, ref_loss = sequential_step(variables, opt_state, x, y, t)
         assert rel_err(metrics["loss"], ref_loss) < 1e-4
-        first = first if first is not None else float(metrics["loss"])
+        losses.append(float(metrics["loss"]))
     assert int(state.step) == 20
     assert rel_err(pj.unstage(state.params), variables) < 1e-4
-    assert float(metrics["loss"]) < 0.5 * first  # it learned, not just agreed
+    assert losses[-1] < 0.5 * losses[0]  # it learned, not just agreed
+    per_stage = trainer.opt_state(state)
+    for k, r in enumerate(pipe.plan.ranges):  # stage k's momentum is that of its layers
+        got, want = per_stage[k][0].trace, opt_state[0].trace[r.start:r.stop]
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        if jax.tree.leaves(want):
+            assert rel_err(got, want) < 1e-4
 
 
-def test_step_is_the_jitted_function():
+def test_metrics_are_arrays_with_each_micro_batch():
     pipe = _pipe()
-    state = pipe.init_state(pipe.init(jax.random.key(0)), optax.adam(1e-3))
-    compiled = pipe.step.lower(state, batch(M * MB)).compile()
-    assert compiled.memory_analysis().temp_size_in_bytes > 0
+    trainer = pipe.trainer(optax.sgd(0.1))
+    state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(1))
+    x, y = batch(M * MB)
+    state, first = trainer.step(state, (x, y))
+    state, second = trainer.step(state, (x, y))
+    for m in (first, second):
+        assert all(isinstance(v, jax.Array) for v in m.values())
+        assert int(m["completed"]) == M
+        np.testing.assert_allclose(float(m["loss"]), np.mean(np.asarray(m["losses"])), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(second["microbatch"]), np.arange(M, 2 * M))
+    state, flushed = trainer.flush(state)  # synchronous: nothing in flight
+    assert int(flushed["completed"]) == 0 and np.isnan(float(flushed["loss"]))
+    assert isinstance(flushed["loss"], jax.Array)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "pb"])
+def test_the_step_compiles_once(schedule):
+    """The same compiled program from the first call on: the state `init`
+    makes is placed and typed as the state `step` returns."""
+    pipe = _pipe(schedule=schedule)
+    trainer = pipe.trainer(optax.adam(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(1))
+    batches = [batch(M * MB, seed=s) for s in range(6)]
+    jax.block_until_ready(batches)
+    before = len(COMPILES)
+    state, _ = trainer.step(state, batches[0])
+    assert len(COMPILES) - before == 1
+    for b in batches[1:]:
+        state, metrics = trainer.step(state, b)
+    jax.block_until_ready(metrics)
+    assert len(COMPILES) - before == 1
+
+
+def test_two_trainers_of_one_pipeline_are_independent():
+    pipe = _pipe()
+    params = pipe.init(jax.random.key(0))
+    x, y = batch(M * MB)
+    key = jax.random.key(2)
+    _, grads = pipe.value_and_grad(params, (x, y), jax.random.fold_in(key, 0))
+    fast, slow = pipe.trainer(optax.sgd(0.1)), pipe.trainer(optax.sgd(0.01))
+    s_fast, s_slow = fast.init(params, key), slow.init(params, key)
+    s_fast, _ = fast.step(s_fast, (x, y))
+    s_slow, _ = slow.step(s_slow, (x, y))
+    before, g = pj.unstage(params), pj.unstage(grads)
+    for state, lr in ((s_fast, 0.1), (s_slow, 0.01)):
+        want = jax.tree.map(lambda p, d: p - lr * d, before, g)
+        assert rel_err(pj.unstage(state.params), want) < 1e-5
+
+
+def test_compiled_step_is_the_step():
+    pipe = _pipe()
+    trainer = pipe.trainer(optax.adam(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(1))
+    x, y = batch(M * MB)
+    compiled = trainer.step.lower(state, (x, y)).compile()
+    a, ma = compiled(state, (x, y))
+    b, mb = trainer.step(state, (x, y))
+    chex.assert_trees_all_equal(pj.unstage(a.params), pj.unstage(b.params))
+    assert float(ma["loss"]) == float(mb["loss"])
 
 
 def test_optimizer_per_stage_gets_its_stage_info():
@@ -61,17 +132,31 @@ def test_optimizer_per_stage_gets_its_stage_info():
 
     pipe = _pipe()
     params = pipe.init(jax.random.key(0))
-    state = pipe.init_state(params, make)
+    trainer = pipe.trainer(make)
+    state = trainer.init(params, jax.random.key(3))
     assert [s.stage for s in seen] == list(range(K))
     assert all(s.stages == K and s.delay == 0 for s in seen)
     x, y = batch(M * MB)
     _, grads = pipe.value_and_grad(params, (x, y), jax.random.fold_in(state.key, 0))
-    state, _ = pipe.step(state, (x, y))
+    state, _ = trainer.step(state, (x, y))
     before, after, g = pj.unstage(params), pj.unstage(state.params), pj.unstage(grads)
     for k, layer_range in enumerate(pipe.plan.ranges):
         for i in layer_range:
             expected = jax.tree.map(lambda p, d: p - 0.1 * (k + 1) * d, before[i], g[i])
             chex.assert_trees_all_close(after[i], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_init_is_flax_init_of_each_layer():
+    """Layer i holds what Flax's own `layer.init` gives with fold_in(key, i)."""
+    pipe = _pipe()
+    key = jax.random.key(3)
+    got = pj.unstage(pipe.init(key))
+    for spec, layer, variables in zip(pipe.specs, pipe.layers, got):
+        if not (isinstance(layer, nn.Module) and spec.param_bytes):
+            assert variables == {}
+            continue
+        want = layer.init(jax.random.fold_in(key, spec.index), jnp.zeros(spec.input.shape))
+        chex.assert_trees_all_equal(variables, dict(want))
 
 
 def test_unstage_does_not_depend_on_the_number_of_stages():

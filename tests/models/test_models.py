@@ -32,7 +32,7 @@ def test_model_pipelines_exactly(name):
     assert isinstance(layers, list) and len(layers) >= 4
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, *shape)),
                        stages=4, microbatches=M)
-    assert "padding" in str(pipe.plan) and len(pipe.plan.split) == 4
+    assert "padding" in str(pipe) and len(pipe.plan.split) == 4
     params = pipe.init(jax.random.key(0))
     kx, ky = jax.random.split(jax.random.key(1))
     x = jax.random.normal(kx, (M * MB, *shape))

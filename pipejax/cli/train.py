@@ -1,0 +1,133 @@
+"""`pipejax train`: train a model with a pipelined step; metrics, curve and parameters out."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+from pipejax.cli.setup import MODEL_DEFAULTS, make_optimizer, make_pipeline, setup_devices
+
+
+def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> None:
+    """metrics.jsonl (last line: the summary), metrics.csv, curve.png, params.msgpack."""
+    import flax.serialization
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with (out / "metrics.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.write(json.dumps(summary) + "\n")
+    keys = sorted({k for row in rows for k in row})
+    with (out / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in rows if "loss" in r], [r["loss"] for r in rows if "loss" in r],
+            label="train loss")
+    evals = [r for r in rows if "test_accuracy" in r]
+    if evals:
+        ax2 = ax.twinx()
+        ax2.plot([r["step"] for r in evals], [r["test_accuracy"] for r in evals], "o-",
+                 color="tab:orange", label="test accuracy")
+        ax2.set_ylabel("test accuracy")
+    ax.set_xlabel("step"), ax.set_ylabel("loss")
+    if all(r["loss"] > 0 for r in rows if "loss" in r):
+        ax.set_yscale("log")
+    ax.set_title(f"test accuracy {100 * summary['test_accuracy']:.2f}%")
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=100)
+    plt.close(fig)
+    (out / "params.msgpack").write_bytes(flax.serialization.msgpack_serialize(
+        {str(i): v for i, v in enumerate(variables)}))
+
+
+def _accuracy(layers: list):
+    """accuracy(variables, x, y): the share of argmax predictions equal to y."""
+    import jax
+    import numpy as np
+
+    import pipejax as pj
+
+    predict = jax.jit(lambda v, x: pj.apply_layers(layers, v, x, train=False))
+
+    def accuracy(variables, x, y) -> float:
+        hits = sum(int(np.sum(np.argmax(np.asarray(predict(variables, x[i:i + 500])), -1)
+                              == y[i:i + 500])) for i in range(0, len(x), 500))
+        return hits / len(x)
+
+    return accuracy
+
+
+def _loop(args, trainer, state, data, total: int, accuracy):
+    """`total` steps over shuffled epochs, then a flush; returns the state,
+    the metric rows and the seconds it took."""
+    import pipejax as pj
+    from tqdm import tqdm
+
+    rows: list[dict] = []
+    bar = tqdm(total=total, unit="step", disable=args.quiet, dynamic_ncols=True)
+    step, start, epoch = 0, time.perf_counter(), 0
+    while step < total:
+        for x, y in pj.data.batches(data.x_train, data.y_train, args.batch_size, args.seed, epoch):
+            if step == total:
+                break
+            state, metrics = trainer.step(state, (x, y))
+            step += 1
+            if (step % 20 == 0 or step == total) and int(metrics["completed"]):
+                loss = float(metrics["loss"])
+                rate = step * args.batch_size / (time.perf_counter() - start)
+                bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:.0f}")
+                rows.append({"step": step, "epoch": epoch, "loss": loss})
+            if args.eval_every and step % args.eval_every == 0:
+                acc = accuracy(pj.unstage(state.params), data.x_test, data.y_test)
+                rows.append({"step": step, "epoch": epoch, "test_accuracy": acc})
+                bar.write(f"step {step}: test accuracy {100 * acc:.2f}%")
+            bar.update(1)
+        epoch += 1
+    bar.close()
+    state, _ = trainer.flush(state)  # an asynchronous pipeline finishes what is in flight
+    return state, rows, time.perf_counter() - start
+
+
+def train(args) -> int:
+    import jax
+
+    import pipejax as pj
+
+    mesh = setup_devices(args.stages)
+    data = pj.data.load(args.data)
+    if args.batch_size % args.microbatches:
+        raise pj.errors.ConfigError(f"--batch-size {args.batch_size} is not divisible by "
+                                    f"--microbatches {args.microbatches}")
+    defaults = MODEL_DEFAULTS[args.model][1]
+    lr = args.lr if args.lr is not None else defaults["lr"]
+    epochs = args.epochs if args.epochs is not None else defaults["epochs"]
+    layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh)
+    print(pipe, flush=True)
+    trainer = pipe.trainer(make_optimizer(args.optimizer, lr))
+    state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
+    total = args.steps if args.steps is not None else epochs * (len(data.x_train) // args.batch_size)
+    accuracy = _accuracy(layers)
+    state, rows, seconds = _loop(args, trainer, state, data, total, accuracy)
+    variables = pj.unstage(state.params)
+    summary = {"test_accuracy": accuracy(variables, data.x_test, data.y_test),
+               "train_accuracy": accuracy(variables, data.x_train, data.y_train),
+               "steps": total, "seconds": round(seconds, 1),
+               "examples_per_s": round(total * args.batch_size / seconds, 1),
+               "model": args.model, "schedule": args.schedule, "stages": args.stages,
+               "split": list(pipe.plan.split)}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        _write_outputs(args.out, rows, summary, variables)
+    print(f"\n{'test accuracy':<16}{100 * summary['test_accuracy']:.2f}%\n"
+          f"{'train accuracy':<16}{100 * summary['train_accuracy']:.2f}%\n"
+          f"{'steps':<16}{total} in {seconds:.0f} s ({summary['examples_per_s']:.0f} examples/s)\n"
+          f"{'stages':<16}{args.stages} x {pipe.plan.split} layers, {args.schedule}, "
+          f"{args.microbatches} micro-batches")
+    return 0

@@ -1,0 +1,118 @@
+"""The asynchronous programs: a step that feeds M micro-batches, and the flush.
+
+PipeDream and pipelined backpropagation never drain (DESIGN.md): their table
+is one period of the steady state. A step writes its batch into the data
+rings (slot `id mod capacity`) and runs one period with micro-batch ids
+base + relative id; each stage updates its weights right after each backward,
+inside the scan, and what is still in flight stays in the state (`InFlight`).
+Ops on ids not fed yet (the first fill) or before `start` are masked, so the
+fill, the steady state and the drain are one compiled program, the same from
+the first step on. `flush` runs periods with no new input until nothing is in
+flight. Dropout keys: micro-batch g uses fold_in(state.key, g) at its forward
+and at its backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+
+from pipejax.compile import microbatch
+from pipejax.compile.layout import Layout
+from pipejax.compile.optimizer import StageOptimizers
+from pipejax.compile.spmd import REPLICATED, STAGED, lead, local, shard
+from pipejax.compile.stages import StageCode
+from pipejax.compile.state import InFlight, Staged, TrainState
+from pipejax.compile.table import finishing, metrics, run_table
+from pipejax.schedules import Schedule
+
+
+def init_inflight(layout: Layout, x_m: Any, y_m: Any) -> InFlight:
+    """An empty pipeline: zero rings, nothing fed; `x_m`, `y_m` one micro-batch."""
+    K = layout.stages
+    ring = lambda s: jnp.zeros((K, layout.data_slots, *s.shape), s.dtype)
+    zero = jnp.zeros((), jnp.int32)
+    return InFlight(layout.rings((K,)), jax.tree.map(ring, x_m), jax.tree.map(ring, y_m),
+                    zero, zero, zero)
+
+
+def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
+             opts: StageOptimizers, n: int) -> Callable:
+    """The SPMD program that runs `n` periods of the table from an `InFlight`;
+    returns the new params, optimizer state and rings, and the [n·M] losses."""
+    M, updates = schedule.microbatches, opts.update_branches()
+
+    def body(p, s, rings, x, y, base, start, fed, key):
+        if n == 0:  # nothing outlives its own period (one stage): no program to run
+            return p, s, rings, jnp.zeros(0, jnp.float32), jnp.zeros(0, bool)
+
+        def period(i, c):
+            p, s, rings, losses, done = c
+            out = run_table(code, schedule, layout, p, s, rings, (local(x), local(y)),
+                            (base + i * M, start, fed), key, updates)
+            losses = lax.dynamic_update_slice(losses, out.losses, (i * M,))
+            done = lax.dynamic_update_slice(done, out.done, (i * M,))
+            return out.params, out.opt_state, out.rings, losses, done
+
+        init = (local(p), local(s), local(rings), jnp.zeros(n * M, jnp.float32),
+                jnp.zeros(n * M, bool))
+        p, s, rings, losses, done = lax.fori_loop(0, n, period, init)
+        return lead(p), lead(s), lead(rings), losses, done
+
+    return shard(body, mesh, (STAGED,) * 5 + (REPLICATED,) * 4,
+                 (STAGED, STAGED, STAGED, REPLICATED, REPLICATED))
+
+
+def _advance(code, schedule, layout, mesh, opts, n: int) -> Callable:
+    """`(state, x rings, y rings, fed) -> (state, metrics)` after `n` periods."""
+    M, program = schedule.microbatches, _periods(code, schedule, layout, mesh, opts, n)
+    order = (np.arange(n)[:, None] * M + finishing(schedule)[None]).ravel()  # relative ids
+
+    def run(state: TrainState, x: Any, y: Any, fed: jax.Array, start: jax.Array):
+        f = state.inflight
+        p, s, rings, losses, done = program(state.params.buffers, state.opt_state.buffers,
+                                            f.rings, x, y, f.base, start, fed, state.key)
+        inflight = InFlight(rings, x, y, f.base + n * M, start, fed)
+        new = state._replace(params=Staged(p, code.params), opt_state=Staged(s, opts.packing),
+                             inflight=inflight)
+        return new, metrics(losses, done, f.base + order)
+
+    return run
+
+
+def train_step(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
+               opts: StageOptimizers, example: Any, targets: Any) -> Callable:
+    """`(state, batch) -> (state, metrics)`: feed M micro-batches, run one period."""
+    M, K, slots = schedule.microbatches, schedule.stages, layout.data_slots
+    advance = _advance(code, schedule, layout, mesh, opts, 1)
+
+    def step(state: TrainState, batch: tuple):
+        x, y = microbatch.split(batch, M, example, targets)
+        f = state.inflight
+        write = lambda ring, new: lax.dynamic_update_slice_in_dim(
+            ring, jnp.broadcast_to(new[None], (K, *new.shape)), f.base % slots, axis=1)
+        x, y = jax.tree.map(write, f.x, x), jax.tree.map(write, f.y, y)
+        state, out = advance(state, x, y, f.base + M, f.start)
+        return state._replace(step=state.step + 1), out
+
+    return step
+
+
+def flush(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
+          opts: StageOptimizers) -> Callable:
+    """`state -> (state, metrics)`: finish every micro-batch in flight (their
+    updates included); afterwards the pipeline is empty and refills."""
+    advance = _advance(code, schedule, layout, mesh, opts, schedule.drain_periods)
+
+    def run(state: TrainState):
+        f = state.inflight
+        state, out = advance(state, f.x, f.y, f.fed, f.start)
+        end = state.inflight.base
+        return state._replace(inflight=state.inflight._replace(start=end, fed=end)), out
+
+    return run

@@ -1,0 +1,83 @@
+"""The buffer layout of a compiled pipeline, and what it costs.
+
+Every device runs one program on buffers of one shape (DESIGN.md,
+heterogeneous stages in SPMD), so each buffer is as large as the largest
+stage needs. The `Layout` gathers, from the stage code and the schedule, the
+packings (parameters, boundary activations, kept residuals) and the slots of
+every ring buffer (the schedule's capacities), allocates the empty rings, and
+reports the bytes: the padding a heterogeneous split pays and the memory of
+weight stashing. The plan stays free of it (partition knows no devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipejax.compile.packing import Packing
+from pipejax.compile.stages import StageCode
+from pipejax.compile.state import Rings
+from pipejax.partition.plan import human_bytes
+from pipejax.schedules import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Packings and ring-buffer slots of one compiled pipeline."""
+
+    params: Packing
+    acts: Packing
+    kept: Packing
+    input_slots: int
+    grad_slots: int
+    kept_slots: int
+    data_slots: int
+    weight_stashing: bool
+
+    @classmethod
+    def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool) -> "Layout":
+        return cls(code.params, code.acts, code.kept, schedule.input_capacity,
+                   schedule.grad_capacity, schedule.residual_capacity, schedule.data_capacity,
+                   weight_stashing)
+
+    @property
+    def stages(self) -> int:
+        return self.params.stages
+
+    def rings(self, lead: tuple[int, ...] = ()) -> Rings:
+        """Zero ring buffers of one device (`lead=(K,)` for all devices)."""
+        return Rings(self.acts.zeros((*lead, self.input_slots)),
+                     self.acts.zeros((*lead, self.grad_slots)),
+                     self.kept.zeros((*lead, self.kept_slots)),
+                     self.params.zeros((*lead, self.kept_slots)) if self.weight_stashing else ())
+
+    @property
+    def padded_param_bytes(self) -> int:
+        """Bytes of the packed parameter buffers over all K stages."""
+        return self.stages * self.params.slot_bytes()
+
+    @property
+    def padding_overhead(self) -> float:
+        """Padded over real parameter bytes, minus one (0.0 means no padding)."""
+        real = sum(self.params.used_bytes(k) for k in range(self.stages))
+        return self.padded_param_bytes / real - 1.0 if real else 0.0
+
+    @property
+    def weight_stash_bytes(self) -> int:
+        """Extra memory per stage for weight stashing: one weight version per
+        micro-batch between its forward and backward (0 if off)."""
+        return self.kept_slots * self.params.slot_bytes() if self.weight_stashing else 0
+
+    def __str__(self) -> str:
+        real = sum(self.params.used_bytes(k) for k in range(self.stages))
+        rows = [("parameters", self.params.slot_bytes(), 1),
+                ("ring: stage inputs", self.acts.slot_bytes(), self.input_slots),
+                ("ring: output gradients", self.acts.slot_bytes(), self.grad_slots),
+                ("ring: kept residuals", self.kept.slot_bytes(), self.kept_slots)]
+        if self.weight_stashing:
+            rows.append(("ring: stashed weights", self.params.slot_bytes(), self.kept_slots))
+        width = max(len(r[0]) for r in rows)
+        lines = ["buffers of every stage (each as large as the largest stage needs):"]
+        lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]
+        lines.append(f"padded parameter buffers {human_bytes(self.padded_param_bytes)} for "
+                     f"{human_bytes(real)} of parameters ({100 * self.padding_overhead:.1f}% padding)")
+        return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""SPMD helpers: one program on every device of the stage mesh.
+
+Inside `shard_map` each device holds its row of every stage-sharded buffer
+(`[K, ...]` arrays sharded over the mesh axis `stage`). These helpers drop
+and restore that leading axis, build the `shard_map`s and placements every
+program uses, and run a piece of work on a condition without copying the
+buffers it passes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pipejax.mesh import AXIS
+
+STAGED = P(AXIS)  # a [K, ...] buffer, row k on stage k's device
+REPLICATED = P()
+
+
+def local(tree: Any) -> Any:
+    """Inside shard_map: drop the leading stage axis (length 1 on each device)."""
+    return jax.tree.map(lambda b: b[0], tree)
+
+
+def lead(tree: Any) -> Any:
+    """Inside shard_map: add the leading stage axis back for `STAGED` outputs."""
+    return jax.tree.map(lambda b: b[None], tree)
+
+
+def stage_index() -> jax.Array:
+    """Inside shard_map: k, the index of this device's stage."""
+    return lax.axis_index(AXIS)
+
+
+def shard(fn: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
+    """`fn` as one SPMD program over `mesh` (varying-axis checks off: the
+    branches of a stage switch differ per device by design)."""
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def placement(mesh: Mesh, spec: P) -> NamedSharding:
+    return NamedSharding(mesh, spec)
+
+
+def run_if(pred: jax.Array, fn: Callable, operands: Any, carry: Any) -> Any:
+    """`fn(operands, carry)` if `pred`, else `carry`: a while loop of 0 or 1 trips.
+
+    Not a `lax.cond`: XLA updates a loop carry (the gradient sum, the residual
+    ring buffer) in place, but copies every buffer a conditional passes through
+    untouched — two copies of all gradients per tick, measured. The barrier
+    ties the operands to the trip counter, so that XLA cannot hoist the work
+    out of the loop as loop-invariant and run it at every tick.
+    """
+    def body(c):
+        trips, carry = c
+        trips, ops = lax.optimization_barrier((trips, operands))
+        return trips + 1, fn(ops, carry)
+
+    return lax.while_loop(lambda c: c[0] < pred.astype(jnp.int32), body,
+                          (jnp.int32(0), carry))[1]

@@ -1,0 +1,179 @@
+"""The table interpreter: one `lax.scan` over the ticks of a schedule.
+
+At tick t, stage k runs the micro-batch of the table's forward lane, then
+that of its backward lane (each a loop of 0 or 1 trips, masked when the
+micro-batch does not exist), then all stages exchange activations forward
+and gradients backward with `lax.ppermute`, outside the stage switch
+(DESIGN.md: collectives never sit in a branch). A message carries
+(payload, micro-batch, valid); the receiver files it in ring slot
+`micro-batch mod capacity`. Synchronous tables accumulate gradients;
+asynchronous ones apply the stage's optimizer right after every backward.
+The program does not grow with the number of micro-batches or ticks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pipejax.compile.layout import Layout
+from pipejax.compile.packing import Buffers
+from pipejax.compile.spmd import run_if, stage_index
+from pipejax.compile.stages import StageCode
+from pipejax.compile.state import Rings
+from pipejax.mesh import AXIS
+from pipejax.schedules import NONE, Schedule
+
+
+class TableOut(NamedTuple):
+    """One pass over the table, seen from one device."""
+
+    params: Buffers
+    opt_state: Any
+    rings: Rings
+    grads: Any  # accumulated packed gradients (synchronous tables), () otherwise
+    losses: jax.Array  # [M] float32: loss of each micro-batch the pass finished (replicated)
+    done: jax.Array  # [M] bool: which of them the pass finished
+
+
+def finishing(schedule: Schedule) -> np.ndarray:
+    """Relative ids of the M micro-batches whose loss one pass computes (the
+    last stage's forward lane), in order."""
+    lane = schedule.fwd[:, -1]
+    return np.unique(lane[lane != NONE])
+
+
+def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array) -> dict:
+    """The metrics of a step: mean loss of the finished micro-batches (NaN if
+    none), their count, and each micro-batch's loss (NaN if not finished)."""
+    count = jnp.sum(done.astype(jnp.int32))
+    total = jnp.sum(jnp.where(done, losses, 0.0))
+    return {"loss": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
+            "completed": count, "losses": jnp.where(done, losses, jnp.nan),
+            "microbatch": ids.astype(jnp.int32)}
+
+
+def _read(buffers: Buffers, i: jax.Array) -> tuple:
+    return tuple(b[i] for b in buffers)
+
+
+def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> tuple:
+    return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(buffers, value))
+
+
+class _Tick:
+    """The body of the scan: what stage k does at one tick."""
+
+    def __init__(self, code: StageCode, schedule: Schedule, layout: Layout, data: tuple,
+                 counters: tuple, key: jax.Array, updates: Sequence[Callable] | None):
+        self.code, self.layout, self.updates = code, layout, updates
+        self.K, self.sync = schedule.stages, schedule.synchronous
+        self.k = stage_index()
+        self.x, self.y = data
+        self.base, self.start, self.fed = counters
+        self.key = key
+        self.forwards, self.backwards = code.forward_branches(), code.backward_branches()
+
+    def _real(self, rel: jax.Array, g: jax.Array) -> jax.Array:
+        """An op is real if the table names one and micro-batch g was fed."""
+        return (rel != NONE) & (g >= self.start) & (g < self.fed)
+
+    def _inputs(self, g: jax.Array) -> tuple:
+        """(x_m, y_m, key) of micro-batch g."""
+        slot = g % self.layout.data_slots
+        pick = lambda ring: jax.tree.map(lambda a: a[slot], ring)
+        return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g)
+
+    def __call__(self, carry: tuple, row: tuple) -> tuple:
+        p, s, rings, acc, losses, done = carry
+        fwd, bwd, loss_slot = row
+        gf, gb = self.base + fwd[self.k], self.base + bwd[self.k]
+        do_f, do_b = self._real(fwd[self.k], gf), self._real(bwd[self.k], gb)
+        lay = self.layout
+        # Read the slots into values of their own before any buffer is
+        # written, so that XLA updates the ring buffers in place.
+        h_f, h_b, g_b = lax.optimization_barrier((
+            _read(rings.inputs, gf % lay.input_slots), _read(rings.inputs, gb % lay.input_slots),
+            _read(rings.grads, gb % lay.grad_slots)))
+        kept, weights, msg_f, loss = self._forward(do_f, gf, p, rings, h_f)
+        p, s, acc, msg_b = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
+        rings = self._exchange(rings._replace(kept=kept, weights=weights),
+                               (msg_f, gf, do_f), (msg_b, gb, do_b))
+        last = do_f & (self.k == self.K - 1)
+        losses = losses.at[loss_slot].add(jnp.where(last, loss, 0.0))
+        done = done.at[loss_slot].add(last.astype(jnp.int32))
+        return (p, s, rings, acc, losses, done), None
+
+    def _forward(self, do_f, gf, p, rings: Rings, h_f) -> tuple:
+        """Stage k's forward of micro-batch gf: keeps its residuals (and with
+        weight stashing its weights) in slot gf; returns the message on."""
+        slot = gf % self.layout.kept_slots
+
+        def forward(args, c):
+            p, kept, weights, _, _ = c
+            msg, new_kept, loss = lax.switch(self.k, self.forwards, p, *args)
+            kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
+            weights = tuple(b.at[slot].set(v) for b, v in zip(weights, p))
+            return p, kept, weights, msg, loss
+
+        init = (p, rings.kept, rings.weights, self.code.acts.zeros(), jnp.zeros((), jnp.float32))
+        _, kept, weights, msg, loss = run_if(do_f, forward, (h_f, *self._inputs(gf)), init)
+        return kept, weights, msg, loss
+
+    def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
+        """Stage k's backward of micro-batch gb at the current weights (or the
+        stashed ones); then the gradient is summed or applied at once."""
+        slot = gb % self.layout.kept_slots
+        p_b = _read(weights, slot) if self.layout.weight_stashing else p
+
+        def backward(args, c):
+            p, s, acc, _ = c
+            grads, msg = lax.switch(self.k, self.backwards, *args)
+            if self.sync:
+                return p, s, tuple(a + d for a, d in zip(acc, grads)), msg
+            p, s = lax.switch(self.k, self.updates, p, grads, s)
+            return p, s, acc, msg
+
+        args = (p_b, h_b, g_b, _read(kept, slot), *self._inputs(gb))
+        return run_if(do_b, backward, args, (p, s, acc, self.code.acts.zeros()))
+
+    def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
+        """Send activations to stage k + 1 and gradients to stage k − 1; file
+        what arrives in its ring slot if it is a real message."""
+        K, k, lay = self.K, self.k, self.layout
+        if K == 1:
+            return rings
+        (msg_f, gf, do_f), (msg_b, gb, do_b) = fwd_msg, bwd_msg
+        got_f, mf, vf = lax.ppermute((msg_f, gf, do_f & (k < K - 1)), AXIS,
+                                     [(i, i + 1) for i in range(K - 1)])
+        got_b, mb, vb = lax.ppermute((msg_b, gb, do_b & (k > 0)), AXIS,
+                                     [(i + 1, i) for i in range(K - 1)])
+        return rings._replace(inputs=_file(rings.inputs, mf % lay.input_slots, got_f, vf),
+                              grads=_file(rings.grads, mb % lay.grad_slots, got_b, vb))
+
+
+def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffers, opt_state: Any,
+              rings: Rings, data: tuple, counters: tuple, key: jax.Array,
+              updates: Sequence[Callable] | None = None) -> TableOut:
+    """Inside shard_map: one pass over the table.
+
+    `data` = (x, y) rings `[slots, mb, ...]`; `counters` = (base, start, fed):
+    this pass's micro-batch ids are base + relative id, and an op is real only
+    for start <= id < fed (the rest is the fill or the drain, masked).
+    `updates` are the per-stage optimizer branches of an asynchronous table.
+    """
+    M = schedule.microbatches
+    order = finishing(schedule)
+    last = schedule.fwd[:, -1]
+    loss_slot = np.where(last == NONE, 0, np.searchsorted(order, last))
+    acc = code.params.zeros() if schedule.synchronous else ()
+    carry = (params, opt_state, rings, acc, jnp.zeros(M, jnp.float32), jnp.zeros(M, jnp.int32))
+    xs = (jnp.asarray(schedule.fwd, jnp.int32), jnp.asarray(schedule.bwd, jnp.int32),
+          jnp.asarray(loss_slot, jnp.int32))
+    tick = _Tick(code, schedule, layout, data, counters, key, updates)
+    (p, s, rings, acc, losses, done), _ = lax.scan(tick, carry, xs)
+    return TableOut(p, s, rings, acc, lax.psum(losses, AXIS), lax.psum(done, AXIS) > 0)

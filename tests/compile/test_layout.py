@@ -1,0 +1,33 @@
+"""The buffer layout a compiled pipeline reports: slots, padding, stash memory."""
+
+import jax.numpy as jnp
+
+import pipejax as pj
+from tests.reference import heterogeneous_layers
+
+
+def _pipe(layers, K, **kw):
+    return pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 20)),
+                       stages=K, microbatches=4, **kw)
+
+
+def test_identical_stages_need_no_padding():
+    assert _pipe(heterogeneous_layers(), 1).layout.padding_overhead == 0.0  # one stage
+    pipe = _pipe(pj.models.mlp(4, 20, 20)[:-1], 4)  # [Dense(20), relu] x 4
+    assert pipe.plan.split == (2, 2, 2, 2)
+    assert pipe.layout.padding_overhead == 0.0
+    assert pipe.layout.padded_param_bytes == 4 * (20 * 20 + 20) * 4
+
+
+def test_heterogeneous_padding_and_slots():
+    pipe = _pipe(heterogeneous_layers(), 4)
+    layout = pipe.layout
+    largest = max(layout.params.slot_bytes(), 1)
+    assert layout.padded_param_bytes == 4 * largest
+    real = sum(pipe.plan.param_bytes)
+    assert abs(layout.padding_overhead - (4 * largest / real - 1)) < 1e-12
+    # GPipe keeps every one of the M = 4 stage inputs until its backward
+    assert (layout.input_slots, layout.kept_slots, layout.data_slots) == (4, 4, 4)
+    assert layout.weight_stash_bytes == 0
+    text = str(pipe)
+    assert "padding" in text and "ring: stage inputs" in text and "4 x" in text
