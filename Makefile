@@ -21,4 +21,4 @@ test: $(BIN)/pipejax
 	$(BIN)/python -m pytest -q -n 2
 
 bench: $(BIN)/pipejax
-	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py
+	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py
