@@ -45,10 +45,11 @@ class Layout:
 
     def rings(self, lead: tuple[int, ...] = ()) -> Rings:
         """Zero ring buffers of one device (`lead=(K,)` for all devices)."""
-        return Rings(self.acts.zeros((*lead, self.input_slots)),
-                     self.acts.zeros((*lead, self.grad_slots)),
-                     self.kept.zeros((*lead, self.kept_slots)),
-                     self.params.zeros((*lead, self.kept_slots)) if self.weight_stashing else ())
+        return Rings(grads=self.acts.zeros((*lead, self.grad_slots)),
+                     kept=self.kept.zeros((*lead, self.kept_slots)),
+                     inputs=self.acts.zeros((*lead, self.input_slots)),
+                     weights=self.params.zeros((*lead, self.kept_slots)) if self.weight_stashing
+                     else ())
 
     @property
     def padded_param_bytes(self) -> int:

@@ -89,10 +89,11 @@ class _Tick:
         return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g)
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
-        p, s, rings, acc, losses, done = carry
-        fwd, bwd, loss_slot = row
-        gf, gb = self.base + fwd[self.k], self.base + bwd[self.k]
-        do_f, do_b = self._real(fwd[self.k], gf), self._real(bwd[self.k], gb)
+        p, s, rings, acc = carry
+        fwd, bwd = row
+        rel_f, rel_b = fwd[self.k], bwd[self.k]
+        gf, gb = self.base + rel_f, self.base + rel_b
+        do_f, do_b = self._real(rel_f, gf), self._real(rel_b, gb)
         lay = self.layout
         # Read the slots into values of their own before any buffer is
         # written, so that XLA updates the ring buffers in place.
@@ -103,10 +104,8 @@ class _Tick:
         p, s, acc, msg_b = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
         rings = self._exchange(rings._replace(kept=kept, weights=weights),
                                (msg_f, gf, do_f), (msg_b, gb, do_b))
-        last = do_f & (self.k == self.K - 1)
-        losses = losses.at[loss_slot].add(jnp.where(last, loss, 0.0))
-        done = done.at[loss_slot].add(last.astype(jnp.int32))
-        return (p, s, rings, acc, losses, done), None
+        last = do_f & (self.k == self.K - 1)  # a micro-batch's loss, once, on the last stage
+        return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32))
 
     def _forward(self, do_f, gf, p, rings: Rings, h_f) -> tuple:
         """Stage k's forward of micro-batch gf: keeps its residuals (and with
@@ -120,8 +119,9 @@ class _Tick:
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, p))
             return p, kept, weights, msg, loss
 
+        args = (h_f, *self._inputs(gf))
         init = (p, rings.kept, rings.weights, self.code.acts.zeros(), jnp.zeros((), jnp.float32))
-        _, kept, weights, msg, loss = run_if(do_f, forward, (h_f, *self._inputs(gf)), init)
+        _, kept, weights, msg, loss = run_if(do_f, forward, args, init)
         return kept, weights, msg, loss
 
     def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
@@ -166,14 +166,13 @@ def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffe
     for start <= id < fed (the rest is the fill or the drain, masked).
     `updates` are the per-stage optimizer branches of an asynchronous table.
     """
-    M = schedule.microbatches
-    order = finishing(schedule)
     last = schedule.fwd[:, -1]
-    loss_slot = np.where(last == NONE, 0, np.searchsorted(order, last))
+    ticks = np.array([np.flatnonzero(last == g)[0] for g in finishing(schedule)])  # static
     acc = code.params.zeros() if schedule.synchronous else ()
-    carry = (params, opt_state, rings, acc, jnp.zeros(M, jnp.float32), jnp.zeros(M, jnp.int32))
-    xs = (jnp.asarray(schedule.fwd, jnp.int32), jnp.asarray(schedule.bwd, jnp.int32),
-          jnp.asarray(loss_slot, jnp.int32))
+    xs = (jnp.asarray(schedule.fwd, jnp.int32), jnp.asarray(schedule.bwd, jnp.int32))
     tick = _Tick(code, schedule, layout, data, counters, key, updates)
-    (p, s, rings, acc, losses, done), _ = lax.scan(tick, carry, xs)
-    return TableOut(p, s, rings, acc, lax.psum(losses, AXIS), lax.psum(done, AXIS) > 0)
+    # Each tick emits its loss (0 unless the last stage finished a micro-batch);
+    # the static `ticks` then pick the M losses of this pass in id order.
+    (p, s, rings, acc), (losses, done) = lax.scan(tick, (params, opt_state, rings, acc), xs)
+    losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
+    return TableOut(p, s, rings, acc, losses, done)
