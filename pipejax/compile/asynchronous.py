@@ -61,7 +61,7 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
 
         init = (local(p), local(s), local(rings), jnp.zeros(n * M, jnp.float32),
                 jnp.zeros(n * M, bool))
-        p, s, rings, losses, done = period(0, init) if n == 1 else lax.fori_loop(0, n, period, init)
+        p, s, rings, losses, done = lax.fori_loop(0, n, period, init)
         return lead(p), lead(s), lead(rings), losses, done
 
     return shard(body, mesh, (STAGED,) * 5 + (REPLICATED,) * 4,

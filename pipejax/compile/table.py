@@ -40,11 +40,17 @@ class TableOut(NamedTuple):
     done: jax.Array  # [M] bool: which of them the pass finished
 
 
-def finishing(schedule: Schedule) -> np.ndarray:
-    """Relative ids of the M micro-batches whose loss one pass computes (the
-    last stage's forward lane), in order."""
+def loss_ticks(schedule: Schedule) -> np.ndarray:
+    """The ticks on which the last stage runs a forward, hence computes a
+    micro-batch's loss, ordered by that micro-batch's id."""
     lane = schedule.fwd[:, -1]
-    return np.unique(lane[lane != NONE])
+    ticks = np.flatnonzero(lane != NONE)
+    return ticks[np.argsort(lane[ticks], kind="stable")]
+
+
+def finishing(schedule: Schedule) -> np.ndarray:
+    """Relative ids of the M micro-batches whose loss one pass computes, in order."""
+    return schedule.fwd[loss_ticks(schedule), -1]
 
 
 def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array) -> dict:
@@ -166,8 +172,7 @@ def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffe
     for start <= id < fed (the rest is the fill or the drain, masked).
     `updates` are the per-stage optimizer branches of an asynchronous table.
     """
-    last = schedule.fwd[:, -1]
-    ticks = np.array([np.flatnonzero(last == g)[0] for g in finishing(schedule)])  # static
+    ticks = loss_ticks(schedule)  # static
     acc = code.params.zeros() if schedule.synchronous else ()
     xs = (jnp.asarray(schedule.fwd, jnp.int32), jnp.asarray(schedule.bwd, jnp.int32))
     tick = _Tick(code, schedule, layout, data, counters, key, updates)
