@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -74,17 +75,35 @@ def batch(n: int, features: int = 20, classes: int = 10, seed: int = 0):
             jax.random.randint(ky, (n,), 0, classes))
 
 
-def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, key, stash):
+def hand_forecast(versions, states, v, T, form, lr):
+    """Stage weights predicted T updates ahead of version v, written out:
+    difference form w_v + T·(w_v − w_{v−1}); velocity form w_v − η·T·trace_v."""
+    w = versions[v]
+    if T == 0:
+        return w
+    if form == "difference":
+        prev = versions[v - 1] if v > 0 else w
+        return jax.tree.map(lambda a, b: a + T * (a - b), w, prev)
+    (_, trace), = optax.tree.get_all_with_path(states[v], "trace")
+    return jax.tree.map(lambda a, t: a - lr * T * t, w, trace)
+
+
+def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, key, stash,
+                        predict=None):
     """Asynchronous training written as a plain loop over micro-batches that
     keeps every weight version of every stage: micro-batch i's forward on
     stage k uses the version after i − D_k updates; its backward the current
     version (i updates), or with `stash` the forward's; each backward applies
-    the gradient of micro-batch i's mean loss at once. Returns the weights of
-    all layers after the last update, and each micro-batch's loss (computed at
-    its forward on the last stage)."""
+    the gradient of micro-batch i's mean loss at once. `opt` is one optax
+    transform or one per stage; `predict[k]` = (T_forward, T_backward, form,
+    lr) makes stage k run on `hand_forecast`s of those versions. Returns the
+    weights of all layers after the last update, and each micro-batch's loss
+    (computed at its forward on the last stage)."""
     K = len(ranges)
+    opts = [opt] * K if isinstance(opt, optax.GradientTransformation) else list(opt)
+    predict = predict or [(0, 0, "difference", None)] * K
     versions = [[[variables[i] for i in r]] for r in ranges]
-    states = [opt.init(versions[k][0]) for k in range(K)]
+    states = [[opts[k].init(versions[k][0])] for k in range(K)]
 
     def stage_fn(k, key_i, y):
         r = ranges[k]
@@ -100,7 +119,7 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
     def backward(k, w, h, key_i, y, ct, state, current):
         out, vjp = jax.vjp(stage_fn(k, key_i, y), w, h)
         grads, ct = vjp(jnp.ones_like(out) if ct is None else ct)
-        updates, state = opt.update(grads, state, current)
+        updates, state = opts[k].update(grads, state, current)
         return ct, state, optax.apply_updates(current, updates)
 
     losses = []
@@ -108,7 +127,8 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
         key_i = jax.random.fold_in(key, i)
         h, inputs, forward_weights = xs[i], [], []
         for k in range(K):
-            w = versions[k][max(0, i - delays[k])]
+            T_f, _, form, lr = predict[k]
+            w = hand_forecast(versions[k], states[k], max(0, i - delays[k]), T_f, form, lr)
             inputs.append(h)
             forward_weights.append(w)
             h = forward[k](w, h, key_i, ys[i])
@@ -116,8 +136,68 @@ def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, ke
         ct = None
         for k in reversed(range(K)):
             assert len(versions[k]) == i + 1  # backwards reach a stage in micro-batch order
-            w = forward_weights[k] if stash else versions[k][i]
-            ct, states[k], new = backward(k, w, inputs[k], key_i, ys[i], ct, states[k],
-                                          versions[k][-1])
+            _, T_b, form, lr = predict[k]
+            w = forward_weights[k] if stash else hand_forecast(versions[k], states[k], i, T_b,
+                                                               form, lr)
+            ct, state, new = backward(k, w, inputs[k], key_i, ys[i], ct, states[k][-1],
+                                      versions[k][-1])
             versions[k].append(new)
+            states[k].append(state)
     return [w for k in range(K) for w in versions[k][-1]], np.asarray(losses)
+
+
+def fill_microbatches(schedule: pj.Schedule) -> int:
+    """Micro-batches fed before the first round trip ends (stage 0 runs the
+    backward of micro-batch 0): the fill; from then on every stage is busy."""
+    full = int(schedule.timeline(1).B[0, 0])
+    return -(-(full + 1) // schedule.ticks) * schedule.microbatches
+
+
+class AsyncRun(NamedTuple):
+    pipe: Any
+    state: Any
+    losses: np.ndarray  # per micro-batch id, from the trainer's metrics
+    ref: list  # the versioned reference's final weights, per layer
+    ref_losses: np.ndarray
+    params: Any  # the initial Staged parameters
+    xs: jax.Array  # the micro-batches fed, [n, MB, 20]
+    ys: jax.Array
+
+
+def train_async(schedule, K, M, stash, opt=None, remat="stage", ref_opt=None, predict=None,
+                MB=2, layers=None) -> AsyncRun:
+    """Steps past the fill by 2K + M micro-batches and more, then a flush, on
+    `layers` (default `heterogeneous_layers`) of 20 features; the reference
+    runs `ref_opt` (default `opt`) and the hand forecasts `predict`."""
+    layers = layers or heterogeneous_layers()
+    opt = opt or optax.sgd(0.05, momentum=0.9)
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
+                       stages=K, microbatches=M, schedule=schedule, weight_stashing=stash,
+                       remat=remat)
+    steps = -(-(fill_microbatches(pipe.schedule) + 2 * K + M) // M)
+    params = pipe.init(jax.random.key(1))
+    trainer = pipe.trainer(opt)
+    state = trainer.init(params, jax.random.key(9))
+    xs, ys, losses = [], [], {}
+
+    def record(metrics):
+        for g, loss in zip(np.asarray(metrics["microbatch"]), np.asarray(metrics["losses"])):
+            if not np.isnan(loss):
+                assert g not in losses, f"micro-batch {g} finished twice"
+                losses[int(g)] = float(loss)
+
+    for s in range(steps):
+        x, y = batch(M * MB, seed=s)
+        xs += list(x.reshape(M, MB, 20))
+        ys += list(y.reshape(M, MB))
+        state, metrics = trainer.step(state, (x, y))
+        record(metrics)
+    state, metrics = trainer.flush(state)
+    record(metrics)
+    assert sorted(losses) == list(range(steps * M))  # every micro-batch came out once
+    ref, ref_losses = versioned_reference(layers, pj.losses.cross_entropy, pipe.plan.ranges,
+                                          pipe.schedule.delays, pj.unstage(params),
+                                          ref_opt or opt, xs, ys, jax.random.key(9), stash,
+                                          predict)
+    return AsyncRun(pipe, state, np.array([losses[g] for g in range(steps * M)]), ref, ref_losses,
+                    params, jnp.stack(xs), jnp.stack(ys))

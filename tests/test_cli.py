@@ -4,7 +4,6 @@ import json
 
 import flax.serialization
 import matplotlib.pyplot as plt
-
 import numpy as np
 
 from pipejax.cli import main
@@ -60,10 +59,19 @@ def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
     assert plt.imread(png).shape[:2] == (360, 600)  # K = 4 rows: 0.6 * 4 + 1.2 in, 100 dpi
 
 
-def test_train_with_an_asynchronous_schedule(tmp_path, capsys):
+def test_train_with_an_asynchronous_schedule_and_a_mitigation(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
-                 "--batch-size", "16", "--steps", "40", "--schedule", "pb", "--quiet"]) == 0
-    assert "test accuracy" in capsys.readouterr().out
+                 "--batch-size", "16", "--steps", "40", "--schedule", "pb", "--quiet",
+                 "--optimizer", "momentum", "--lr", "0.02", "--mitigation", "lwp+sc",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert "mitigation lwp+sc" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (summary["mitigation"], summary["delays"], summary["momentum"]) == ("lwp+sc", [2, 0], 0.9)
+
+
+def test_a_mitigation_needs_an_asynchronous_schedule(tmp_path, capsys):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--mitigation", "sc"]) == 2
+    assert "--schedule gpipe has none (use --schedule pb or pipedream)" in capsys.readouterr().err
 
 
 def test_bad_setting_is_a_clear_error(tmp_path, capsys):

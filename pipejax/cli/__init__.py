@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipejax.cli.setup import MODEL_DEFAULTS, make_pipeline, setup_devices
 from pipejax.cli.train import train
+from pipejax.transforms.mitigations import MITIGATIONS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     common(train)
     train.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
     train.add_argument("--lr", type=float, default=None, help="default: the model's")
+    train.add_argument("--momentum", type=float, default=0.9, help="for momentum and mitigations")
+    train.add_argument("--mitigation", default=None, choices=list(MITIGATIONS),
+                       help="staleness mitigation for --schedule pb or pipedream "
+                            "(on --optimizer momentum, or adam: none, stash, lwp)")
+    train.add_argument("--horizon-scale", type=float, default=1.0,
+                       help="multiplies the forecast horizon and compensated delay (2: LWP_2D)")
     train.add_argument("--epochs", type=int, default=None, help="default: the model's")
     train.add_argument("--steps", type=int, default=None, help="overrides --epochs")
     train.add_argument("--seed", type=int, default=0)

@@ -51,7 +51,7 @@ def build_layers(name: str, example_shape: tuple, classes: int) -> list:
     return [flatten] + layers if needs_flat else layers
 
 
-def make_pipeline(args, example_shape, classes: int, mesh):
+def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool = False):
     import jax.numpy as jnp
 
     import pipejax as pj
@@ -64,12 +64,27 @@ def make_pipeline(args, example_shape, classes: int, mesh):
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                        example=jnp.zeros((mb, *example_shape), jnp.float32),
                        stages=args.stages, microbatches=args.microbatches,
-                       schedule=args.schedule, partition=partition, remat=args.remat, mesh=mesh)
+                       schedule=args.schedule, partition=partition, remat=args.remat, mesh=mesh,
+                       weight_stashing=weight_stashing)
     return layers, pipe
 
 
-def make_optimizer(name: str, lr: float):
+def make_optimizer(args, lr: float):
+    """(optimizer for `pipe.trainer`, weight stashing): the named optax
+    optimizer, or with `--mitigation` the named staleness mitigation on it."""
     import optax
 
-    return {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, momentum=0.9),
-            "adam": lambda: optax.adam(lr)}[name]()
+    import pipejax as pj
+
+    if args.mitigation is None:
+        return {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, args.momentum),
+                "adam": lambda: optax.adam(lr)}[args.optimizer](), False
+    if args.schedule not in ("pipedream", "pb"):
+        raise pj.errors.ConfigError(f"--mitigation {args.mitigation} repairs the staleness of an "
+                                    f"asynchronous schedule; --schedule {args.schedule} has none "
+                                    "(use --schedule pb or pipedream)")
+    momentum = 0.0 if args.optimizer == "sgd" else args.momentum
+    mit = pj.transforms.mitigation(args.mitigation, lr, momentum=momentum,
+                                   horizon_scale=args.horizon_scale,
+                                   optimizer="adam" if args.optimizer == "adam" else "momentum")
+    return mit.optimizer, mit.weight_stashing

@@ -108,9 +108,10 @@ def train(args) -> int:
     defaults = MODEL_DEFAULTS[args.model][1]
     lr = args.lr if args.lr is not None else defaults["lr"]
     epochs = args.epochs if args.epochs is not None else defaults["epochs"]
-    layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh)
+    optimizer, stash = make_optimizer(args, lr)
+    layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh, stash)
     print(pipe, flush=True)
-    trainer = pipe.trainer(make_optimizer(args.optimizer, lr))
+    trainer = pipe.trainer(optimizer)
     state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
     total = args.steps if args.steps is not None else epochs * (len(data.x_train) // args.batch_size)
     accuracy = _accuracy(layers)
@@ -121,7 +122,9 @@ def train(args) -> int:
                "steps": total, "seconds": round(seconds, 1),
                "examples_per_s": round(total * args.batch_size / seconds, 1),
                "model": args.model, "schedule": args.schedule, "stages": args.stages,
-               "split": list(pipe.plan.split)}
+               "split": list(pipe.plan.split), "optimizer": args.optimizer, "lr": lr,
+               "momentum": args.momentum, "mitigation": args.mitigation or "none",
+               "horizon_scale": args.horizon_scale, "delays": pipe.schedule.delays}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         _write_outputs(args.out, rows, summary, variables)
@@ -129,5 +132,5 @@ def train(args) -> int:
           f"{'train accuracy':<16}{100 * summary['train_accuracy']:.2f}%\n"
           f"{'steps':<16}{total} in {seconds:.0f} s ({summary['examples_per_s']:.0f} examples/s)\n"
           f"{'stages':<16}{args.stages} x {pipe.plan.split} layers, {args.schedule}, "
-          f"{args.microbatches} micro-batches")
+          f"{args.microbatches} micro-batches, mitigation {summary['mitigation']}")
     return 0

@@ -45,7 +45,7 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
              opts: StageOptimizers, n: int) -> Callable:
     """The SPMD program that runs `n` periods of the table from an `InFlight`;
     returns the new params, optimizer state and rings, and the [n·M] losses."""
-    M, updates = schedule.microbatches, opts.update_branches()
+    M = schedule.microbatches
 
     def body(p, s, rings, x, y, base, start, fed, key):
         if n == 0:  # nothing outlives its own period (one stage): no program to run
@@ -54,7 +54,7 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
         def period(i, c):
             p, s, rings, losses, done = c
             out = run_table(code, schedule, layout, p, s, rings, (local(x), local(y)),
-                            (base + i * M, start, fed), key, updates)
+                            (base + i * M, start, fed), key, opts)
             losses = lax.dynamic_update_slice(losses, out.losses, (i * M,))
             done = lax.dynamic_update_slice(done, out.done, (i * M,))
             return out.params, out.opt_state, out.rings, losses, done

@@ -6,7 +6,8 @@ staleness-aware transforms get their stage's delay and horizons from the
 schedule table. Each stage's transform sees that stage's parameters only (a
 tree-wide transform such as `clip_by_global_norm` acts per stage). Its state
 is packed like the parameters (a `Staged`), and unpacks into ordinary optax
-states.
+states. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
+forward (and backward, given a backward horizon) on the predicted weights.
 """
 
 from __future__ import annotations
@@ -24,17 +25,20 @@ from pipejax.compile.spmd import STAGED, lead, local, shard, stage_index
 from pipejax.compile.state import Staged
 from pipejax.errors import ArgumentTypeError
 from pipejax.schedules import Schedule
+from pipejax.transforms import forecast, forecast_horizon, has_forecast
 
 Optimizer = Any  # optax.GradientTransformation | Callable[[StageInfo], GradientTransformation]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class StageOptimizers:
-    """The K transforms, the parameter packing they read, and their state's packing."""
+    """The K transforms, the parameter packing they read, their state's packing,
+    and which stages forecast their weights."""
 
     transforms: tuple[optax.GradientTransformation, ...]
     params: Packing
     packing: Packing
+    forecasting: tuple[bool, ...]
 
     @classmethod
     def of(cls, optimizer: Optimizer, schedule: Schedule, params: Packing) -> "StageOptimizers":
@@ -53,9 +57,9 @@ class StageOptimizers:
             raise ArgumentTypeError(
                 f"optimizer must be an optax GradientTransformation or a function StageInfo -> "
                 f"GradientTransformation, not {type(optimizer).__name__}")
-        packing = Packing.of([jax.eval_shape(transforms[k].init, params.abstract_tree(k))
-                              for k in range(K)])
-        return cls(tuple(transforms), params, packing)
+        states = [jax.eval_shape(transforms[k].init, params.abstract_tree(k)) for k in range(K)]
+        return cls(tuple(transforms), params, Packing.of(states),
+                   tuple(has_forecast(s) for s in states))
 
     def init_program(self, mesh: Mesh) -> Callable[[Staged], Staged]:
         """Staged params -> Staged optimizer state, each stage's on its device."""
@@ -76,5 +80,25 @@ class StageOptimizers:
                 updates, s = self.transforms[k].update(grads, sp.unpack(k, s), params)
                 return pp.pack(k, optax.apply_updates(params, updates)), sp.pack(k, s)
             return run
+
+        return [branch(k) for k in range(len(self.transforms))]
+
+    def forecast_branches(self, backward: bool) -> list[Callable] | None:
+        """Branch k: (packed params, packed state) -> the weights stage k's
+        forward (or backward) runs on: its forecast, or the params themselves
+        when its chain has no `weight_forecast`. None when no stage forecasts.
+        A backward horizon of 0 (linear weight prediction) skips the work."""
+        if not any(self.forecasting):
+            return None
+        pp, sp = self.params, self.packing
+
+        def branch(k):
+            def run(p, s):
+                state = sp.unpack(k, s)
+                predict = lambda: pp.pack(k, forecast(pp.unpack(k, p), state, backward=backward))
+                if not backward:
+                    return predict()
+                return lax.cond(forecast_horizon(state, True) != 0, predict, lambda: p)
+            return run if self.forecasting[k] else (lambda p, s: p)
 
         return [branch(k) for k in range(len(self.transforms))]

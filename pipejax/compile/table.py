@@ -8,12 +8,14 @@ and gradients backward with `lax.ppermute`, outside the stage switch
 (payload, micro-batch, valid); the receiver files it in ring slot
 `micro-batch mod capacity`. Synchronous tables accumulate gradients;
 asynchronous ones apply the stage's optimizer right after every backward.
+A stage whose optimizer forecasts its weights runs its forward on the
+forecast (and its backward on the backward forecast) instead of its weights.
 The program does not grow with the number of micro-batches or ticks.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from pipejax.compile.layout import Layout
+from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.packing import Buffers
 from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.stages import StageCode
@@ -75,8 +78,11 @@ class _Tick:
     """The body of the scan: what stage k does at one tick."""
 
     def __init__(self, code: StageCode, schedule: Schedule, layout: Layout, data: tuple,
-                 counters: tuple, key: jax.Array, updates: Sequence[Callable] | None):
-        self.code, self.layout, self.updates = code, layout, updates
+                 counters: tuple, key: jax.Array, opts: StageOptimizers | None):
+        self.code, self.layout = code, layout
+        self.updates = opts.update_branches() if opts else None
+        self.predict_f = opts.forecast_branches(False) if opts else None
+        self.predict_b = opts.forecast_branches(True) if opts else None
         self.K, self.sync = schedule.stages, schedule.synchronous
         self.k = stage_index()
         self.x, self.y = data
@@ -106,45 +112,54 @@ class _Tick:
         h_f, h_b, g_b = lax.optimization_barrier((
             _read(rings.inputs, gf % lay.input_slots), _read(rings.inputs, gb % lay.input_slots),
             _read(rings.grads, gb % lay.grad_slots)))
-        kept, weights, msg_f, loss = self._forward(do_f, gf, p, rings, h_f)
+        kept, weights, msg_f, loss = self._forward(do_f, gf, p, s, rings, h_f)
         p, s, acc, msg_b = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
         rings = self._exchange(rings._replace(kept=kept, weights=weights),
                                (msg_f, gf, do_f), (msg_b, gb, do_b))
         last = do_f & (self.k == self.K - 1)  # a micro-batch's loss, once, on the last stage
         return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32))
 
-    def _forward(self, do_f, gf, p, rings: Rings, h_f) -> tuple:
-        """Stage k's forward of micro-batch gf: keeps its residuals (and with
-        weight stashing its weights) in slot gf; returns the message on."""
+    def _weights(self, branches: list | None, p: Buffers, s: Any) -> Buffers:
+        """The weights an op runs on: p, or the stage's forecast from (p, s)."""
+        return p if branches is None else lax.switch(self.k, branches, p, s)
+
+    def _forward(self, do_f, gf, p, s, rings: Rings, h_f) -> tuple:
+        """Stage k's forward of micro-batch gf at its weights (or their
+        forecast): keeps its residuals (and with weight stashing the weights
+        it used) in slot gf; returns the message on."""
         slot = gf % self.layout.kept_slots
 
         def forward(args, c):
-            p, kept, weights, _, _ = c
-            msg, new_kept, loss = lax.switch(self.k, self.forwards, p, *args)
+            p, s, kept, weights, _, _ = c
+            w = self._weights(self.predict_f, p, s)
+            msg, new_kept, loss = lax.switch(self.k, self.forwards, w, *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
-            weights = tuple(b.at[slot].set(v) for b, v in zip(weights, p))
-            return p, kept, weights, msg, loss
+            weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
+            return p, s, kept, weights, msg, loss
 
         args = (h_f, *self._inputs(gf))
-        init = (p, rings.kept, rings.weights, self.code.acts.zeros(), jnp.zeros((), jnp.float32))
-        _, kept, weights, msg, loss = run_if(do_f, forward, args, init)
+        init = (p, s, rings.kept, rings.weights, self.code.acts.zeros(),
+                jnp.zeros((), jnp.float32))
+        _, _, kept, weights, msg, loss = run_if(do_f, forward, args, init)
         return kept, weights, msg, loss
 
     def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
-        """Stage k's backward of micro-batch gb at the current weights (or the
-        stashed ones); then the gradient is summed or applied at once."""
+        """Stage k's backward of micro-batch gb at the current weights (their
+        backward forecast, or the stashed ones); then the gradient is summed
+        or applied at once."""
         slot = gb % self.layout.kept_slots
-        p_b = _read(weights, slot) if self.layout.weight_stashing else p
+        stashed = _read(weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
             p, s, acc, _ = c
-            grads, msg = lax.switch(self.k, self.backwards, *args)
+            w = stashed if stashed is not None else self._weights(self.predict_b, p, s)
+            grads, msg = lax.switch(self.k, self.backwards, w, *args)
             if self.sync:
                 return p, s, tuple(a + d for a, d in zip(acc, grads)), msg
             p, s = lax.switch(self.k, self.updates, p, grads, s)
             return p, s, acc, msg
 
-        args = (p_b, h_b, g_b, _read(kept, slot), *self._inputs(gb))
+        args = (h_b, g_b, _read(kept, slot), *self._inputs(gb))
         return run_if(do_b, backward, args, (p, s, acc, self.code.acts.zeros()))
 
     def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
@@ -164,18 +179,18 @@ class _Tick:
 
 def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffers, opt_state: Any,
               rings: Rings, data: tuple, counters: tuple, key: jax.Array,
-              updates: Sequence[Callable] | None = None) -> TableOut:
+              opts: StageOptimizers | None = None) -> TableOut:
     """Inside shard_map: one pass over the table.
 
     `data` = (x, y) rings `[slots, mb, ...]`; `counters` = (base, start, fed):
     this pass's micro-batch ids are base + relative id, and an op is real only
     for start <= id < fed (the rest is the fill or the drain, masked).
-    `updates` are the per-stage optimizer branches of an asynchronous table.
+    `opts` are the per-stage optimizers an asynchronous table applies.
     """
     ticks = loss_ticks(schedule)  # static
     acc = code.params.zeros() if schedule.synchronous else ()
     xs = (jnp.asarray(schedule.fwd, jnp.int32), jnp.asarray(schedule.bwd, jnp.int32))
-    tick = _Tick(code, schedule, layout, data, counters, key, updates)
+    tick = _Tick(code, schedule, layout, data, counters, key, opts)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, acc), (losses, done) = lax.scan(tick, (params, opt_state, rings, acc), xs)

@@ -11,8 +11,8 @@ import pytest
 import pipejax as pj
 from pipejax.compile.table import finishing
 from pipejax.errors import ConfigError
-from tests.reference import (batch, heterogeneous_layers, rel_err, sequential_value_and_grad,
-                             versioned_reference)
+from tests.reference import (batch, fill_microbatches, heterogeneous_layers, rel_err,
+                             sequential_value_and_grad, train_async)
 
 MB = 2
 
@@ -37,52 +37,9 @@ def test_synchronous_schedules_equal_sequential(schedule, K, M):
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
 
 
-def _fill_microbatches(schedule: pj.Schedule) -> int:
-    """Micro-batches fed before the first round trip ends (stage 0 runs the
-    backward of micro-batch 0): the fill; from then on every stage is busy."""
-    full = int(schedule.timeline(1).B[0, 0])
-    return -(-(full + 1) // schedule.ticks) * schedule.microbatches
-
-
-def _train_async(schedule, K, M, stash, opt=None, remat="stage"):
-    """Steps past the fill by 2K + M micro-batches and more, then a flush;
-    returns the pipeline, final state, per-micro-batch losses by id, and the
-    reference's weights and losses."""
-    layers = heterogeneous_layers()
-    opt = opt or optax.sgd(0.05, momentum=0.9)
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
-                       stages=K, microbatches=M, schedule=schedule, weight_stashing=stash,
-                       remat=remat)
-    steps = -(-(_fill_microbatches(pipe.schedule) + 2 * K + M) // M)
-    params = pipe.init(jax.random.key(1))
-    trainer = pipe.trainer(opt)
-    state = trainer.init(params, jax.random.key(9))
-    xs, ys, losses = [], [], {}
-
-    def record(metrics):
-        for g, loss in zip(np.asarray(metrics["microbatch"]), np.asarray(metrics["losses"])):
-            if not np.isnan(loss):
-                assert g not in losses, f"micro-batch {g} finished twice"
-                losses[int(g)] = float(loss)
-
-    for s in range(steps):
-        x, y = batch(M * MB, seed=s)
-        xs += list(x.reshape(M, MB, 20))
-        ys += list(y.reshape(M, MB))
-        state, metrics = trainer.step(state, (x, y))
-        record(metrics)
-    state, metrics = trainer.flush(state)
-    record(metrics)
-    assert sorted(losses) == list(range(steps * M))  # every micro-batch came out once
-    ref, ref_losses = versioned_reference(layers, pj.losses.cross_entropy, pipe.plan.ranges,
-                                          pipe.schedule.delays, pj.unstage(params), opt, xs, ys,
-                                          jax.random.key(9), stash)
-    return pipe, state, np.array([losses[g] for g in range(steps * M)]), ref, ref_losses
-
-
 @pytest.mark.parametrize("schedule", ["pb", "pipedream"])
 def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
-    pipe, state, losses, ref, ref_losses = _train_async(schedule, 1, 4, stash=False)
+    pipe, state, losses, ref, ref_losses = train_async(schedule, 1, 4, stash=False)[:5]
     assert pipe.schedule.delays == [0]
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
     assert rel_err(losses, ref_losses) < 1e-5
@@ -91,15 +48,16 @@ def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
 @pytest.mark.parametrize("schedule", ["pb", "pipedream"])
 @pytest.mark.parametrize("K,stash", [(4, False), (4, True), (8, False), (8, True)])
 def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash):
-    pipe, state, losses, ref, ref_losses = _train_async(schedule, K, 2, stash)
+    pipe, state, losses, ref, ref_losses = train_async(schedule, K, 2, stash)[:5]
     assert pipe.schedule.delays[0] == (2 * (K - 1) if schedule == "pb" else K - 1)
-    assert len(losses) >= _fill_microbatches(pipe.schedule) + 2 * K + 2
+    assert len(losses) >= fill_microbatches(pipe.schedule) + 2 * K + 2
     assert rel_err(losses, ref_losses) < 1e-5  # every micro-batch's loss, fill and steady state
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
 
 
 def test_weight_stashing_with_kept_residuals_and_its_memory():
-    pipe, state, losses, ref, ref_losses = _train_async("pipedream", 4, 2, stash=True, remat="none")
+    pipe, state, losses, ref, ref_losses = train_async("pipedream", 4, 2, stash=True,
+                                                       remat="none")[:5]
     assert rel_err(losses, ref_losses) < 1e-5
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
     # PipeDream keeps one weight version per micro-batch in flight on a stage,

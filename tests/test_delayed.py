@@ -1,0 +1,64 @@
+"""pj.simulate: delayed-gradient training on one device against plain loops."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import pipejax as pj
+from pipejax.errors import ConfigError
+from tests.reference import batch, rel_err
+
+LAYERS = pj.models.mlp(3, 16, 10)
+LOSS = pj.losses.cross_entropy
+
+
+def _data(n=12, mb=4):
+    x, y = batch(n * mb)
+    return x.reshape(n, mb, 20), y.reshape(n, mb)
+
+
+def _delayed_loop(variables, opt, xs, ys, D):
+    """g_t = ∇L(w_{t−D}) (consistent), applied to the master weights."""
+    grad = jax.jit(jax.value_and_grad(lambda v, x, y: LOSS(pj.apply_layers(LAYERS, v, x), y)))
+    history, state, losses = [variables], opt.init(variables), []
+    for x, y in zip(xs, ys):
+        loss, g = grad(history[max(0, len(history) - 1 - D)], x, y)
+        u, state = opt.update(g, state, history[-1])
+        history.append(optax.apply_updates(history[-1], u))
+        losses.append(loss)
+    return history[-1], jnp.stack(losses)
+
+
+@pytest.mark.parametrize("D", [0, 3])
+def test_constant_delay_equals_a_loop_over_weight_versions(D):
+    variables = pj.unstage(pj.pipeline(LAYERS, loss=LOSS, example=jnp.zeros((4, 20)), stages=1,
+                                       microbatches=1).init(jax.random.key(0)))
+    xs, ys = _data()
+    opt = optax.sgd(0.1, momentum=0.9)
+    ref, ref_losses = _delayed_loop(variables, opt, xs, ys, D)
+    for split in (1, 3):  # one stage, or three stages with the same delay
+        sim = pj.simulate(LAYERS, loss=LOSS, optimizer=opt, split=split, delays=D, consistent=True)
+        state, losses = sim.run(sim.init(variables), xs, ys)
+        assert rel_err(sim.params(state), ref) < 1e-5
+        assert rel_err(losses, ref_losses) < 1e-5
+        assert int(state.step) == len(xs)
+
+
+def test_stage_infos_and_splits():
+    sim = pj.simulate(LAYERS, loss=LOSS, optimizer=lambda s: optax.sgd(0.1), split=[2, 2, 2, 1],
+                      delays="pb")
+    assert sim.delays == [6, 4, 2, 0]
+    assert pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=4,
+                       delays="pipedream").delays == [3, 2, 1, 0]
+    assert [len(r) for r in pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=3,
+                                        delays=[1, 1, 0]).ranges] == [3, 2, 2]
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ConfigError, match="summing to 7"):
+        pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=[2, 2])
+    with pytest.raises(ConfigError, match="one per stage"):
+        pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=2, delays=[1, 2, 3])
+    with pytest.raises(pj.errors.ArgumentTypeError, match="optax"):
+        pj.simulate(LAYERS, loss=LOSS, optimizer=0.1, split=2)
