@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import save, table
+from common import RESULTS, save, table
 from pipejax.quadratic import METHODS, half_life, rates
 
 MOMENTA = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998,
@@ -148,7 +148,7 @@ def plot(by_kappa: list[dict], by_delay: list[dict]) -> None:
     b.set_xscale("log", base=2)
     a.legend()
     fig.tight_layout()
-    fig.savefig("benchmarks/results/quadratic.png", dpi=100)
+    fig.savefig(RESULTS / "quadratic.png", dpi=100)
 
 
 if __name__ == "__main__":
