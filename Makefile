@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test plan bench
+.PHONY: demo test plan bench reproduce
 
 $(BIN)/pipejax: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,4 +21,9 @@ test: $(BIN)/pipejax
 	$(BIN)/python -m pytest -q -n 2
 
 bench: $(BIN)/pipejax
-	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py
+	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
+		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py
+
+# The convergence table of the staleness mitigations (about 30 minutes on 2 cores).
+reproduce: $(BIN)/pipejax
+	cd benchmarks && ../$(BIN)/python convergence.py

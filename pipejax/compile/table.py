@@ -130,17 +130,17 @@ class _Tick:
         slot = gf % self.layout.kept_slots
 
         def forward(args, c):
-            p, s, kept, weights, _, _ = c
+            p, kept, weights, _, _ = c
+            s, *args = args
             w = self._weights(self.predict_f, p, s)
             msg, new_kept, loss = lax.switch(self.k, self.forwards, w, *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
-            return p, s, kept, weights, msg, loss
+            return p, kept, weights, msg, loss
 
-        args = (h_f, *self._inputs(gf))
-        init = (p, s, rings.kept, rings.weights, self.code.acts.zeros(),
-                jnp.zeros((), jnp.float32))
-        _, _, kept, weights, msg, loss = run_if(do_f, forward, args, init)
+        args = (s, h_f, *self._inputs(gf))
+        init = (p, rings.kept, rings.weights, self.code.acts.zeros(), jnp.zeros((), jnp.float32))
+        _, kept, weights, msg, loss = run_if(do_f, forward, args, init)
         return kept, weights, msg, loss
 
     def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
