@@ -23,6 +23,7 @@ import optax
 from jax import lax
 
 from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
 from pipejax.trace import Layer, apply_layers
 from pipejax.transforms import forecast, has_forecast
@@ -50,16 +51,14 @@ def _stage_infos(delays: Any, K: int) -> list[StageInfo]:
     return [StageInfo(k, K, d, d, 0) for k, d in enumerate(ds)]
 
 
-def _split(split: int | Sequence[int], L: int) -> list[int]:
-    if np.ndim(split) == 0:
-        K = int(split)
-        if not 1 <= K <= L:
-            raise ConfigError(f"split={K} stages for {L} layers; use 1 to {L}")
-        return [L // K + (k < L % K) for k in range(K)]
-    counts = [int(n) for n in split]
-    if sum(counts) != L or min(counts) < 1:
-        raise ConfigError(f"split {counts} must be positive layer counts summing to {L} layers")
-    return counts
+def _split(split: int | Sequence[int], L: int) -> tuple[int, ...]:
+    """Layer counts per stage: as given (checked), or K counts as equal as possible."""
+    if np.ndim(split) != 0:
+        return check_split(split, L, len(split))
+    K = int(split)
+    if not 1 <= K <= L:
+        raise ConfigError(f"split={K} stages for {L} layers; use 1 to {L}")
+    return tuple(L // K + (k < L % K) for k in range(K))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -56,7 +56,7 @@ def test_stage_infos_and_splits():
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ConfigError, match="summing to 7"):
+    with pytest.raises(ConfigError, match="covers 4 layers but the list has 7"):
         pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=[2, 2])
     with pytest.raises(ConfigError, match="one per stage"):
         pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=2, delays=[1, 2, 3])

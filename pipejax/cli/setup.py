@@ -79,7 +79,7 @@ def make_optimizer(args, lr: float):
     if args.mitigation is None:
         return {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, args.momentum),
                 "adam": lambda: optax.adam(lr)}[args.optimizer](), False
-    if args.schedule not in ("pipedream", "pb"):
+    if pj.schedules.make_schedule(args.schedule, 1, 1).synchronous:
         raise pj.errors.ConfigError(f"--mitigation {args.mitigation} repairs the staleness of an "
                                     f"asynchronous schedule; --schedule {args.schedule} has none "
                                     "(use --schedule pb or pipedream)")
