@@ -1,9 +1,17 @@
-"""The device mesh a pipeline runs on: axis `stage`, one device per stage."""
+"""The device mesh a pipeline runs on: axis `stage`, one device per stage,
+and optional data axes, one pipeline replica per index of them.
+
+A mesh ("stage",) runs one pipeline; ("data", "stage") runs one replica per
+data index; ("node", "local", "stage") groups the replicas for hierarchical
+rules (H-ADPSGD). Every axis other than "stage" is a data axis; the replicas
+are numbered row-major over them, in mesh order.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -45,24 +53,52 @@ def stage_mesh(stages: int, mesh: Mesh | None = None) -> Mesh:
         if AXIS not in mesh.axis_names:
             raise ConfigError(f"mesh axes {tuple(mesh.axis_names)} have no {AXIS!r} axis; "
                               f"name the pipeline axis {AXIS!r}, e.g. "
-                              f"jax.make_mesh(({stages},), ('{AXIS}',))")
+                              f"pj.make_mesh({stages}), or jax.sharding.Mesh(devices, ('data', '{AXIS}'))")
         if mesh.shape[AXIS] != stages:
             raise ConfigError(f"mesh axis {AXIS!r} has {mesh.shape[AXIS]} devices but "
                               f"stages={stages}; they must be equal")
-        unused = [(a, n) for a, n in mesh.shape.items() if a != AXIS and n > 1]
-        if unused:
-            a, n = unused[0]
-            raise ConfigError(
-                f"mesh axis {a!r} ({n} devices) is not used by the pipeline: every stage would "
-                f"run {n} times on the same data; give a mesh with the single axis {AXIS!r}, e.g. "
-                f"jax.make_mesh(({stages},), ('{AXIS}',)) (data parallelism over a second axis "
-                "is not supported yet)")
-        return mesh
-    devices = jax.devices()
-    if len(devices) < stages:
+        # shard_map places the pipeline's buffers itself: Auto axes (jax.make_mesh
+        # makes Explicit ones, which would ask every input to arrive pre-sharded).
+        return Mesh(mesh.devices, mesh.axis_names)
+    return make_mesh(stages)
+
+
+def make_mesh(stages: int, data: int = 1, nodes: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh of data × stages devices (default: `jax.devices()`, those of
+    every process): axes ("stage",) for data = 1, ("data", "stage"), or
+    ("node", "local", "stage") with `nodes` groups of data / nodes replicas
+    (hierarchical rules). Each replica's stages are consecutive devices, the
+    stage axis the fastest."""
+    for name, n in (("stages", stages), ("data", data), ("nodes", nodes)):
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise ConfigError(f"{name}={n!r}; use a positive integer")
+    if data % nodes:
+        raise ConfigError(f"data={data} replicas do not split into nodes={nodes} equal groups; "
+                          f"use a multiple of {nodes}")
+    devices, need = list(devices or jax.devices()), data * stages
+    if len(devices) < need:
+        where = (f"{jax.process_count()} processes with {jax.local_device_count()} each"
+                 if jax.process_count() > 1 else devices[0].platform)
+        what = f"{data} replicas x {stages} stages need" if data > 1 else f"stages={stages} needs"
         raise DeviceError(
-            f"stages={stages} needs {stages} devices but JAX sees {len(devices)} "
-            f"({devices[0].platform}); on CPU simulate them with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={stages} set before importing jax "
-            f"(or pj.simulate_devices({stages}) before any JAX computation), or use fewer stages")
-    return Mesh(np.array(devices[:stages]), (AXIS,))
+            f"{what} {need} devices but JAX sees {len(devices)} ({where}); on CPU simulate them with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} set before importing jax "
+            f"(or pj.simulate_devices({need}) before any JAX computation), or use fewer stages "
+            "or replicas")
+    grid = np.array(devices[:need])
+    if nodes > 1:
+        return Mesh(grid.reshape(nodes, data // nodes, stages), ("node", "local", AXIS))
+    if data > 1:
+        return Mesh(grid.reshape(data, stages), ("data", AXIS))
+    return Mesh(grid, (AXIS,))
+
+
+def data_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh's data axes: every axis but "stage", in mesh order."""
+    return tuple(a for a in mesh.axis_names if a != AXIS)
+
+
+def replicas(mesh: Mesh) -> int:
+    """How many pipeline replicas the mesh holds (the product of its data axes)."""
+    return int(np.prod([mesh.shape[a] for a in data_axes(mesh)], dtype=int))

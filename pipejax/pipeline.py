@@ -103,8 +103,13 @@ class Pipeline:
         return Staged(tuple(jax.device_put(jnp.stack(slot), sharding) for slot in zip(*rows)),
                       self.code.params)
 
-    def check_params(self, params: Any, where: str) -> None:
-        """Raise unless `params` are this pipeline's staged parameters."""
+    def check_params(self, params: Any, where: str, replicated: bool = True) -> None:
+        """Raise unless `params` are this pipeline's staged parameters (one
+        copy, or with `replicated=False` a trainer's replicas too)."""
+        if isinstance(params, Staged) and params.replicas > 1 and replicated:
+            raise ArgumentTypeError(f"{where} takes one copy of the parameters; these hold "
+                                    f"{params.replicas} replicas: pick one with "
+                                    "pipe.stage(pj.unstage(params, replica=r))")
         if not isinstance(params, Staged) or params.packing != self.code.params:
             raise ArgumentTypeError(
                 f"{where} takes this pipeline's Staged parameters (from pipe.init or pipe.stage), "
@@ -133,11 +138,13 @@ class Pipeline:
         self.check_params(params, "value_and_grad")
         return self._value_and_grad(params, batch, self.key_or_default(key, "value_and_grad"))
 
-    def trainer(self, optimizer: Any):
-        """Bind `optimizer` (an optax transform, or StageInfo -> transform)."""
+    def trainer(self, optimizer: Any, rule: Any = None):
+        """Bind `optimizer` (an optax transform, or StageInfo -> transform) and,
+        on a mesh with data axes, the `rule` between replicas (a
+        `pj.transforms.DataRule`; default SSGD)."""
         from pipejax.trainer import Trainer
 
-        return Trainer(self, optimizer)
+        return Trainer(self, optimizer, rule)
 
     def __str__(self) -> str:
         return f"{self.plan}\n{self.layout}"
@@ -199,8 +206,10 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         min max_k C_k) | a list of layer counts per stage.
       remat: "stage" (keep stage inputs only, recompute the forward in the
         backward) | "none" | a `jax.checkpoint` policy.
-      mesh: a mesh whose only axis of size > 1 is "stage" with K devices;
-        default: the first K devices.
+      mesh: a mesh with a "stage" axis of K devices and optional data axes,
+        one pipeline replica per data index (`pj.make_mesh(K, data, nodes)`:
+        ("data", "stage") or ("node", "local", "stage")); a batch then holds
+        R·M micro-batches, replica-major. Default: the first K devices.
       cost: what the partitioner balances: "flops" (XLA's estimate) or "time"
         (each layer measured).
       max_bytes: largest parameter bytes a stage may hold, for the partitioner.

@@ -7,6 +7,12 @@ compiles its own programs, so two trainers of one pipeline are independent.
 in-flight part too; `step` and `flush` are jitted, placed so that the state
 they return is the state they take, and so run one compiled program from the
 first call on; `opt_state` unpacks each stage's optax state.
+
+On a mesh with data axes the trainer holds one replica per data index and a
+`DataRule` combines them (`rule=`, default SSGD over every data axis). The
+rule is its own argument, not part of the optax chain: the chain runs per
+stage inside the stage switch, the rule's collectives around it
+(pipejax/transforms/data_parallel.py).
 """
 
 from __future__ import annotations
@@ -18,9 +24,38 @@ import jax.numpy as jnp
 
 from pipejax.compile import asynchronous, guarded, synchronous
 from pipejax.compile.optimizer import Optimizer, StageOptimizers
-from pipejax.compile.spmd import REPLICATED, STAGED, placement
+from pipejax.compile.spmd import REPLICATED, per_replica, placement
 from pipejax.compile.state import InFlight, Staged, TrainState
+from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.mesh import AXIS, data_axes, replicas
 from pipejax.pipeline import Pipeline
+from pipejax.transforms.data_parallel import DataRule, ssgd
+
+
+def check_rule(rule: DataRule | None, pipe: Pipeline) -> DataRule | None:
+    """The rule between the pipeline's replicas: `rule` checked against the
+    mesh, SSGD over every data axis by default, None on a mesh without data axes."""
+    axes, names = data_axes(pipe.mesh), tuple(pipe.mesh.axis_names)
+    if rule is None:
+        return ssgd(axes) if axes else None
+    if not isinstance(rule, DataRule):
+        raise ArgumentTypeError(f"rule must be a pj.transforms.DataRule (ssgd, adpsgd, hadpsgd, "
+                                f"elastic), not {type(rule).__name__}")
+    for a in rule.axes:
+        if a == AXIS:
+            raise ConfigError(f"rule {rule.name!r} names the pipeline axis {AXIS!r}; a data rule "
+                              f"combines replicas over the data axes {axes}")
+        if a not in names:
+            raise ConfigError(f"rule {rule.name!r} names mesh axis {a!r}, but the mesh has axes "
+                              f"{names}; build the mesh with that axis (pj.make_mesh(stages, "
+                              "data, nodes)) or name one of its data axes")
+    unused = [a for a in axes if a not in rule.axes and pipe.mesh.shape[a] > 1]
+    if unused:
+        raise ConfigError(f"rule {rule.name!r} communicates over {rule.axes} but the mesh's data "
+                          f"axis {unused[0]!r} ({pipe.mesh.shape[unused[0]]} replicas) is in none "
+                          "of them: its replicas would train apart; use a rule over every data "
+                          "axis (hadpsgd for ('node', 'local'))")
+    return rule
 
 
 class Trainer:
@@ -33,9 +68,12 @@ class Trainer:
     micro-batch's loss and global id; NaN loss where one did not finish).
     """
 
-    def __init__(self, pipe: Pipeline, optimizer: Optimizer):
+    def __init__(self, pipe: Pipeline, optimizer: Optimizer, rule: DataRule | None = None):
         self.pipeline = pipe
-        self.optimizers = StageOptimizers.of(optimizer, pipe.schedule, pipe.code.params)
+        self.rule = check_rule(rule, pipe)
+        self.replicas = replicas(pipe.mesh)
+        self.optimizers = StageOptimizers.of(optimizer, pipe.schedule, pipe.code.params,
+                                             self.rule, self.replicas)
         args = (pipe.code, pipe.schedule, pipe.layout, pipe.mesh, self.optimizers)
         if pipe.schedule.synchronous:
             step = synchronous.train_step(*args, pipe.example, pipe.targets)
@@ -46,32 +84,50 @@ class Trainer:
         out = (self.shardings, placement(pipe.mesh, REPLICATED))
         self.step = guarded(jax.jit(step, out_shardings=out), pipe.mesh)
         self.flush = guarded(jax.jit(flush, out_shardings=out), pipe.mesh)
-        self._init_opt = guarded(jax.jit(self.optimizers.init_program(pipe.mesh)), pipe.mesh)
+        self._init = {replicated: guarded(jax.jit(self._initial(replicated),
+                                                  out_shardings=self.shardings), pipe.mesh)
+                      for replicated in (True, False)}
 
     @property
     def shardings(self) -> TrainState:
         """Where every part of the state lives (a pytree prefix of `TrainState`)."""
-        staged, replicated = placement(self.pipeline.mesh, STAGED), placement(self.pipeline.mesh,
-                                                                               REPLICATED)
+        mesh = self.pipeline.mesh
+        staged, replicated = placement(mesh, per_replica(mesh)), placement(mesh, REPLICATED)
         inflight = None
         if self.pipeline.schedule.asynchronous:
             inflight = InFlight(staged, staged, staged, replicated, replicated, replicated)
-        return TrainState(staged, staged, replicated, replicated, inflight)
+        return TrainState(staged, staged, replicated, replicated, inflight, staged)
 
     def init(self, params: Staged, key: jax.Array | None = None) -> TrainState:
         """The state before the first step: `params` (from `pipe.init` or
-        `pipe.stage`), each stage's optimizer state, step 0, `key` (needed when
-        a layer draws random numbers) and, asynchronous, an empty pipeline."""
+        `pipe.stage`; on a mesh with data axes copied to every replica), each
+        stage's optimizer state, the data rule's state, step 0, `key` (needed
+        when a layer draws random numbers) and, asynchronous, an empty pipeline."""
         pipe = self.pipeline
-        pipe.check_params(params, "trainer.init")
-        key = pipe.key_or_default(key, "trainer.init")
-        inflight = None
-        if pipe.schedule.asynchronous:
-            inflight = asynchronous.init_inflight(pipe.layout, pipe.example, pipe.targets)
-        state = TrainState(params, self._init_opt(params), jnp.zeros((), jnp.int32), key, inflight)
-        return jax.device_put(state, self.shardings)
+        pipe.check_params(params, "trainer.init", replicated=False)
+        if params.replicas not in (1, self.replicas):
+            raise ConfigError(f"trainer.init got {params.replicas} replicas of the parameters for "
+                              f"a mesh of {self.replicas}; give one copy (pipe.init) or "
+                              f"{self.replicas}")
+        return self._init[params.replicas == 1](params, pipe.key_or_default(key, "trainer.init"))
 
-    def opt_state(self, state: TrainState) -> list[Any]:
-        """The K per-stage optax states as ordinary pytrees (stage k's over
-        its list of layer variables)."""
-        return state.opt_state.per_stage()
+    def _initial(self, replicated: bool):
+        """`(params, key) -> TrainState`, one program: every part is made on
+        the devices that keep it (in a job of several processes too)."""
+        pipe, init = self.pipeline, self.optimizers.init_program(self.pipeline.mesh, replicated)
+
+        def initial(params: Staged, key: jax.Array) -> TrainState:
+            params, opt_state, rule_state = init(params)
+            inflight = None
+            if pipe.schedule.asynchronous:
+                inflight = asynchronous.init_inflight(pipe.layout, pipe.example, pipe.targets,
+                                                      self.replicas)
+            return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key, inflight,
+                              rule_state)
+
+        return initial
+
+    def opt_state(self, state: TrainState, replica: int = 0) -> list[Any]:
+        """The K per-stage optax states of one replica as ordinary pytrees
+        (stage k's over its list of layer variables)."""
+        return state.opt_state.per_stage(replica)

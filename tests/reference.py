@@ -165,15 +165,16 @@ class AsyncRun(NamedTuple):
 
 
 def train_async(schedule, K, M, stash, opt=None, remat="stage", ref_opt=None, predict=None,
-                MB=2, layers=None) -> AsyncRun:
+                MB=2, layers=None, R=1) -> AsyncRun:
     """Steps past the fill by 2K + M micro-batches and more, then a flush, on
     `layers` (default `heterogeneous_layers`) of 20 features; the reference
-    runs `ref_opt` (default `opt`) and the hand forecasts `predict`."""
+    runs `ref_opt` (default `opt`) and the hand forecasts `predict`. With R
+    replicas (SSGD) the reference's micro-batch m joins every replica's m-th."""
     layers = layers or heterogeneous_layers()
     opt = opt or optax.sgd(0.05, momentum=0.9)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
                        stages=K, microbatches=M, schedule=schedule, weight_stashing=stash,
-                       remat=remat)
+                       remat=remat, mesh=pj.make_mesh(K, R))
     steps = -(-(fill_microbatches(pipe.schedule) + 2 * K + M) // M)
     params = pipe.init(jax.random.key(1))
     trainer = pipe.trainer(opt)
@@ -187,9 +188,9 @@ def train_async(schedule, K, M, stash, opt=None, remat="stage", ref_opt=None, pr
                 losses[int(g)] = float(loss)
 
     for s in range(steps):
-        x, y = batch(M * MB, seed=s)
-        xs += list(x.reshape(M, MB, 20))
-        ys += list(y.reshape(M, MB))
+        x, y = batch(R * M * MB, seed=s)
+        xs += list(x.reshape(R, M, MB, 20).transpose(1, 0, 2, 3).reshape(M, R * MB, 20))
+        ys += list(y.reshape(R, M, MB).transpose(1, 0, 2).reshape(M, R * MB))
         state, metrics = trainer.step(state, (x, y))
         record(metrics)
     state, metrics = trainer.flush(state)

@@ -77,3 +77,13 @@ def test_a_mitigation_needs_an_asynchronous_schedule(tmp_path, capsys):
 def test_bad_setting_is_a_clear_error(tmp_path, capsys):
     assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--partition", "3,3"]) == 2
     assert "partition [3, 3] covers 6 layers but the list has 10" in capsys.readouterr().err
+
+
+def test_train_replicas_with_a_decentralized_rule(tmp_path, capsys):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--replicas", "2",
+                 "--rule", "adpsgd", "--microbatches", "2", "--batch-size", "32", "--steps", "20",
+                 "--quiet", "--out", str(tmp_path / "dp")]) == 0
+    assert "replicas        2, rule adpsgd" in capsys.readouterr().out
+    rows = [json.loads(r) for r in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-2]["consensus_distance"] > 0 and rows[-1]["rule"] == "adpsgd"
+    assert rows[-1]["replicas"] == 2

@@ -131,12 +131,51 @@ def test_mesh_without_a_stage_axis():
         build(mesh=mesh)
 
 
-def test_mesh_with_an_axis_the_pipeline_does_not_use():
-    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "stage"))
-    with pytest.raises(ConfigError, match=r"mesh axis 'data' \(2 devices\) is not used.*single axis"):
-        build(mesh=mesh)
-    one = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("data", "stage"))
-    assert build(mesh=one).mesh is one  # an axis of size 1 replicates nothing
+def test_a_rule_over_an_axis_the_mesh_lacks():
+    pipe = build(mesh=pj.make_mesh(2, 2))
+    with pytest.raises(ConfigError, match=r"rule 'adpsgd' names mesh axis 'node', but the mesh "
+                                          r"has axes \('data', 'stage'\)"):
+        pipe.trainer(optax.sgd(0.1), rule=pj.transforms.adpsgd("node"))
+    with pytest.raises(ConfigError, match=r"names the pipeline axis 'stage'"):
+        pipe.trainer(optax.sgd(0.1), rule=pj.transforms.adpsgd("stage"))
+    with pytest.raises(ArgumentTypeError, match="DataRule.*not GradientTransformation"):
+        pipe.trainer(optax.sgd(0.1), rule=pj.transforms.gossip("data"))
+
+
+def test_a_rule_that_leaves_a_data_axis_alone():
+    pipe = build(mesh=pj.make_mesh(2, 4, nodes=2))
+    with pytest.raises(ConfigError, match=r"data axis 'local' \(2 replicas\) is in none.*hadpsgd"):
+        pipe.trainer(optax.sgd(0.1), rule=pj.transforms.adpsgd("node"))
+
+
+def test_a_batch_that_does_not_split_over_the_replicas():
+    pipe = build(mesh=pj.make_mesh(2, 2))
+    trainer = pipe.trainer(optax.sgd(0.1))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    with pytest.raises(BatchError, match=r"split into 2 data replicas x microbatches=2 "
+                                          r"micro-batches of \[3, 20\].*shape \[16, 20\]"):
+        trainer.step(state, (jnp.zeros((12, 20)), jnp.zeros(12, jnp.int32)))
+    with pytest.raises(BatchError, match=r"18 examples do not split into 2 data replicas x "
+                                          r"microbatches=2 \(18 % 4 = 2\)"):
+        trainer.step(state, (jnp.zeros((18, 20)), jnp.zeros(18, jnp.int32)))
+
+
+def test_devices_that_cannot_form_the_mesh():
+    with pytest.raises(DeviceError, match=r"4 replicas x 4 stages need 16 devices but JAX "
+                                          r"sees 8.*fewer stages or replicas"):
+        pj.make_mesh(4, 4)
+    with pytest.raises(ConfigError, match=r"data=3 replicas do not split into nodes=2"):
+        pj.make_mesh(2, 3, nodes=2)
+
+
+def test_one_copy_of_the_parameters_where_one_is_expected():
+    pipe = build(mesh=pj.make_mesh(2, 2))
+    trainer = pipe.trainer(optax.sgd(0.1))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    with pytest.raises(ArgumentTypeError, match=r"these hold 2 replicas.*replica=r"):
+        pipe.value_and_grad(state.params, (jnp.zeros((16, 20)), jnp.zeros(16, jnp.int32)))
+    with pytest.raises(ArgumentTypeError, match=r"replica=2; use 0 to 1 or 'mean'"):
+        pj.unstage(state, 2)
 
 
 def test_a_model_with_dropout_needs_a_key():

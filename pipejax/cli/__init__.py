@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipejax.cli.setup import MODEL_DEFAULTS, make_pipeline, setup_devices
 from pipejax.cli.train import train
+from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.mitigations import MITIGATIONS
 
 
@@ -31,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
         q.add_argument("--remat", default="stage", choices=["none", "stage"])
+        q.add_argument("--replicas", type=int, default=1,
+                       help="pipeline replicas (data parallelism); --batch-size is split over them")
+        q.add_argument("--nodes", type=int, default=1,
+                       help="groups of replicas, mesh (node, local, stage), for --rule hadpsgd")
 
     train = sub.add_parser("train", help="train a model with a pipelined step")
     common(train)
@@ -42,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
                             "(on --optimizer momentum, or adam: none, stash, lwp)")
     train.add_argument("--horizon-scale", type=float, default=1.0,
                        help="multiplies the forecast horizon and compensated delay (2: LWP_2D)")
+    train.add_argument("--rule", default=None, choices=list(RULES),
+                       help="how replicas combine: ssgd (default), adpsgd, hadpsgd, elastic")
+    train.add_argument("--alpha", type=float, default=0.1, help="elastic moving rate")
+    train.add_argument("--every", type=int, default=8, help="steps between elastic averagings")
+    train.add_argument("--processes", type=int, default=1,
+                       help="run as N local processes forming one mesh (jax.distributed, gloo); "
+                            "on several hosts set PIPEJAX_COORDINATOR, PIPEJAX_PROCESSES, "
+                            "PIPEJAX_PROCESS_ID on each instead")
     train.add_argument("--epochs", type=int, default=None, help="default: the model's")
     train.add_argument("--steps", type=int, default=None, help="overrides --epochs")
     train.add_argument("--seed", type=int, default=0)
@@ -59,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
 def plan(args) -> int:
     import pipejax as pj
 
-    mesh = setup_devices(args.stages)
+    mesh = setup_devices(args.stages, args.replicas, args.nodes)
     data = pj.data.load(args.data)
     _, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh)
     print(pipe)
@@ -75,10 +88,18 @@ def plan(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    from pipejax import distributed
     from pipejax.errors import PipejaxError
 
     try:
+        if getattr(args, "processes", 1) > 1 and not distributed.launched():
+            local = distributed.devices_per_process(args.replicas * args.stages, args.processes)
+            return distributed.launch([sys.executable, "-m", "pipejax", *argv], args.processes,
+                                      local, timeout=24 * 3600)
+        if distributed.launched():
+            distributed.initialize()
         return {"train": train, "plan": plan}[args.command](args)
     except PipejaxError as err:
         print(f"pipejax: error: {err}", file=sys.stderr)

@@ -16,24 +16,25 @@ MODEL_DEFAULTS = {
 }
 
 
-def setup_devices(stages: int):
-    """The mesh to run on: the default devices if they are accelerators enough
-    for the stages (returns None), else simulated CPU devices, announced."""
+def setup_devices(stages: int, replicas: int = 1, nodes: int = 1):
+    """The mesh to run on (`pj.make_mesh`): the default devices if they are
+    accelerators enough for replicas x stages, else simulated CPU devices,
+    announced. In a job of several processes, the devices of all of them."""
     import pipejax as pj
 
-    pj.simulate_devices(max(stages, 1))
+    need = stages * replicas
+    if not pj.distributed.launched():
+        pj.simulate_devices(max(need, 1))
     import jax
-    import numpy as np
-    from jax.sharding import Mesh
 
     found = jax.devices()
-    if found[0].platform != "cpu" and len(found) >= stages:
-        return None
+    if (found[0].platform != "cpu" and len(found) >= need) or jax.process_count() > 1:
+        return pj.make_mesh(stages, replicas, nodes)
     why = ("no accelerator found" if found[0].platform == "cpu" else
-           f"{len(found)} {found[0].platform} device(s) for {stages} stages")
-    print(f"pipejax: {why}; simulating {stages} CPU devices, one per stage "
+           f"{len(found)} {found[0].platform} device(s) for {need}")
+    print(f"pipejax: {why}; simulating {need} CPU devices, one per stage of each replica "
           "(they share this machine's cores: no speed-up from pipelining)", file=sys.stderr)
-    return Mesh(np.array(jax.devices("cpu")[:stages]), ("stage",))
+    return pj.make_mesh(stages, replicas, nodes, jax.devices("cpu"))
 
 
 def build_layers(name: str, example_shape: tuple, classes: int) -> list:
@@ -60,7 +61,7 @@ def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool
     if partition not in ("variance", "bottleneck"):
         partition = [int(n) for n in partition.split(",")]
     layers = build_layers(args.model, example_shape, classes)
-    mb = args.batch_size // args.microbatches
+    mb = args.batch_size // (args.microbatches * args.replicas)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                        example=jnp.zeros((mb, *example_shape), jnp.float32),
                        stages=args.stages, microbatches=args.microbatches,

@@ -84,8 +84,10 @@ def _loop(args, trainer, state, data, total: int, accuracy):
                 rate = step * args.batch_size / (time.perf_counter() - start)
                 bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:.0f}")
                 rows.append({"step": step, "epoch": epoch, "loss": loss})
+                if "consensus_distance" in metrics:
+                    rows[-1]["consensus_distance"] = float(metrics["consensus_distance"])
             if args.eval_every and step % args.eval_every == 0:
-                acc = accuracy(pj.unstage(state.params), data.x_test, data.y_test)
+                acc = accuracy(pj.unstage(state), data.x_test, data.y_test)
                 rows.append({"step": step, "epoch": epoch, "test_accuracy": acc})
                 bar.write(f"step {step}: test accuracy {100 * acc:.2f}%")
             bar.update(1)
@@ -95,28 +97,48 @@ def _loop(args, trainer, state, data, total: int, accuracy):
     return state, rows, time.perf_counter() - start
 
 
+def _rule(args):
+    """The data rule the flags name (None: the trainer's default, SSGD)."""
+    import pipejax as pj
+
+    T = pj.transforms
+    if args.rule is None or args.rule == "ssgd":
+        return None
+    if args.rule == "hadpsgd" or args.nodes > 1:
+        if args.rule == "adpsgd":
+            raise pj.errors.ConfigError("--rule adpsgd gossips over all replicas; with --nodes "
+                                        "use --rule hadpsgd (or elastic, ssgd)")
+        return (T.hadpsgd() if args.rule == "hadpsgd" else
+                T.elastic("node", args.alpha, args.every, local="local"))
+    return T.adpsgd() if args.rule == "adpsgd" else T.elastic("data", args.alpha, args.every)
+
+
 def train(args) -> int:
     import jax
 
     import pipejax as pj
 
-    mesh = setup_devices(args.stages)
+    mesh = setup_devices(args.stages, args.replicas, args.nodes)
     data = pj.data.load(args.data)
-    if args.batch_size % args.microbatches:
+    if args.batch_size % (args.microbatches * args.replicas):
         raise pj.errors.ConfigError(f"--batch-size {args.batch_size} is not divisible by "
-                                    f"--microbatches {args.microbatches}")
+                                    f"--microbatches {args.microbatches} x --replicas "
+                                    f"{args.replicas}")
+    if jax.process_index() > 0:  # one process reports for the job
+        args.quiet, args.out, args.eval_every = True, None, 0
     defaults = MODEL_DEFAULTS[args.model][1]
     lr = args.lr if args.lr is not None else defaults["lr"]
     epochs = args.epochs if args.epochs is not None else defaults["epochs"]
     optimizer, stash = make_optimizer(args, lr)
     layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh, stash)
-    print(pipe, flush=True)
-    trainer = pipe.trainer(optimizer)
+    if jax.process_index() == 0:
+        print(pipe, flush=True)
+    trainer = pipe.trainer(optimizer, _rule(args))
     state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
     total = args.steps if args.steps is not None else epochs * (len(data.x_train) // args.batch_size)
     accuracy = _accuracy(layers)
     state, rows, seconds = _loop(args, trainer, state, data, total, accuracy)
-    variables = pj.unstage(state.params)
+    variables = pj.unstage(state)  # gathered from every process; the replicas' mean
     summary = {"test_accuracy": accuracy(variables, data.x_test, data.y_test),
                "train_accuracy": accuracy(variables, data.x_train, data.y_train),
                "steps": total, "seconds": round(seconds, 1),
@@ -124,7 +146,12 @@ def train(args) -> int:
                "model": args.model, "schedule": args.schedule, "stages": args.stages,
                "split": list(pipe.plan.split), "optimizer": args.optimizer, "lr": lr,
                "momentum": args.momentum, "mitigation": args.mitigation or "none",
-               "horizon_scale": args.horizon_scale, "delays": pipe.schedule.delays}
+               "horizon_scale": args.horizon_scale, "delays": pipe.schedule.delays,
+               "replicas": args.replicas, "nodes": args.nodes,
+               "rule": trainer.rule.name if trainer.rule else "none",
+               "processes": jax.process_count()}
+    if jax.process_index() > 0:
+        return 0
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         _write_outputs(args.out, rows, summary, variables)
@@ -132,5 +159,8 @@ def train(args) -> int:
           f"{'train accuracy':<16}{100 * summary['train_accuracy']:.2f}%\n"
           f"{'steps':<16}{total} in {seconds:.0f} s ({summary['examples_per_s']:.0f} examples/s)\n"
           f"{'stages':<16}{args.stages} x {pipe.plan.split} layers, {args.schedule}, "
-          f"{args.microbatches} micro-batches, mitigation {summary['mitigation']}")
+          f"{args.microbatches} micro-batches, mitigation {summary['mitigation']}"
+          + (f"\n{'replicas':<16}{args.replicas}, rule {summary['rule']}" if args.replicas > 1
+             else "")
+          + (f", {jax.process_count()} processes" if jax.process_count() > 1 else ""))
     return 0

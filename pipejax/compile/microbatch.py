@@ -1,6 +1,8 @@
-"""Micro-batches: a batch `[M·mb, ...]` checked and split into `[M, mb, ...]`.
+"""Micro-batches: a batch `[R·M·mb, ...]` checked and split into `[R, M, mb, ...]`.
 
-GPipe (§2.2) splits a mini-batch into M equal micro-batches. The pipeline was
+GPipe (§2.2) splits a mini-batch into M equal micro-batches; on a mesh with
+data axes the batch first splits into R equal replica parts (replica-major,
+replica r takes rows r·M·mb to (r+1)·M·mb). The pipeline was
 traced with ONE example micro-batch of inputs and one of targets, so a batch
 must be M of them, stacked; the check runs at trace time (shapes are static),
 so a wrong batch is a clear error before anything is compiled.
@@ -20,22 +22,24 @@ def _shape(a: Any) -> list[int]:
     return list(jnp.shape(a))
 
 
-def _check(name: str, batch: Any, example: Any, M: int) -> None:
+def _check(name: str, batch: Any, example: Any, M: int, R: int) -> None:
+    parts = f"{R} data replicas x microbatches={M}" if R > 1 else f"microbatches={M}"
     for a, e in zip(jax.tree.leaves(batch), jax.tree.leaves(example)):
         n = jnp.shape(a)[0] if jnp.ndim(a) else 0
-        if n % M:
-            raise BatchError(f"{name} of {n} examples do not split into microbatches={M} "
-                             f"({n} % {M} = {n % M}); use a batch size divisible by {M}")
-        if [n // M, *_shape(a)[1:]] != _shape(e) or jnp.result_type(a) != jnp.result_type(e):
+        if n % (R * M):
+            raise BatchError(f"{name} of {n} examples do not split into {parts} "
+                             f"({n} % {R * M} = {n % (R * M)}); use a batch size divisible by "
+                             f"{R * M}")
+        if [n // (R * M), *_shape(a)[1:]] != _shape(e) or jnp.result_type(a) != jnp.result_type(e):
             raise BatchError(
-                f"{name} {jnp.result_type(a)}{_shape(a)} split into {M} micro-batches of "
-                f"{[n // M, *_shape(a)[1:]]}, but the pipeline was built for micro-batches "
+                f"{name} {jnp.result_type(a)}{_shape(a)} split into {parts} micro-batches of "
+                f"{[n // (R * M), *_shape(a)[1:]]}, but the pipeline was built for micro-batches "
                 f"{jnp.result_type(e)}{_shape(e)}; give {name} of shape "
-                f"{[M * _shape(e)[0], *_shape(e)[1:]]} and dtype {jnp.result_type(e)}")
+                f"{[R * M * _shape(e)[0], *_shape(e)[1:]]} and dtype {jnp.result_type(e)}")
 
 
-def split(batch: Any, M: int, example: Any, targets: Any) -> tuple[Any, Any]:
-    """`(x, y)` with leading axis M·mb -> `(x, y)` with leading axes [M, mb]."""
+def split(batch: Any, M: int, example: Any, targets: Any, R: int = 1) -> tuple[Any, Any]:
+    """`(x, y)` with leading axis R·M·mb -> `(x, y)` with leading axes [R, M, mb]."""
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise BatchError("a batch is a pair (x, y) of inputs and targets")
     x, y = batch
@@ -45,11 +49,11 @@ def split(batch: Any, M: int, example: Any, targets: Any) -> tuple[Any, Any]:
     if jax.tree.structure(y) != jax.tree.structure(targets):
         raise BatchError(f"targets {jax.tree.structure(y)} do not match the structure of the "
                          f"pipeline's targets {jax.tree.structure(targets)}")
-    _check("inputs", x, example, M)
-    _check("targets", y, targets, M)
+    _check("inputs", x, example, M, R)
+    _check("targets", y, targets, M, R)
     n_x, n_y = jnp.shape(jax.tree.leaves(x)[0])[0], jnp.shape(jax.tree.leaves(y)[0])[0]
     if n_x != n_y:
         raise BatchError(f"targets hold {n_y} examples but inputs hold {n_x}; give one target "
                          "per example")
-    cut = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
+    cut = lambda a: a.reshape(R, M, a.shape[0] // (R * M), *a.shape[1:])
     return jax.tree.map(cut, x), jax.tree.map(cut, y)

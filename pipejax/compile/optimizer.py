@@ -8,40 +8,60 @@ tree-wide transform such as `clip_by_global_norm` acts per stage). Its state
 is packed like the parameters (a `Staged`), and unpacks into ordinary optax
 states. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
 forward (and backward, given a backward horizon) on the predicted weights.
+
+On a mesh with data axes every replica runs its own copy, and a `DataRule`
+(pipejax/transforms/data_parallel.py) combines them: its `before` half on
+the packed gradients, then the stage's optimizer in the per-stage switch,
+then its `after` half on the packed update. Both halves run outside the
+switch (DESIGN.md: collectives never sit in a branch); the rules are
+element-wise, so on packed buffers they equal the rules on the stage trees.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax import lax
 from jax.sharding import Mesh
 
-from pipejax.compile.packing import Packing
-from pipejax.compile.spmd import STAGED, lead, local, shard, stage_index
+from pipejax.compile.packing import Buffers, Packing
+from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard, stage_index
 from pipejax.compile.state import Staged
 from pipejax.errors import ArgumentTypeError
+from pipejax.mesh import AXIS
 from pipejax.schedules import Schedule
 from pipejax.transforms import forecast, forecast_horizon, has_forecast
+from pipejax.transforms.data_parallel import DataRule, consensus_distance
 
 Optimizer = Any  # optax.GradientTransformation | Callable[[StageInfo], GradientTransformation]
+
+
+class OptState(NamedTuple):
+    """Inside shard_map: one device's optimizer state."""
+
+    stages: Buffers  # its stage's optax state, packed
+    rule: Any  # the data rule's (before, after) states; () without a rule
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class StageOptimizers:
     """The K transforms, the parameter packing they read, their state's packing,
-    and which stages forecast their weights."""
+    which stages forecast their weights, and the rule between R replicas."""
 
     transforms: tuple[optax.GradientTransformation, ...]
     params: Packing
     packing: Packing
     forecasting: tuple[bool, ...]
+    rule: DataRule | None = None
+    replicas: int = 1
 
     @classmethod
-    def of(cls, optimizer: Optimizer, schedule: Schedule, params: Packing) -> "StageOptimizers":
+    def of(cls, optimizer: Optimizer, schedule: Schedule, params: Packing,
+           rule: DataRule | None = None, replicas: int = 1) -> "StageOptimizers":
         K = schedule.stages
         if isinstance(optimizer, optax.GradientTransformation):
             transforms = [optimizer] * K
@@ -59,35 +79,87 @@ class StageOptimizers:
                 f"GradientTransformation, not {type(optimizer).__name__}")
         states = [jax.eval_shape(transforms[k].init, params.abstract_tree(k)) for k in range(K)]
         return cls(tuple(transforms), params, Packing.of(states),
-                   tuple(has_forecast(s) for s in states))
+                   tuple(has_forecast(s) for s in states), rule, replicas)
 
-    def init_program(self, mesh: Mesh) -> Callable[[Staged], Staged]:
-        """Staged params -> Staged optimizer state, each stage's on its device."""
-        K, pp, sp = len(self.transforms), self.params, self.packing
+    def init_program(self, mesh: Mesh, replicated: bool) -> Callable[[Staged], tuple]:
+        """Staged params (one model when `replicated`, else R replicas) ->
+        (params, optimizer state, rule state) of R replicas, each on its device."""
+        K, pp, sp, R = len(self.transforms), self.params, self.packing, self.replicas
         branches = [lambda p, k=k: sp.pack(k, self.transforms[k].init(pp.unpack(k, p)))
                     for k in range(K)]
-        body = lambda p: lead(lax.switch(stage_index(), branches, local(p)))
-        program = shard(body, mesh, (STAGED,), STAGED)
-        return lambda params: Staged(program(params.buffers), sp)
 
-    def update_branches(self) -> list[Callable]:
-        """Branch k: stage k's optax update of its packed (params, grads, state)."""
+        def body(p):
+            p = local(p)
+            s = lax.switch(stage_index(), branches, p)
+            rule = () if self.rule is None else (self.rule.before.init(p), self.rule.after.init(p))
+            return lead(p), lead(s), lead(rule)
+
+        spec = per_replica(mesh)
+        program = shard(body, mesh, (STAGED if replicated else spec,), (spec, spec, spec))
+
+        def run(params: Staged) -> tuple:
+            p, s, rule = program(params.buffers)
+            return Staged(p, pp, R), Staged(s, sp, R), rule
+
+        return run
+
+    def _branches(self, apply: bool) -> list[Callable]:
+        """Branch k: stage k's optax update of its packed (params, grads,
+        state): the new params, or (`apply=False`) the packed update."""
         pp, sp = self.params, self.packing
 
         def branch(k):
             def run(p, g, s):
                 params, grads = pp.unpack(k, p), pp.unpack(k, g)
                 updates, s = self.transforms[k].update(grads, sp.unpack(k, s), params)
-                return pp.pack(k, optax.apply_updates(params, updates)), sp.pack(k, s)
+                out = optax.apply_updates(params, updates) if apply else updates
+                return pp.pack(k, out), sp.pack(k, s)
             return run
 
         return [branch(k) for k in range(len(self.transforms))]
 
-    def forecast_branches(self, backward: bool) -> list[Callable] | None:
-        """Branch k: (packed params, packed state) -> the weights stage k's
-        forward (or backward) runs on: its forecast, or the params themselves
-        when its chain has no `weight_forecast`. None when no stage forecasts.
-        A backward horizon of 0 (linear weight prediction) skips the work."""
+    def update(self, p: Buffers, grads: Buffers, s: OptState,
+               when: jax.Array | None = None) -> tuple[Buffers, OptState]:
+        """Inside shard_map: this stage's update of its packed params, with the
+        data rule around it when there is one. With a rule, `when` (a stage's
+        backward inside an asynchronous table) masks the update instead of
+        skipping it: every device runs the rule's collectives at every call
+        (XLA CPU deadlocks on a collective that only some devices reach)."""
+        k = stage_index()
+        if self.rule is None:
+            p, stages = lax.switch(k, self._branches(apply=True), p, grads, s.stages)
+            return p, OptState(stages, ())
+        before, after = s.rule
+        grads, new_before = self.rule.before.update(grads, before, p)
+        local = lambda ops, c: lax.switch(k, self._branches(apply=False), *ops, c[1])
+        if when is None:
+            updates, stages = local((p, grads), (None, s.stages))
+        else:
+            updates, stages = run_if(when, local, (p, grads), (self.params.zeros(), s.stages))
+        updates, new_after = self.rule.after.update(updates, after, p)
+        new = (optax.apply_updates(p, updates), (new_before, new_after))
+        if when is not None:
+            new = jax.tree.map(lambda n, o: jnp.where(when, n, o), new, (p, (before, after)))
+        return new[0], OptState(stages, new[1])
+
+    def consensus(self, p: Buffers) -> jax.Array | None:
+        """Inside shard_map: the spread of the replicas' weights (all stages),
+        when the rule lets them differ; else None."""
+        if self.rule is None or not self.rule.decentralized:
+            return None
+        return consensus_distance(p, self.rule.axes, over=(AXIS,))
+
+    def weights(self, p: Buffers, s: OptState, backward: bool) -> Buffers:
+        """Inside shard_map: the weights this stage's forward (or backward)
+        runs on: its forecast, or `p` when its chain has no `weight_forecast`."""
+        branches = self._forecast_branches(backward)
+        return p if branches is None else lax.switch(stage_index(), branches, p, s.stages)
+
+    def _forecast_branches(self, backward: bool) -> list[Callable] | None:
+        """Branch k: (packed params, packed state) -> stage k's forecast, or
+        the params themselves when its chain has no `weight_forecast`. None
+        when no stage forecasts. A backward horizon of 0 (linear weight
+        prediction) skips the work."""
         if not any(self.forecasting):
             return None
         pp, sp = self.params, self.packing

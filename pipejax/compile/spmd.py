@@ -1,7 +1,9 @@
 """SPMD helpers: one program on every device of the stage mesh.
 
-Inside `shard_map` each device holds its row of every stage-sharded buffer
-(`[K, ...]` arrays sharded over the mesh axis `stage`). These helpers drop
+Inside `shard_map` each device holds its row of every stage-sharded buffer:
+a pipeline's `[K, ...]` arrays sharded over the mesh axis `stage` (one model,
+the same on every replica), or a trainer's `[R·K, ...]` arrays sharded over
+the data axes and `stage` (row r·K + k on replica r's stage k). These helpers drop
 and restore that leading axis, build the `shard_map`s and placements every
 program uses, and run a piece of work on a condition without copying the
 buffers it passes through.
@@ -17,10 +19,26 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipejax.mesh import AXIS
+from pipejax.mesh import AXIS, data_axes
 
 STAGED = P(AXIS)  # a [K, ...] buffer, row k on stage k's device
 REPLICATED = P()
+
+
+def per_replica(mesh: Mesh) -> P:
+    """A `[R·K, ...]` buffer: row r·K + k on replica r's stage k (`STAGED` when R = 1)."""
+    return P((*data_axes(mesh), AXIS))
+
+
+def split_over_replicas(mesh: Mesh) -> P:
+    """A `[R, ...]` array, part r on every stage of replica r (replicated when R = 1)."""
+    return P(data_axes(mesh) or None)
+
+
+def replica_index(mesh: Mesh) -> jax.Array | int:
+    """Inside shard_map: r, the index of this device's replica."""
+    axes = data_axes(mesh)
+    return lax.axis_index(axes) if axes else 0
 
 
 def local(tree: Any) -> Any:

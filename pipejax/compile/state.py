@@ -3,7 +3,8 @@
 `Staged` is a pytree packed into stage-sharded slot buffers `[K, length]`
 (row k on stage k's device) together with the static `Packing` that reads
 them back; parameters, gradients and per-stage optimizer states are all
-`Staged`. `TrainState` is the whole state of a trainer; for an asynchronous
+`Staged`. A trainer on a mesh with data axes holds R replicas, `[R·K,
+length]` (row r·K + k on replica r's stage k). `TrainState` is the whole state of a trainer; for an asynchronous
 schedule its `inflight` part (`InFlight`: ring buffers, data rings and the
 micro-batch counters) is allocated by `trainer.init`, so every step runs the
 same compiled program.
@@ -22,28 +23,49 @@ from pipejax.errors import ArgumentTypeError
 
 @jax.tree_util.register_pytree_node_class
 class Staged:
-    """Slot buffers `[K, length]` plus the static `Packing` that reads them."""
+    """Slot buffers `[R·K, length]` plus the static `Packing` that reads them
+    and the number of replicas R (1 for a pipeline's own parameters)."""
 
-    def __init__(self, buffers: Buffers, packing: Packing):
+    def __init__(self, buffers: Buffers, packing: Packing, replicas: int = 1):
         self.buffers = tuple(buffers)
         self.packing = packing
+        self.replicas = replicas
 
     def tree_flatten(self):
-        return self.buffers, self.packing
+        return self.buffers, (self.packing, self.replicas)
 
     @classmethod
-    def tree_unflatten(cls, packing, children):
-        return cls(children, packing)
+    def tree_unflatten(cls, aux, children):
+        return cls(children, *aux)
 
-    def per_stage(self) -> list[Any]:
-        """The K stage trees as ordinary pytrees of arrays (copied to the host and back)."""
-        host = [np.asarray(jax.device_get(b)) for b in self.buffers]
-        return [jax.tree.map(jax.numpy.asarray, self.packing.unpack(k, tuple(b[k] for b in host)))
-                for k in range(self.packing.stages)]
+    def per_stage(self, replica: int | str = 0) -> list[Any]:
+        """The K stage trees of one replica (or of the replicas' mean with
+        replica="mean") as ordinary pytrees of arrays, copied to the host."""
+        R, K = self.replicas, self.packing.stages
+        host = [_host(b).reshape(R, K, *np.shape(b)[1:]) for b in self.buffers]
+        if replica == "mean":
+            # θ_0 + mean(θ_r − θ_0): exactly θ_0 when the replicas agree (SSGD).
+            rows = [b[0] + np.mean(b - b[0], axis=0).astype(b.dtype) for b in host]
+        elif isinstance(replica, (int, np.integer)) and 0 <= replica < R:
+            rows = [b[replica] for b in host]
+        else:
+            raise ArgumentTypeError(f"replica={replica!r}; use 0 to {R - 1} or 'mean'")
+        return [jax.tree.map(jax.numpy.asarray, self.packing.unpack(k, tuple(b[k] for b in rows)))
+                for k in range(K)]
 
     def __repr__(self) -> str:
         n = sum(int(np.prod(np.shape(b))) for b in self.buffers)
-        return f"Staged(stages={self.packing.stages}, slots={len(self.buffers)}, elements={n})"
+        return (f"Staged(stages={self.packing.stages}, replicas={self.replicas}, "
+                f"slots={len(self.buffers)}, elements={n})")
+
+
+def _host(a: jax.Array) -> np.ndarray:
+    """`a` on this host, gathered from the other processes if it spans them."""
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return np.asarray(jax.device_get(a))
 
 
 class Rings(NamedTuple):
@@ -80,17 +102,20 @@ class TrainState(NamedTuple):
     step: jax.Array  # int32 scalar: number of steps taken
     key: jax.Array  # base key; step t uses fold_in(key, t), micro-batch g fold_in(., g)
     inflight: InFlight | None  # asynchronous schedules; None for synchronous ones
+    rule_state: Any = ()  # the data-parallel rule's (before, after) states, [R·K, ...] leaves
 
 
-def unstage(params: Staged | TrainState) -> list[dict]:
+def unstage(params: Staged | TrainState, replica: int | str = "mean") -> list[dict]:
     """One Flax variables dict per layer ({} for a plain function), in layer order.
 
     The result does not depend on how many stages the pipeline had, so it is
-    the form to checkpoint, evaluate or re-stage with `pipe.stage`.
+    the form to checkpoint, evaluate or re-stage with `pipe.stage`. Of a
+    trainer's R replicas it gives their mean (the model decentralized rules
+    converge to; exactly each replica's weights under SSGD), or `replica` r.
     """
     if isinstance(params, TrainState):
         params = params.params
     if not isinstance(params, Staged):
         raise ArgumentTypeError(f"unstage expects the Staged parameters of a pipeline (pipe.init, "
                                 f"grads, state.params), not {type(params).__name__}")
-    return [layer for stage in params.per_stage() for layer in stage]
+    return [layer for stage in params.per_stage(replica) for layer in stage]

@@ -6,6 +6,12 @@ are accumulated and each stage applies one update on its own device (GPipe
 §2), so a step equals the sequential computation on the whole batch. Dropout
 keys: step key fold_in(state.key, step), micro-batch m fold_in(., m), layer i
 fold_in(., i), as a sequential run derives them.
+
+On a mesh with data axes each replica runs the table on its part of the
+batch (`[R·M·mb]` split replica-major); `value_and_grad` averages the
+gradients over the replicas (the whole batch's gradient), a trainer hands
+them to its data rule. Replica r > 0 draws its dropout keys from
+fold_in(step key, r).
 """
 
 from __future__ import annotations
@@ -19,34 +25,41 @@ from jax.sharding import Mesh
 
 from pipejax.compile import microbatch
 from pipejax.compile.layout import Layout
-from pipejax.compile.optimizer import StageOptimizers
-from pipejax.compile.spmd import REPLICATED, STAGED, lead, local, shard, stage_index
+from pipejax.compile.optimizer import OptState, StageOptimizers
+from pipejax.compile.spmd import (REPLICATED, STAGED, lead, local, per_replica, replica_index,
+                                  shard, split_over_replicas)
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Staged, TrainState
 from pipejax.compile.table import TableOut, metrics, run_table
+from pipejax.mesh import data_axes, replicas
 from pipejax.schedules import Schedule
 
 
-def _pass(code: StageCode, schedule: Schedule, layout: Layout, p: Any, s: Any, x: Any, y: Any,
-          key: jax.Array) -> TableOut:
-    """Inside shard_map: the table once over a batch `[M, mb, ...]`."""
+def _pass(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh, p: Any, x: Any,
+          y: Any, key: jax.Array) -> TableOut:
+    """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`."""
     counters = (jnp.int32(0), jnp.int32(0), jnp.int32(schedule.microbatches))
-    return run_table(code, schedule, layout, p, s, layout.rings(), (x, y), counters, key)
+    if replicas(mesh) > 1:
+        key = jax.random.fold_in(key, replica_index(mesh))
+    return run_table(code, schedule, layout, p, (), layout.rings(), (local(x), local(y)),
+                     counters, key, replica_axes=data_axes(mesh))
 
 
 def value_and_grad(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh, example: Any,
                    targets: Any) -> Callable:
     """`(params, batch, key) -> (mean loss over the micro-batches, its gradient)`."""
-    M = schedule.microbatches
+    M, R, axes = schedule.microbatches, replicas(mesh), data_axes(mesh)
 
     def body(p, x, y, key):
-        out = _pass(code, schedule, layout, local(p), (), x, y, key)
-        return jnp.mean(out.losses), lead(out.grads)
+        out = _pass(code, schedule, layout, mesh, local(p), x, y, key)
+        grads = lax.pmean(out.grads, axes) if axes else out.grads
+        return jnp.mean(out.losses), lead(grads)
 
-    sharded = shard(body, mesh, (STAGED, REPLICATED, REPLICATED, REPLICATED), (REPLICATED, STAGED))
+    batch = split_over_replicas(mesh)
+    sharded = shard(body, mesh, (STAGED, batch, batch, REPLICATED), (REPLICATED, STAGED))
 
     def run(params: Staged, batch: tuple, key: jax.Array):
-        x, y = microbatch.split(batch, M, example, targets)
+        x, y = microbatch.split(batch, M, example, targets, R)
         loss, grads = sharded(params.buffers, x, y, key)
         return loss, Staged(grads, code.params)
 
@@ -56,24 +69,26 @@ def value_and_grad(code: StageCode, schedule: Schedule, layout: Layout, mesh: Me
 def train_step(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
                opts: StageOptimizers, example: Any, targets: Any) -> Callable:
     """`(state, batch) -> (state, metrics)`: the table, then each stage's update."""
-    M, updates = schedule.microbatches, opts.update_branches()
+    M, R = schedule.microbatches, replicas(mesh)
 
-    def body(p, s, x, y, key):
-        out = _pass(code, schedule, layout, local(p), (), x, y, key)
-        p, s = lax.switch(stage_index(), updates, local(p), out.grads, local(s))
-        return lead(p), lead(s), out.losses, out.done
+    def body(p, s, rule, x, y, key):
+        out = _pass(code, schedule, layout, mesh, local(p), x, y, key)
+        p, s = opts.update(local(p), out.grads, OptState(local(s), local(rule)))
+        return lead(p), lead(s.stages), lead(s.rule), out.losses, out.done, opts.consensus(p)
 
-    sharded = shard(body, mesh, (STAGED, STAGED, REPLICATED, REPLICATED, REPLICATED),
-                    (STAGED, STAGED, REPLICATED, REPLICATED))
+    spec, batch = per_replica(mesh), split_over_replicas(mesh)
+    sharded = shard(body, mesh, (spec, spec, spec, batch, batch, REPLICATED),
+                    (spec, spec, spec, REPLICATED, REPLICATED, REPLICATED))
 
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, example, targets)
+        x, y = microbatch.split(batch, M, example, targets, R)
         key = jax.random.fold_in(state.key, state.step)
-        p, s, losses, done = sharded(state.params.buffers, state.opt_state.buffers, x, y, key)
-        new = TrainState(Staged(p, code.params), Staged(s, opts.packing), state.step + 1,
-                         state.key, None)
+        p, s, rule, losses, done, spread = sharded(state.params.buffers, state.opt_state.buffers,
+                                                   state.rule_state, x, y, key)
+        new = TrainState(Staged(p, code.params, R), Staged(s, opts.packing, R), state.step + 1,
+                         state.key, None, rule)
         ids = state.step * M + jnp.arange(M)
-        return new, metrics(losses, done, ids)
+        return new, metrics(losses, done, ids, spread)
 
     return step
 

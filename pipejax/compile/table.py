@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from pipejax.compile.layout import Layout
-from pipejax.compile.optimizer import StageOptimizers
+from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.packing import Buffers
 from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.stages import StageCode
@@ -36,10 +36,10 @@ class TableOut(NamedTuple):
     """One pass over the table, seen from one device."""
 
     params: Buffers
-    opt_state: Any
+    opt_state: OptState | tuple  # () for a pass without optimizers
     rings: Rings
     grads: Any  # accumulated packed gradients (synchronous tables), () otherwise
-    losses: jax.Array  # [M] float32: loss of each micro-batch the pass finished (replicated)
+    losses: jax.Array  # [M] float32: each finished micro-batch's loss, mean over the replicas
     done: jax.Array  # [M] bool: which of them the pass finished
 
 
@@ -56,14 +56,19 @@ def finishing(schedule: Schedule) -> np.ndarray:
     return schedule.fwd[loss_ticks(schedule), -1]
 
 
-def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array) -> dict:
+def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,
+            spread: jax.Array | None = None) -> dict:
     """The metrics of a step: mean loss of the finished micro-batches (NaN if
-    none), their count, and each micro-batch's loss (NaN if not finished)."""
+    none), their count, and each micro-batch's loss (NaN if not finished);
+    under a decentralized data rule, the replicas' consensus distance."""
     count = jnp.sum(done.astype(jnp.int32))
     total = jnp.sum(jnp.where(done, losses, 0.0))
-    return {"loss": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
-            "completed": count, "losses": jnp.where(done, losses, jnp.nan),
-            "microbatch": ids.astype(jnp.int32)}
+    out = {"loss": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
+           "completed": count, "losses": jnp.where(done, losses, jnp.nan),
+           "microbatch": ids.astype(jnp.int32)}
+    if spread is not None:
+        out["consensus_distance"] = spread
+    return out
 
 
 def _read(buffers: Buffers, i: jax.Array) -> tuple:
@@ -79,10 +84,7 @@ class _Tick:
 
     def __init__(self, code: StageCode, schedule: Schedule, layout: Layout, data: tuple,
                  counters: tuple, key: jax.Array, opts: StageOptimizers | None):
-        self.code, self.layout = code, layout
-        self.updates = opts.update_branches() if opts else None
-        self.predict_f = opts.forecast_branches(False) if opts else None
-        self.predict_b = opts.forecast_branches(True) if opts else None
+        self.code, self.layout, self.opts = code, layout, opts
         self.K, self.sync = schedule.stages, schedule.synchronous
         self.k = stage_index()
         self.x, self.y = data
@@ -119,9 +121,9 @@ class _Tick:
         last = do_f & (self.k == self.K - 1)  # a micro-batch's loss, once, on the last stage
         return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32))
 
-    def _weights(self, branches: list | None, p: Buffers, s: Any) -> Buffers:
+    def _weights(self, p: Buffers, s: Any, backward: bool) -> Buffers:
         """The weights an op runs on: p, or the stage's forecast from (p, s)."""
-        return p if branches is None else lax.switch(self.k, branches, p, s)
+        return p if self.opts is None else self.opts.weights(p, s, backward)
 
     def _forward(self, do_f, gf, p, s, rings: Rings, h_f) -> tuple:
         """Stage k's forward of micro-batch gf at its weights (or their
@@ -132,7 +134,7 @@ class _Tick:
         def forward(args, c):
             p, kept, weights, _, _ = c
             s, *args = args
-            w = self._weights(self.predict_f, p, s)
+            w = self._weights(p, s, backward=False)
             msg, new_kept, loss = lax.switch(self.k, self.forwards, w, *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
@@ -146,21 +148,30 @@ class _Tick:
     def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
         """Stage k's backward of micro-batch gb at the current weights (their
         backward forecast, or the stashed ones); then the gradient is summed
-        or applied at once."""
+        or applied at once (under a data rule, after the loop of 0 or 1 trips:
+        the rule's collectives run on every device at every tick)."""
         slot = gb % self.layout.kept_slots
         stashed = _read(weights, slot) if self.layout.weight_stashing else None
+        ruled = not self.sync and self.opts.rule is not None
 
         def backward(args, c):
             p, s, acc, _ = c
-            w = stashed if stashed is not None else self._weights(self.predict_b, p, s)
+            w = stashed if stashed is not None else self._weights(p, s, backward=True)
             grads, msg = lax.switch(self.k, self.backwards, w, *args)
             if self.sync:
                 return p, s, tuple(a + d for a, d in zip(acc, grads)), msg
-            p, s = lax.switch(self.k, self.updates, p, grads, s)
+            if ruled:
+                return p, s, grads, msg
+            p, s = self.opts.update(p, grads, s)
             return p, s, acc, msg
 
         args = (h_b, g_b, _read(kept, slot), *self._inputs(gb))
-        return run_if(do_b, backward, args, (p, s, acc, self.code.acts.zeros()))
+        init = (p, s, self.code.params.zeros() if ruled else acc, self.code.acts.zeros())
+        p, s, acc, msg = run_if(do_b, backward, args, init)
+        if ruled:
+            p, s = self.opts.update(p, acc, s, when=do_b)
+            acc = ()
+        return p, s, acc, msg
 
     def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
         """Send activations to stage k + 1 and gradients to stage k − 1; file
@@ -179,13 +190,15 @@ class _Tick:
 
 def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffers, opt_state: Any,
               rings: Rings, data: tuple, counters: tuple, key: jax.Array,
-              opts: StageOptimizers | None = None) -> TableOut:
+              opts: StageOptimizers | None = None,
+              replica_axes: tuple[str, ...] = ()) -> TableOut:
     """Inside shard_map: one pass over the table.
 
     `data` = (x, y) rings `[slots, mb, ...]`; `counters` = (base, start, fed):
     this pass's micro-batch ids are base + relative id, and an op is real only
     for start <= id < fed (the rest is the fill or the drain, masked).
     `opts` are the per-stage optimizers an asynchronous table applies.
+    Losses are averaged over `replica_axes` (the mesh's data axes).
     """
     ticks = loss_ticks(schedule)  # static
     acc = code.params.zeros() if schedule.synchronous else ()
@@ -195,4 +208,6 @@ def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffe
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, acc), (losses, done) = lax.scan(tick, (params, opt_state, rings, acc), xs)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
+    if replica_axes:  # every replica finishes the same micro-batches
+        losses = lax.pmean(losses, replica_axes)
     return TableOut(p, s, rings, acc, losses, done)

@@ -1,9 +1,15 @@
-"""Staleness mitigations and hyper-parameter rules as optax transformations.
+"""Staleness mitigations, hyper-parameter rules and data-parallel rules as
+optax transformations.
 
 Each works in any optax chain, inside or outside pipejax; the pipelined
 executor runs a stage's forward on `forecast(...)` when that stage's chain
-ends in `weight_forecast` (EQUATIONS.md, Kosson et al. 2020; SpecTrain).
+ends in `weight_forecast` (EQUATIONS.md, Kosson et al. 2020; SpecTrain), and
+runs a `DataRule` (mean_gradients, gossip, elastic_average over named mesh
+axes; H-ADPSGD, MXNET-MPI) around each stage's optimizer.
 """
+from pipejax.transforms.data_parallel import (RULES, DataRule, ElasticState, GossipState, adpsgd,
+                                              consensus_distance, elastic, elastic_average, gossip,
+                                              hadpsgd, mean_gradients, ssgd)
 
 from pipejax.transforms.forecast import (WeightForecastState, forecast, forecast_horizon,
                                          has_forecast, weight_forecast)
@@ -11,6 +17,8 @@ from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
 from pipejax.transforms.mitigations import MITIGATIONS, Mitigation, mitigation
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
 
-__all__ = ["MITIGATIONS", "Mitigation", "SpikeCompensationState", "WeightForecastState",
-           "coefficients", "forecast", "forecast_horizon", "has_forecast", "mitigation",
+__all__ = ["MITIGATIONS", "RULES", "DataRule", "ElasticState", "GossipState", "Mitigation",
+           "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
+           "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",
+           "mean_gradients", "ssgd", "forecast", "forecast_horizon", "has_forecast", "mitigation",
            "pipemare_lr", "scale_hyperparams", "spike_compensation", "weight_forecast"]
