@@ -24,6 +24,7 @@ bench: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
 		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py
 
-# The convergence table of the staleness mitigations (about 30 minutes on 2 cores).
+# The convergence table of the staleness mitigations (about 30 minutes on 2 cores)
+# and the data-parallel rules at three batch sizes (about 12 minutes).
 reproduce: $(BIN)/pipejax
-	cd benchmarks && ../$(BIN)/python convergence.py
+	cd benchmarks && ../$(BIN)/python convergence.py && ../$(BIN)/python data_parallel.py

@@ -6,8 +6,9 @@ on MNIST-1D under each rule: SSGD (all-reduce of the gradients), ADPSGD
 node, gossip between nodes) and elastic averaging (8 clients, alpha = 0.9/8,
 every 4 steps). Global batch 1x, 4x and 16x a baseline of 64 (8 per replica),
 the same epochs, SGD with momentum at a learning rate scaled linearly with
-the batch. Reported: final test accuracy of the replicas' mean model, the
-loss curve and the consensus distance (spread of the replicas' weights).
+the batch. Reported: final test accuracy of the replicas' mean model (mean
+and spread over seeds), the loss curve and the consensus distance (spread of
+the replicas' weights), per epoch.
 
 Run: python benchmarks/data_parallel.py [--quick]
 """
@@ -97,12 +98,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 epochs, for a smoke run")
     parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=2)
     args = parser.parse_args()
-    epochs = 3 if args.quick else args.epochs
+    epochs, seeds = (3, 1) if args.quick else (args.epochs, args.seeds)
     data = pj.data.mnist1d()
-    results = [run(name, scale, epochs, data) for scale in (1, 4, 16) for name in RULES]
+    results = []
+    for scale in (1, 4, 16):
+        for name in RULES:
+            runs = [run(name, scale, epochs, data, seed) for seed in range(seeds)]
+            acc = [r["test_accuracy"] for r in runs]
+            results.append({**runs[0], "test_accuracy": float(np.mean(acc)),
+                            "test_accuracy_std": float(np.std(acc)), "seeds": acc,
+                            "final_loss": float(np.mean([r["final_loss"] for r in runs])),
+                            "final_consensus": float(np.mean([r["final_consensus"] for r in runs]))})
     print(table([{"rule": r["rule"], "batch": r["batch"], "lr": f"{r['lr']:.2f}",
-                  "steps": r["steps"], "test acc %": f"{100 * r['test_accuracy']:.1f}",
+                  "steps": r["steps"],
+                  "test acc %": f"{100 * r['test_accuracy']:.1f} ± {100 * r['test_accuracy_std']:.1f}",
                   "final loss": f"{r['final_loss']:.3f}",
                   "consensus": f"{r['final_consensus']:.3g}", "s": r["seconds"]}
                  for r in results]))
