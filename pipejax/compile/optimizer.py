@@ -131,11 +131,11 @@ class StageOptimizers:
             return p, OptState(stages, ())
         before, after = s.rule
         grads, new_before = self.rule.before.update(grads, before, p)
-        local = lambda ops, c: lax.switch(k, self._branches(apply=False), *ops, c[1])
+        step = lambda ops, c: lax.switch(k, self._branches(apply=False), *ops, c[1])
         if when is None:
-            updates, stages = local((p, grads), (None, s.stages))
+            updates, stages = step((p, grads), (None, s.stages))
         else:
-            updates, stages = run_if(when, local, (p, grads), (self.params.zeros(), s.stages))
+            updates, stages = run_if(when, step, (p, grads), (self.params.zeros(), s.stages))
         updates, new_after = self.rule.after.update(updates, after, p)
         new = (optax.apply_updates(p, updates), (new_before, new_after))
         if when is not None:
