@@ -9,7 +9,7 @@ Ops on ids not fed yet (the first fill) or before `start` are masked, so the
 fill, the steady state and the drain are one compiled program, the same from
 the first step on. `flush` runs periods with no new input until nothing is in
 flight. Dropout keys: micro-batch g uses fold_in(state.key, g) at its forward
-and at its backward (replica r > 0: fold_in(fold_in(state.key, r), g)).
+and at its backward (with R > 1 replicas: fold_in(fold_in(state.key, r), g)).
 
 On a mesh with data axes every replica runs its own pipeline on its part of
 each batch, in step: the same micro-batch ids at the same ticks, so after
@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 from pipejax.compile import microbatch
 from pipejax.compile.layout import Layout
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_index, shard
+from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_key, shard
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import InFlight, Staged, TrainState
 from pipejax.compile.table import finishing, metrics, run_table
@@ -59,8 +59,7 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
         if n == 0:  # nothing outlives its own period (one stage): no program to run
             return (p, s, rule, rings, jnp.zeros(0, jnp.float32), jnp.zeros(0, bool),
                     opts.consensus(local(p)))
-        if axes:
-            key = jax.random.fold_in(key, replica_index(mesh))
+        key = replica_key(key, mesh)
 
         def period(i, c):
             p, s, rings, losses, done = c

@@ -35,10 +35,13 @@ def split_over_replicas(mesh: Mesh) -> P:
     return P(data_axes(mesh) or None)
 
 
-def replica_index(mesh: Mesh) -> jax.Array | int:
-    """Inside shard_map: r, the index of this device's replica."""
+def replica_key(key: jax.Array, mesh: Mesh) -> jax.Array:
+    """Inside shard_map: the key of this device's replica, fold_in(key, r)
+    when the mesh holds R > 1 replicas, else `key` itself."""
     axes = data_axes(mesh)
-    return lax.axis_index(axes) if axes else 0
+    if not axes or all(mesh.shape[a] == 1 for a in axes):
+        return key
+    return jax.random.fold_in(key, lax.axis_index(axes))
 
 
 def local(tree: Any) -> Any:

@@ -10,8 +10,8 @@ fold_in(., i), as a sequential run derives them.
 On a mesh with data axes each replica runs the table on its part of the
 batch (`[R·M·mb]` split replica-major); `value_and_grad` averages the
 gradients over the replicas (the whole batch's gradient), a trainer hands
-them to its data rule. Replica r > 0 draws its dropout keys from
-fold_in(step key, r).
+them to its data rule. With R > 1 replicas, replica r draws its dropout
+keys from fold_in(step key, r).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 from pipejax.compile import microbatch
 from pipejax.compile.layout import Layout
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.spmd import (REPLICATED, STAGED, lead, local, per_replica, replica_index,
+from pipejax.compile.spmd import (REPLICATED, STAGED, lead, local, per_replica, replica_key,
                                   shard, split_over_replicas)
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Staged, TrainState
@@ -39,10 +39,8 @@ def _pass(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh, p: An
           y: Any, key: jax.Array) -> TableOut:
     """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`."""
     counters = (jnp.int32(0), jnp.int32(0), jnp.int32(schedule.microbatches))
-    if replicas(mesh) > 1:
-        key = jax.random.fold_in(key, replica_index(mesh))
     return run_table(code, schedule, layout, p, (), layout.rings(), (local(x), local(y)),
-                     counters, key, replica_axes=data_axes(mesh))
+                     counters, replica_key(key, mesh), replica_axes=data_axes(mesh))
 
 
 def value_and_grad(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh, example: Any,
