@@ -15,12 +15,11 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import Mesh
 
 from pipejax.compile import StageCode, Staged, guarded, synchronous
 from pipejax.compile.layout import Layout
-from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard, stage_index
+from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
 from pipejax.errors import ArgumentTypeError, ConfigError, LayerError
 from pipejax.mesh import stage_mesh
 from pipejax.partition import Plan, make_plan
@@ -59,7 +58,7 @@ class Pipeline:
     def __post_init__(self):
         code, mesh = self.code, self.mesh
         branches = code.init_branches()
-        body = lambda key: lead(lax.switch(stage_index(), branches, key))
+        body = lambda key: lead(code.groups.switch(branches, key))
         object.__setattr__(self, "_init", guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)),
                                                   mesh))
         vg = None

@@ -73,6 +73,26 @@ def _call_kwargs(layer: nn.Module, train: bool) -> dict:
     return kwargs
 
 
+def same_layer(a: Layer, b: Layer) -> bool:
+    """Whether two layers are one function of (variables, input): the same
+    object, or equal Flax modules of one class (`nn.Dense(64) == nn.Dense(64)`).
+    Distinct function objects count as different, even with equal code."""
+    if a is b:
+        return True
+    if not (isinstance(a, nn.Module) and type(a) is type(b)):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - fields that do not compare (arrays): not provably equal
+        return False
+
+
+def shapes(tree: Any) -> tuple:
+    """A tree's structure with the shape and dtype of every leaf, comparable with ==."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves)
+
+
 def init_layer(layer: Layer, key: jax.Array, h: Any) -> Variables:
     """Initial variables of one layer for input `h` ({} for a function)."""
     if not isinstance(layer, nn.Module):
@@ -190,6 +210,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     key_struct = jax.eval_shape(lambda: key)
     h = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), example)
     specs = []
+    costs: list[tuple[Layer, tuple, float | None, float | None]] = []  # measured once per kind
     for i, layer in enumerate(layers):
         name = layer_name(layer)
         if not (isinstance(layer, nn.Module) or callable(layer)):
@@ -216,8 +237,13 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
                                         return_shape=True)(variables, h, key_struct)
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named
             raise failed(err) from None
-        flops = _flops(layer, variables, h, key)
-        seconds = _seconds(layer, variables, h, key) if cost == "time" else None
+        kind = shapes(h)
+        known = next((c for c in costs if c[1] == kind and same_layer(c[0], layer)), None)
+        if known is None:  # equal layers on equal shapes cost the same: measure one
+            known = (layer, kind, _flops(layer, variables, h, key),
+                     _seconds(layer, variables, h, key) if cost == "time" else None)
+            costs.append(known)
+        flops, seconds = known[2:]
         specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,
                                flops=flops, param_bytes=_nbytes(variables),
                                activation_bytes=_nbytes(out), random=_reads_key(jaxpr),

@@ -29,7 +29,8 @@ from jax import lax
 from jax.sharding import Mesh
 
 from pipejax.compile.packing import Buffers, Packing
-from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard, stage_index
+from pipejax.compile.sharing import StageGroups
+from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard
 from pipejax.compile.state import Staged
 from pipejax.errors import ArgumentTypeError
 from pipejax.mesh import AXIS
@@ -56,6 +57,7 @@ class StageOptimizers:
     params: Packing
     packing: Packing
     forecasting: tuple[bool, ...]
+    groups: StageGroups  # stages with one transform and one parameter structure share a branch
     rule: DataRule | None = None
     replicas: int = 1
 
@@ -78,19 +80,21 @@ class StageOptimizers:
                 f"optimizer must be an optax GradientTransformation or a function StageInfo -> "
                 f"GradientTransformation, not {type(optimizer).__name__}")
         states = [jax.eval_shape(transforms[k].init, params.abstract_tree(k)) for k in range(K)]
+        groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(K)],
+                                lambda a, b: a[0] is b[0] and a[1] == b[1])
         return cls(tuple(transforms), params, Packing.of(states),
-                   tuple(has_forecast(s) for s in states), rule, replicas)
+                   tuple(has_forecast(s) for s in states), groups, rule, replicas)
 
     def init_program(self, mesh: Mesh, replicated: bool) -> Callable[[Staged], tuple]:
         """Staged params (one model when `replicated`, else R replicas) ->
         (params, optimizer state, rule state) of R replicas, each on its device."""
-        K, pp, sp, R = len(self.transforms), self.params, self.packing, self.replicas
-        branches = [lambda p, k=k: sp.pack(k, self.transforms[k].init(pp.unpack(k, p)))
-                    for k in range(K)]
+        pp, sp, R = self.params, self.packing, self.replicas
+        branches = self.groups.branches(
+            lambda k: lambda p: sp.pack(k, self.transforms[k].init(pp.unpack(k, p))))
 
         def body(p):
             p = local(p)
-            s = lax.switch(stage_index(), branches, p)
+            s = self.groups.switch(branches, p)
             rule = () if self.rule is None else (self.rule.before.init(p), self.rule.after.init(p))
             return lead(p), lead(s), lead(rule)
 
@@ -104,7 +108,7 @@ class StageOptimizers:
         return run
 
     def _branches(self, apply: bool) -> list[Callable]:
-        """Branch k: stage k's optax update of its packed (params, grads,
+        """The branch of stage k's group: stage k's optax update of its packed (params, grads,
         state): the new params, or (`apply=False`) the packed update."""
         pp, sp = self.params, self.packing
 
@@ -116,7 +120,7 @@ class StageOptimizers:
                 return pp.pack(k, out), sp.pack(k, s)
             return run
 
-        return [branch(k) for k in range(len(self.transforms))]
+        return self.groups.branches(branch)
 
     def update(self, p: Buffers, grads: Buffers, s: OptState,
                when: jax.Array | None = None) -> tuple[Buffers, OptState]:
@@ -125,13 +129,12 @@ class StageOptimizers:
         backward inside an asynchronous table) masks the update instead of
         skipping it: every device runs the rule's collectives at every call
         (XLA CPU deadlocks on a collective that only some devices reach)."""
-        k = stage_index()
         if self.rule is None:
-            p, stages = lax.switch(k, self._branches(apply=True), p, grads, s.stages)
+            p, stages = self.groups.switch(self._branches(apply=True), p, grads, s.stages)
             return p, OptState(stages, ())
         before, after = s.rule
         grads, new_before = self.rule.before.update(grads, before, p)
-        step = lambda ops, c: lax.switch(k, self._branches(apply=False), *ops, c[1])
+        step = lambda ops, c: self.groups.switch(self._branches(apply=False), *ops, c[1])
         if when is None:
             updates, stages = step((p, grads), (None, s.stages))
         else:
@@ -153,10 +156,10 @@ class StageOptimizers:
         """Inside shard_map: the weights this stage's forward (or backward)
         runs on: its forecast, or `p` when its chain has no `weight_forecast`."""
         branches = self._forecast_branches(backward)
-        return p if branches is None else lax.switch(stage_index(), branches, p, s.stages)
+        return p if branches is None else self.groups.switch(branches, p, s.stages)
 
     def _forecast_branches(self, backward: bool) -> list[Callable] | None:
-        """Branch k: (packed params, packed state) -> stage k's forecast, or
+        """The branch of stage k's group: (packed params, packed state) -> stage k's forecast, or
         the params themselves when its chain has no `weight_forecast`. None
         when no stage forecasts. A backward horizon of 0 (linear weight
         prediction) skips the work."""
@@ -173,4 +176,4 @@ class StageOptimizers:
                 return lax.cond(forecast_horizon(state, True) != 0, predict, lambda: p)
             return run if self.forecasting[k] else (lambda p, s: p)
 
-        return [branch(k) for k in range(len(self.transforms))]
+        return self.groups.branches(branch)

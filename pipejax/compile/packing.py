@@ -98,6 +98,11 @@ class Packing:
             flat.append((b if s.size == b.shape[-1] else b[:s.size]).reshape(s.shape))
         return jax.tree.unflatten(self.treedefs[k], flat)
 
+    def structure(self, k: int) -> tuple:
+        """Stage k's tree structure and slots, comparable with == (equal for
+        stages whose trees pack alike)."""
+        return self.treedefs[k], self.leaves[k]
+
     def slot_bytes(self) -> int:
         """Bytes of one stage's buffers (every stage holds this much)."""
         return sum(n * np.dtype(d).itemsize for d, n in self.slots)

@@ -1,8 +1,9 @@
-"""Stage k's code, as branch k of a `lax.switch` on the stage index.
+"""Stage k's code, as a branch of a `lax.switch` on the stage index.
 
 Every device runs the same program (SPMD), so the per-stage functions are
 branches the programs switch between, each reading its own trees out of the
-shared slot buffers (DESIGN.md, heterogeneous stages in SPMD). Stage k runs
+shared slot buffers (DESIGN.md, heterogeneous stages in SPMD); stages of
+identical structure share one branch (sharing.py). Stage k runs
 its layers as f_k(params, h), the last stage ending in the loss; its backward
 is the exact vjp of f_k at (weights, stashed input), rebuilt from the
 residuals its forward kept. Re-materialization (GPipe §2): with
@@ -20,8 +21,10 @@ import jax.numpy as jnp
 
 from pipejax.compile import residuals
 from pipejax.compile.packing import Packing
+from pipejax.compile.sharing import StageGroups
+from pipejax.compile.spmd import stage_index
 from pipejax.partition import Plan
-from pipejax.trace import Layer, apply_layers, init_layer, layer_key
+from pipejax.trace import Layer, apply_layers, init_layer, layer_key, same_layer, shapes
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
@@ -41,24 +44,37 @@ class StageCode:
                  seed: float, x_m: Any, y_m: Any):
         self.layers, self.plan, self.loss, self.remat, self.seed = list(layers), plan, loss, remat, seed
         self.K = plan.stages
+        self.groups = StageGroups.by([self._structure(k) for k in range(self.K)], _same_structure)
         self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(self.K)])
         self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(self.K - 1)])
         key = jax.eval_shape(lambda: jax.random.key(0))
-        self.kept = Packing.of([
-            jax.eval_shape(lambda *args, k=k: self._vjp(k, *args)[1],
-                           self.params.abstract_tree(k), self._input(k), x_m, y_m, key)
-            for k in range(self.K)])
+        first = jax.ShapeDtypeStruct((), jnp.int32)
+        kept = [jax.eval_shape(lambda *args, k=k: self._vjp(k, *args)[1], self.params.abstract_tree(k),
+                               self._input(k), x_m, y_m, key, first) for k in self.groups.first]
+        self.kept = Packing.of([kept[g] for g in self.groups.of])
+
+    def _structure(self, k: int) -> tuple:
+        """What stage k's code depends on: its role (reads the batch, ends in
+        the loss) and its layers with their input and variable shapes."""
+        specs = self.plan.stage_specs(k)
+        return (k == 0, k == self.K - 1,
+                [(self.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs])
+
+    def _first(self) -> jax.Array:
+        """Inside shard_map: the global index of this stage's first layer."""
+        return jnp.asarray([r.start for r in self.plan.ranges], jnp.int32)[stage_index()]
 
     def _input(self, k: int) -> Any:
         return self.plan.stage_specs(k)[0].input if k > 0 else None
 
-    def fn(self, k: int, x_m: Any, y_m: Any, key: jax.Array) -> Callable:
-        """f_k(params, h): stage k's layers; the last stage ends in the loss."""
+    def fn(self, k: int, x_m: Any, y_m: Any, key: jax.Array, first: jax.Array) -> Callable:
+        """f_k(params, h): stage k's layers (of global indices first, first + 1,
+        ...: the stages of a group share this code); the last stage ends in the loss."""
         r = self.plan.ranges[k]
         layers = self.layers[r.start:r.stop]
 
         def f(params, h):
-            out = apply_layers(layers, params, x_m if k == 0 else h, key, True, first=r.start)
+            out = apply_layers(layers, params, x_m if k == 0 else h, key, True, first=first)
             return self.loss(out, y_m) if k == self.K - 1 else out
 
         if self.remat == "none":
@@ -66,47 +82,50 @@ class StageCode:
         policy = jax.checkpoint_policies.nothing_saveable if self.remat == "stage" else self.remat
         return jax.checkpoint(f, policy=policy)
 
-    def _vjp(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array):
+    def _vjp(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
+             first: jax.Array):
         """Stage k's output (the loss on the last stage), the residuals to keep
         for its backward, and how to rebuild the vjp from them."""
-        out, vjp_fn = jax.vjp(self.fn(k, x_m, y_m, key), params, h)
-        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key]
+        out, vjp_fn = jax.vjp(self.fn(k, x_m, y_m, key, first), params, h)
+        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key, first]
         kept, recipe = residuals.split(vjp_fn, known, out)
         return out, kept, lambda kept_again: residuals.rebuild(recipe, known, kept_again)
 
     def backward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
-                 kept: Sequence[Any], ct: Any):
+                 first: jax.Array, kept: Sequence[Any], ct: Any):
         """(param grads, input grad) of stage k from its kept residuals; `ct` is
         the output's cotangent (None on the last stage, seeded with `seed`).
 
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
-        out, _, rebuild = self._vjp(k, params, h, x_m, y_m, key)
+        out, _, rebuild = self._vjp(k, params, h, x_m, y_m, key, first)
         ct = jnp.full(out.shape, self.seed, out.dtype) if ct is None else ct
         return rebuild(kept)(ct)
 
     # ------------------------------------------------------------- branches
     def forward_branches(self) -> list[Callable]:
-        """Branch k: (params, input slot, x_m, y_m, key) -> (message for stage
-        k + 1, residuals to keep, loss); the last stage's message is empty and
-        its loss is the micro-batch loss, the others' loss 0."""
+        """The branch of stage k's group: (params, input slot, x_m, y_m, key)
+        -> (message for stage k + 1, residuals to keep, loss); the last
+        stage's message is empty and its loss is the micro-batch loss, the
+        others' loss 0. Run them with `self.groups.switch`."""
         K, acts, pp, kept = self.K, self.acts, self.params, self.kept
 
         def branch(k):
             def run(p, h, x_m, y_m, key):
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
-                out, res, _ = self._vjp(k, pp.unpack(k, p), h_in, x_m, y_m, key)
+                out, res, _ = self._vjp(k, pp.unpack(k, p), h_in, x_m, y_m, key, self._first())
                 if k == K - 1:
                     return acts.zeros(), kept.pack(k, res), out.astype(jnp.float32)
                 return acts.pack(k, out), kept.pack(k, res), jnp.zeros((), jnp.float32)
             return run
 
-        return [branch(k) for k in range(K)]
+        return self.groups.branches(branch)
 
     def backward_branches(self) -> list[Callable]:
-        """Branch k: (params, input slot, gradient slot, kept slot, x_m, y_m,
-        key) -> (packed parameter gradients, message for stage k − 1)."""
+        """The branch of stage k's group: (params, input slot, gradient slot,
+        kept slot, x_m, y_m, key) -> (packed parameter gradients, message for
+        stage k − 1)."""
         K, acts, pp, kept = self.K, self.acts, self.params, self.kept
 
         def branch(k):
@@ -114,22 +133,31 @@ class StageCode:
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
                 ct = None if k == K - 1 else acts.unpack(k, g)
                 res = jax.tree.leaves(kept.unpack(k, r))
-                dparams, dh = self.backward(k, pp.unpack(k, p), h_in, x_m, y_m, key, res, ct)
+                dparams, dh = self.backward(k, pp.unpack(k, p), h_in, x_m, y_m, key,
+                                            self._first(), res, ct)
                 return pp.pack(k, dparams), acts.pack(k - 1, dh) if k > 0 else acts.zeros()
             return run
 
-        return [branch(k) for k in range(K)]
+        return self.groups.branches(branch)
 
     def init_branches(self) -> list[Callable]:
-        """Branch k: key -> stage k's packed initial variables; layer i uses
-        fold_in(key, i), so the values do not depend on K."""
+        """The branch of stage k's group: key -> stage k's packed initial
+        variables; layer i uses fold_in(key, i), so the values do not depend on K."""
         def branch(k):
             def run(key):
-                variables = []
-                for spec in self.plan.stage_specs(k):
+                variables, first = [], self._first()
+                for i, spec in enumerate(self.plan.stage_specs(k)):
                     h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                    variables.append(init_layer(self.layers[spec.index], layer_key(key, spec.index), h))
+                    variables.append(init_layer(self.layers[spec.index], layer_key(key, first + i), h))
                 return self.params.pack(k, variables)
             return run
 
-        return [branch(k) for k in range(self.K)]
+        return self.groups.branches(branch)
+
+
+def _same_structure(a: tuple, b: tuple) -> bool:
+    """Whether two stages' `_structure`s are equal (their stages share a branch)."""
+    (first_a, last_a, layers_a), (first_b, last_b, layers_b) = a, b
+    return (first_a == first_b and last_a == last_b and len(layers_a) == len(layers_b)
+            and all(same_layer(la, lb) and ia == ib and va == vb
+                    for (la, ia, va), (lb, ib, vb) in zip(layers_a, layers_b)))

@@ -135,7 +135,7 @@ class _Tick:
             p, kept, weights, _, _ = c
             s, *args = args
             w = self._weights(p, s, backward=False)
-            msg, new_kept, loss = lax.switch(self.k, self.forwards, w, *args)
+            msg, new_kept, loss = self.code.groups.switch(self.forwards, w, *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
             return p, kept, weights, msg, loss
@@ -157,7 +157,7 @@ class _Tick:
         def backward(args, c):
             p, s, acc, _ = c
             w = stashed if stashed is not None else self._weights(p, s, backward=True)
-            grads, msg = lax.switch(self.k, self.backwards, w, *args)
+            grads, msg = self.code.groups.switch(self.backwards, w, *args)
             if self.sync:
                 return p, s, tuple(a + d for a, d in zip(acc, grads)), msg
             if ruled:
