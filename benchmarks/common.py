@@ -8,9 +8,13 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
+
+from pipejax.bench import table
+
+__all__ = ["RESULTS", "environment", "median_time", "save", "table"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -36,16 +40,6 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
-
-
-def table(rows: Sequence[dict]) -> str:
-    keys = list(rows[0])
-    cells = [[str(r.get(k, "")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
 
 
 def save(name: str, payload: dict) -> Path:

@@ -27,11 +27,11 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 import pipejax as pj
-from common import median_time, save, table
+from common import save, table
+from pipejax.bench import step_times
 
 FEATURES, CLASSES = 40, 10
 
@@ -43,78 +43,11 @@ def batch(n: int):
 
 
 def step_time_ratio(repeats: int) -> dict:
-    layers = pj.models.mlp(depth=8, width=512, classes=CLASSES)
-    M, B = 4, 256
-    opt = optax.sgd(0.01, momentum=0.9)
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((B // M, FEATURES)),
-                       stages=1, microbatches=M, remat="none")
-    params = pipe.init(jax.random.key(0))
-    trainer = pipe.trainer(opt)
-    state = trainer.init(params)
-    x, y = batch(B)
-
-    variables = pj.unstage(params)
-    opt_state = opt.init(variables)
-
-    def plain_loss(v, x, y):
-        return pj.losses.cross_entropy(pj.apply_layers(layers, v, x), y)
-
-    def accumulated_grad(v, x, y):
-        def one(acc, xy):
-            loss, g = jax.value_and_grad(plain_loss)(v, *xy)
-            return jax.tree.map(jnp.add, acc, (loss, g)), None
-        split = lambda a: a.reshape(M, B // M, *a.shape[1:])
-        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, v))
-        (loss, g), _ = jax.lax.scan(one, zero, (split(x), split(y)))
-        return loss / M, jax.tree.map(lambda a: a / M, g)
-
-    def make_step(grad_fn):
-        @jax.jit
-        def step(v, s, x, y):
-            loss, g = grad_fn(v, x, y)
-            u, s = opt.update(g, s, v)
-            return optax.apply_updates(v, u), s, loss
-        return step
-
-    steps = {"pipelined": None, "plain_microbatched": make_step(accumulated_grad),
-             "plain_full_batch": make_step(jax.value_and_grad(plain_loss))}
-    holder = {"pipelined": state, **{n: (variables, opt_state) for n in steps if n != "pipelined"}}
-
-    def runner(name):
-        def run():
-            if name == "pipelined":
-                holder[name], m = trainer.step(holder[name], (x, y))
-                jax.block_until_ready(m["loss"])
-            else:
-                v, s, loss = steps[name](*holder[name], x, y)
-                holder[name] = (v, s)
-                jax.block_until_ready(loss)
-        return run
-
-    accessed = {
-        "pipelined": bytes_accessed(trainer.step.lower(state, (x, y))),
-        "plain_microbatched": bytes_accessed(
-            steps["plain_microbatched"].lower(variables, opt_state, x, y))}
-    for _ in range(3):
-        for name in steps:
-            runner(name)()
-    # Alternate the three steps one call at a time and take the median of the
-    # per-round ratios: the machine's slow drifts then hit both sides alike.
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name in steps:
-            times[name].append(median_time(runner(name), 1))
-    t = {name: np.asarray(v) for name, v in times.items()}
-    med = {name: float(np.median(v)) for name, v in t.items()}
-    return {"seconds": med, "rounds": repeats,
-            "ratio": float(np.median(t["pipelined"] / t["plain_microbatched"])),
-            "ratio_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"])),
-            "target": 1.15, "bytes_accessed": accessed}
-
-
-def bytes_accessed(lowered) -> int:
-    """XLA's estimate of the memory traffic of one call of a compiled step."""
-    return int(lowered.compile().cost_analysis()["bytes accessed"])
+    out = step_times(pj.models.mlp(depth=8, width=512, classes=CLASSES),
+                     jnp.zeros((64, FEATURES)), 4, optax.sgd(0.01, momentum=0.9), repeats)
+    return {"seconds": out["seconds"], "rounds": repeats, "ratio": out["over_microbatched"],
+            "ratio_full_batch": out["over_full_batch"], "target": 1.15,
+            "bytes_accessed": out["bytes_accessed"]}
 
 
 def compile_seconds(M: int, K: int = 4, mb: int = 16) -> float:

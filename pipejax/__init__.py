@@ -1,6 +1,7 @@
 """pipejax: compile a list of Flax layers into one pipelined, jitted training step."""
 
-from pipejax import data, distributed, errors, losses, models, partition, schedules, transforms
+from pipejax import checkpoint, data, distributed, errors, losses, models, partition, schedules, transforms
+from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
 from pipejax.mesh import make_mesh, simulate_devices
 from pipejax.pipeline import Pipeline, pipeline
@@ -10,7 +11,8 @@ from pipejax.trace import LayerSpec, apply_layers, trace
 from pipejax.trainer import Trainer
 
 __all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Schedule", "StageInfo", "Staged",
-           "Simulation", "TrainState", "Trainer", "apply_layers", "data", "distributed", "errors", "losses",
-           "make_mesh", "models", "partition", "pipeline", "schedules", "simulate", "simulate_devices",
+           "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data", "distributed", "errors", "losses",
+           "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules", "simulate",
+           "simulate_devices",
            "trace", "transforms", "unstage"]
 __version__ = "0.1.0"

@@ -35,3 +35,7 @@ class DataError(PipejaxError, ValueError):
 
 class ArgumentTypeError(PipejaxError, TypeError):
     """An argument is of the wrong kind (not an optax transform, not staged parameters)."""
+
+
+class CheckpointError(PipejaxError, ValueError):
+    """A checkpoint is missing or does not fit the trainer it is restored into."""

@@ -137,13 +137,17 @@ class Pipeline:
         self.check_params(params, "value_and_grad")
         return self._value_and_grad(params, batch, self.key_or_default(key, "value_and_grad"))
 
-    def trainer(self, optimizer: Any, rule: Any = None):
+    def trainer(self, optimizer: Any, rule: Any = None, clip_norm: float | None = None,
+                skip_nonfinite: bool = False):
         """Bind `optimizer` (an optax transform, or StageInfo -> transform) and,
         on a mesh with data axes, the `rule` between replicas (a
-        `pj.transforms.DataRule`; default SSGD)."""
+        `pj.transforms.DataRule`; default SSGD). `clip_norm` clips the
+        gradients by their global norm over all stages before each stage's
+        optimizer; `skip_nonfinite` drops (and counts, metric "skipped") an
+        update whose loss or gradients are not finite."""
         from pipejax.trainer import Trainer
 
-        return Trainer(self, optimizer, rule)
+        return Trainer(self, optimizer, rule, clip_norm, skip_nonfinite)
 
     def __str__(self) -> str:
         return f"{self.plan}\n{self.layout}"

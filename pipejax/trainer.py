@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from pipejax.compile import asynchronous, guarded, synchronous
+from pipejax.compile.memory import MemoryEstimate, estimate
 from pipejax.compile.optimizer import Optimizer, StageOptimizers
 from pipejax.compile.spmd import REPLICATED, per_replica, placement
 from pipejax.compile.state import InFlight, Staged, TrainState
@@ -65,15 +66,20 @@ class Trainer:
     metrics)` are jitted (`trainer.step.lower(state, batch).compile()` works).
     Metrics: "loss" (mean over the micro-batches the call finished; NaN if
     none), "completed" (how many), "losses" and "microbatch" (each finished
-    micro-batch's loss and global id; NaN loss where one did not finish).
+    micro-batch's loss and global id; NaN loss where one did not finish);
+    "consensus_distance" under a decentralized rule; with `skip_nonfinite`,
+    "skipped": the updates dropped for a non-finite loss or gradient (one
+    per step on a synchronous schedule, one per stage and micro-batch on an
+    asynchronous one, summed over the replicas).
     """
 
-    def __init__(self, pipe: Pipeline, optimizer: Optimizer, rule: DataRule | None = None):
+    def __init__(self, pipe: Pipeline, optimizer: Optimizer, rule: DataRule | None = None,
+                 clip_norm: float | None = None, skip_nonfinite: bool = False):
         self.pipeline = pipe
         self.rule = check_rule(rule, pipe)
         self.replicas = replicas(pipe.mesh)
         self.optimizers = StageOptimizers.of(optimizer, pipe.schedule, pipe.code.params,
-                                             self.rule, self.replicas)
+                                             self.rule, self.replicas, clip_norm, skip_nonfinite)
         args = (pipe.code, pipe.schedule, pipe.layout, pipe.mesh, self.optimizers)
         if pipe.schedule.synchronous:
             step = synchronous.train_step(*args, pipe.example, pipe.targets)
@@ -126,6 +132,11 @@ class Trainer:
                               rule_state)
 
         return initial
+
+    def memory(self) -> MemoryEstimate:
+        """The memory `step` needs per device and per stage, predicted before
+        compiling (pipejax/compile/memory.py); print it for a table."""
+        return estimate(self)
 
     def opt_state(self, state: TrainState, replica: int = 0) -> list[Any]:
         """The K per-stage optax states of one replica as ordinary pytrees

@@ -87,3 +87,25 @@ def test_train_replicas_with_a_decentralized_rule(tmp_path, capsys):
     rows = [json.loads(r) for r in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-2]["consensus_distance"] > 0 and rows[-1]["rule"] == "adpsgd"
     assert rows[-1]["replicas"] == 2
+
+
+def test_train_saves_and_resumes_into_other_stages(tmp_path, capsys):
+    data, ckpt = _data(tmp_path), str(tmp_path / "ckpt")
+    common = ["train", "--data", data, "--microbatches", "2", "--batch-size", "32", "--quiet",
+              "--resume", ckpt, "--clip", "1.0", "--skip-nonfinite"]
+    assert main([*common, "--stages", "4", "--steps", "6", "--save-every", "4"]) == 0
+    assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == [4, 6]
+    capsys.readouterr()
+    assert main([*common, "--stages", "2", "--steps", "10", "--out", str(tmp_path / "run")]) == 0
+    assert "resumed from step 6" in capsys.readouterr().out
+    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["steps"] == 10 and rows[0]["skipped"] == 0
+
+
+def test_bench_writes_its_tables_and_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--only", "bubbles", "padding", "--out", str(out)]) == 0
+    assert "(K-1)/(M+K-1)" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["environment"]["jax"] and len(result["bubbles"]) == 8
+    assert all(r["table_n=32"] == r["formula_n=32"] for r in result["bubbles"])

@@ -1,4 +1,4 @@
-"""`pipejax train` and `pipejax plan`: the library's data flow from the shell.
+"""`pipejax train`, `pipejax plan` and `pipejax bench`: the library from the shell.
 
 The CLI holds no logic the library lacks: it builds a layer list from
 `pipejax.models`, calls `pj.pipeline`, and loops over `trainer.step`. When
@@ -62,7 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--out", type=Path, default=None,
                        help="write metrics.jsonl, metrics.csv, curve.png, params.msgpack here")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                       help="checkpoint directory: continue from its latest checkpoint if it "
+                            "holds one (any --stages for gpipe/1f1b), and save there")
+    train.add_argument("--save-every", type=int, default=0, metavar="N",
+                       help="steps between checkpoints in --resume DIR (also saved at the end)")
+    train.add_argument("--clip", type=float, default=None,
+                       help="clip the gradients by their global norm over all stages")
+    train.add_argument("--skip-nonfinite", action="store_true",
+                       help="skip (and count) updates whose loss or gradients are not finite")
 
+    sub.add_parser("bench", add_help=False,
+                   help="measure overhead, bubbles, memory, compile time, padding (and on a GPU, "
+                        "MFU); `pipejax bench --help` for its options")
     plan = sub.add_parser("plan", help="print the partition table and the schedule timeline")
     common(plan)
     plan.add_argument("--plot", type=Path, default=None, help="also draw the timeline to this PNG")
@@ -89,6 +101,15 @@ def plan(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        import pipejax as pj
+        from pipejax import bench
+
+        try:
+            pj.simulate_devices(32)  # the deepest compile-time case runs 32 stages
+        except pj.errors.DeviceError:
+            pass  # JAX already started (bench called in-process): fewer stages there
+        return bench.main(argv[1:])
     args = _parser().parse_args(argv)
     from pipejax import distributed
     from pipejax.errors import PipejaxError

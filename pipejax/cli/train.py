@@ -65,25 +65,35 @@ def _accuracy(layers: list):
 
 
 def _loop(args, trainer, state, data, total: int, accuracy):
-    """`total` steps over shuffled epochs, then a flush; returns the state,
-    the metric rows and the seconds it took."""
+    """Steps `state.step` to `total` over shuffled epochs (a resumed run goes
+    on with the batch it would have had next), then a flush; returns the
+    state, the metric rows and the seconds it took."""
     import pipejax as pj
     from tqdm import tqdm
 
     rows: list[dict] = []
-    bar = tqdm(total=total, unit="step", disable=args.quiet, dynamic_ncols=True)
-    step, start, epoch = 0, time.perf_counter(), 0
+    step, start = int(state.step), time.perf_counter()
+    per_epoch = len(data.x_train) // args.batch_size
+    epoch, skip = divmod(step, per_epoch)
+    bar = tqdm(total=total, initial=step, unit="step", disable=args.quiet, dynamic_ncols=True)
     while step < total:
         for x, y in pj.data.batches(data.x_train, data.y_train, args.batch_size, args.seed, epoch):
+            if skip:
+                skip -= 1
+                continue
             if step == total:
                 break
             state, metrics = trainer.step(state, (x, y))
             step += 1
+            if args.save_every and step % args.save_every == 0:
+                pj.save(args.resume, trainer, state)
             if (step % 20 == 0 or step == total) and int(metrics["completed"]):
                 loss = float(metrics["loss"])
                 rate = step * args.batch_size / (time.perf_counter() - start)
                 bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:.0f}")
                 rows.append({"step": step, "epoch": epoch, "loss": loss})
+                if "skipped" in metrics:
+                    rows[-1]["skipped"] = int(metrics["skipped"])
                 if "consensus_distance" in metrics:
                     rows[-1]["consensus_distance"] = float(metrics["consensus_distance"])
             if args.eval_every and step % args.eval_every == 0:
@@ -94,6 +104,8 @@ def _loop(args, trainer, state, data, total: int, accuracy):
         epoch += 1
     bar.close()
     state, _ = trainer.flush(state)  # an asynchronous pipeline finishes what is in flight
+    if args.resume is not None:
+        pj.save(args.resume, trainer, state)
     return state, rows, time.perf_counter() - start
 
 
@@ -124,6 +136,9 @@ def train(args) -> int:
         raise pj.errors.ConfigError(f"--batch-size {args.batch_size} is not divisible by "
                                     f"--microbatches {args.microbatches} x --replicas "
                                     f"{args.replicas}")
+    if args.save_every and args.resume is None:
+        raise pj.errors.ConfigError("--save-every N writes checkpoints into --resume DIR; give "
+                                    "the directory")
     if jax.process_index() > 0:  # one process reports for the job
         args.quiet, args.out, args.eval_every = True, None, 0
     defaults = MODEL_DEFAULTS[args.model][1]
@@ -133,16 +148,23 @@ def train(args) -> int:
     layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh, stash)
     if jax.process_index() == 0:
         print(pipe, flush=True)
-    trainer = pipe.trainer(optimizer, _rule(args))
-    state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
+    trainer = pipe.trainer(optimizer, _rule(args), clip_norm=args.clip,
+                           skip_nonfinite=args.skip_nonfinite)
+    if args.resume is not None and pj.checkpoint.latest(args.resume) is not None:
+        state = pj.restore(args.resume, trainer)
+        if jax.process_index() == 0:
+            print(f"resumed from step {int(state.step)} in {args.resume}", flush=True)
+    else:
+        state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
     total = args.steps if args.steps is not None else epochs * (len(data.x_train) // args.batch_size)
     accuracy = _accuracy(layers)
+    first = int(state.step)
     state, rows, seconds = _loop(args, trainer, state, data, total, accuracy)
     variables = pj.unstage(state)  # gathered from every process; the replicas' mean
     summary = {"test_accuracy": accuracy(variables, data.x_test, data.y_test),
                "train_accuracy": accuracy(variables, data.x_train, data.y_train),
                "steps": total, "seconds": round(seconds, 1),
-               "examples_per_s": round(total * args.batch_size / seconds, 1),
+               "examples_per_s": round((total - first) * args.batch_size / seconds, 1),
                "model": args.model, "schedule": args.schedule, "stages": args.stages,
                "split": list(pipe.plan.split), "optimizer": args.optimizer, "lr": lr,
                "momentum": args.momentum, "mitigation": args.mitigation or "none",

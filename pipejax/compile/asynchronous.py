@@ -58,26 +58,26 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
     def body(p, s, rule, rings, x, y, base, start, fed, key):
         if n == 0:  # nothing outlives its own period (one stage): no program to run
             return (p, s, rule, rings, jnp.zeros(0, jnp.float32), jnp.zeros(0, bool),
-                    opts.consensus(local(p)))
+                    opts.consensus(local(p)), jnp.int32(0))
         key = replica_key(key, mesh)
 
         def period(i, c):
-            p, s, rings, losses, done = c
+            p, s, rings, losses, done, skipped = c
             out = run_table(code, schedule, layout, p, s, rings, (local(x), local(y)),
                             (base + i * M, start, fed), key, opts, axes)
             losses = lax.dynamic_update_slice(losses, out.losses, (i * M,))
             done = lax.dynamic_update_slice(done, out.done, (i * M,))
-            return out.params, out.opt_state, out.rings, losses, done
+            return out.params, out.opt_state, out.rings, losses, done, skipped + out.skipped
 
         init = (local(p), OptState(local(s), local(rule)), local(rings),
-                jnp.zeros(n * M, jnp.float32), jnp.zeros(n * M, bool))
-        p, s, rings, losses, done = lax.fori_loop(0, n, period, init)
+                jnp.zeros(n * M, jnp.float32), jnp.zeros(n * M, bool), jnp.int32(0))
+        p, s, rings, losses, done, skipped = lax.fori_loop(0, n, period, init)
         return (lead(p), lead(s.stages), lead(s.rule), lead(rings), losses, done,
-                opts.consensus(p))
+                opts.consensus(p), skipped)
 
     spec = per_replica(mesh)
     return shard(body, mesh, (spec,) * 6 + (REPLICATED,) * 4,
-                 (spec,) * 4 + (REPLICATED,) * 3)
+                 (spec,) * 4 + (REPLICATED,) * 4)
 
 
 def _advance(code, schedule, layout, mesh, opts, n: int) -> Callable:
@@ -88,14 +88,15 @@ def _advance(code, schedule, layout, mesh, opts, n: int) -> Callable:
 
     def run(state: TrainState, x: Any, y: Any, fed: jax.Array, start: jax.Array):
         f = state.inflight
-        p, s, rule, rings, losses, done, spread = program(
+        p, s, rule, rings, losses, done, spread, skipped = program(
             state.params.buffers, state.opt_state.buffers, state.rule_state, f.rings, x, y,
             f.base, start, fed, state.key)
         inflight = InFlight(rings, x, y, f.base + n * M, start, fed)
         new = state._replace(params=Staged(p, code.params, R),
                              opt_state=Staged(s, opts.packing, R), inflight=inflight,
                              rule_state=rule)
-        return new, metrics(losses, done, f.base + order, spread)
+        return new, metrics(losses, done, f.base + order, spread,
+                            skipped if opts.skip_nonfinite else None)
 
     return run
 

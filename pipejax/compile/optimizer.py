@@ -4,7 +4,8 @@ The optimizer is an optax `GradientTransformation` (the same for every
 stage) or a function `StageInfo -> GradientTransformation`, so that
 staleness-aware transforms get their stage's delay and horizons from the
 schedule table. Each stage's transform sees that stage's parameters only (a
-tree-wide transform such as `clip_by_global_norm` acts per stage). Its state
+tree-wide transform such as `optax.clip_by_global_norm` in the chain acts per
+stage; `clip_norm` clips by the norm over all stages instead). Its state
 is packed like the parameters (a `Staged`), and unpacks into ordinary optax
 states. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
 forward (and backward, given a backward horizon) on the predicted weights.
@@ -32,7 +33,7 @@ from pipejax.compile.packing import Buffers, Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard
 from pipejax.compile.state import Staged
-from pipejax.errors import ArgumentTypeError
+from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.mesh import AXIS
 from pipejax.schedules import Schedule
 from pipejax.transforms import forecast, forecast_horizon, has_forecast
@@ -60,11 +61,17 @@ class StageOptimizers:
     groups: StageGroups  # stages with one transform and one parameter structure share a branch
     rule: DataRule | None = None
     replicas: int = 1
+    clip_norm: float | None = None  # clip by the global norm over all stages
+    skip_nonfinite: bool = False  # skip (and count) updates with non-finite gradients
 
     @classmethod
     def of(cls, optimizer: Optimizer, schedule: Schedule, params: Packing,
-           rule: DataRule | None = None, replicas: int = 1) -> "StageOptimizers":
+           rule: DataRule | None = None, replicas: int = 1, clip_norm: float | None = None,
+           skip_nonfinite: bool = False) -> "StageOptimizers":
         K = schedule.stages
+        if clip_norm is not None and not clip_norm > 0:
+            raise ConfigError(f"clip_norm={clip_norm}; the largest global gradient norm must be "
+                              "a positive number (or None for no clipping)")
         if isinstance(optimizer, optax.GradientTransformation):
             transforms = [optimizer] * K
         elif callable(optimizer):
@@ -83,7 +90,8 @@ class StageOptimizers:
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1])
         return cls(tuple(transforms), params, Packing.of(states),
-                   tuple(has_forecast(s) for s in states), groups, rule, replicas)
+                   tuple(has_forecast(s) for s in states), groups, rule, replicas, clip_norm,
+                   skip_nonfinite)
 
     def init_program(self, mesh: Mesh, replicated: bool) -> Callable[[Staged], tuple]:
         """Staged params (one model when `replicated`, else R replicas) ->
@@ -122,28 +130,65 @@ class StageOptimizers:
 
         return self.groups.branches(branch)
 
-    def update(self, p: Buffers, grads: Buffers, s: OptState,
-               when: jax.Array | None = None) -> tuple[Buffers, OptState]:
+    @property
+    def collective(self) -> bool:
+        """Whether an update runs collectives (a data rule, the global norm)."""
+        return self.rule is not None or self.clip_norm is not None
+
+    def update(self, p: Buffers, grads: Buffers, s: OptState, when: jax.Array | None = None,
+               scope: tuple[str, ...] = ()) -> tuple[Buffers, OptState, jax.Array]:
         """Inside shard_map: this stage's update of its packed params, with the
-        data rule around it when there is one. With a rule, `when` (a stage's
-        backward inside an asynchronous table) masks the update instead of
-        skipping it: every device runs the rule's collectives at every call
-        (XLA CPU deadlocks on a collective that only some devices reach)."""
-        if self.rule is None:
-            p, stages = self.groups.switch(self._branches(apply=True), p, grads, s.stages)
-            return p, OptState(stages, ())
-        before, after = s.rule
-        grads, new_before = self.rule.before.update(grads, before, p)
+        data rule and the global-norm clip around it; returns (params, state,
+        skipped: 1 if the guard dropped a non-finite gradient, else 0).
+
+        `when` keeps params and state unchanged where it is false. A
+        collective update runs its collectives on every device at every call
+        and masks the result (XLA CPU deadlocks on a collective that only
+        some devices reach). The guard checks the gradients the stage's
+        optimizer would take (after the rule's average), over mesh axes `scope`.
+        """
+        if self.rule is not None:
+            before, after = s.rule
+            grads, before = self.rule.before.update(grads, before, p)
+        skipped, ok = jnp.int32(0), None
+        if self.skip_nonfinite:
+            bad = sum(jnp.sum(~jnp.isfinite(g)) for g in grads).astype(jnp.int32)
+            ok = (lax.psum(bad, scope) if scope else bad) == 0
+            skipped = ((True if when is None else when) & ~ok).astype(jnp.int32)
+            when = ok if when is None else when & ok
+        if self.clip_norm is not None:
+            grads = self._clip(grads, ok)
+        if not self.collective:
+            apply = lambda g, c: self.groups.switch(self._branches(apply=True), c[0], g, c[1])
+            p, stages = (apply(grads, (p, s.stages)) if when is None
+                         else run_if(when, apply, grads, (p, s.stages)))
+            return p, OptState(stages, ()), skipped
         step = lambda ops, c: self.groups.switch(self._branches(apply=False), *ops, c[1])
         if when is None:
             updates, stages = step((p, grads), (None, s.stages))
         else:
             updates, stages = run_if(when, step, (p, grads), (self.params.zeros(), s.stages))
-        updates, new_after = self.rule.after.update(updates, after, p)
-        new = (optax.apply_updates(p, updates), (new_before, new_after))
+        rule = ()
+        if self.rule is not None:
+            updates, after = self.rule.after.update(updates, after, p)
+            rule = (before, after)
+        new = (optax.apply_updates(p, updates), rule)
         if when is not None:
-            new = jax.tree.map(lambda n, o: jnp.where(when, n, o), new, (p, (before, after)))
-        return new[0], OptState(stages, new[1])
+            new = jax.tree.map(lambda n, o: jnp.where(when, n, o), new, (p, s.rule))
+        return new[0], OptState(stages, new[1]), skipped
+
+    def _clip(self, grads: Buffers, ok: jax.Array | None) -> Buffers:
+        """`optax.clip_by_global_norm` over the gradients of ALL stages: the
+        squared norm is summed over the stage axis (padding holds zeros), so
+        the clip means what it means for the unpipelined model. A stage whose
+        gradient the guard drops (`ok` false) adds nothing to the norm."""
+        square = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads)
+        if ok is not None:
+            square = jnp.where(ok, square, 0.0)
+        norm = jnp.sqrt(lax.psum(square, AXIS))
+        trigger = norm < self.clip_norm
+        return tuple(lax.select(trigger, g, (g / norm.astype(g.dtype)) * self.clip_norm)
+                     for g in grads)
 
     def consensus(self, p: Buffers) -> jax.Array | None:
         """Inside shard_map: the spread of the replicas' weights (all stages),

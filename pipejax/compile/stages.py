@@ -47,11 +47,18 @@ class StageCode:
         self.groups = StageGroups.by([self._structure(k) for k in range(self.K)], _same_structure)
         self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(self.K)])
         self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(self.K - 1)])
+        self.x_m, self.y_m = x_m, y_m
+        kept = [self.residuals(k, remat) for k in self.groups.first]
+        self.kept = Packing.of([kept[g] for g in self.groups.of])
+
+    def residuals(self, k: int, remat: Remat) -> Any:
+        """The abstract residuals stage k keeps from a forward to its backward
+        under `remat` (with "none": its whole working set of one micro-batch)."""
         key = jax.eval_shape(lambda: jax.random.key(0))
         first = jax.ShapeDtypeStruct((), jnp.int32)
-        kept = [jax.eval_shape(lambda *args, k=k: self._vjp(k, *args)[1], self.params.abstract_tree(k),
-                               self._input(k), x_m, y_m, key, first) for k in self.groups.first]
-        self.kept = Packing.of([kept[g] for g in self.groups.of])
+        return jax.eval_shape(lambda *args: self._vjp(k, *args, remat=remat)[1],
+                              self.params.abstract_tree(k), self._input(k), self.x_m, self.y_m,
+                              key, first)
 
     def _structure(self, k: int) -> tuple:
         """What stage k's code depends on: its role (reads the batch, ends in
@@ -67,9 +74,11 @@ class StageCode:
     def _input(self, k: int) -> Any:
         return self.plan.stage_specs(k)[0].input if k > 0 else None
 
-    def fn(self, k: int, x_m: Any, y_m: Any, key: jax.Array, first: jax.Array) -> Callable:
+    def fn(self, k: int, x_m: Any, y_m: Any, key: jax.Array, first: jax.Array,
+           remat: Remat | None = None) -> Callable:
         """f_k(params, h): stage k's layers (of global indices first, first + 1,
-        ...: the stages of a group share this code); the last stage ends in the loss."""
+        ...: the stages of a group share this code); the last stage ends in
+        the loss. Rematerialized as `remat` says (default: the pipeline's)."""
         r = self.plan.ranges[k]
         layers = self.layers[r.start:r.stop]
 
@@ -77,16 +86,17 @@ class StageCode:
             out = apply_layers(layers, params, x_m if k == 0 else h, key, True, first=first)
             return self.loss(out, y_m) if k == self.K - 1 else out
 
-        if self.remat == "none":
+        remat = self.remat if remat is None else remat
+        if remat == "none":
             return f
-        policy = jax.checkpoint_policies.nothing_saveable if self.remat == "stage" else self.remat
+        policy = jax.checkpoint_policies.nothing_saveable if remat == "stage" else remat
         return jax.checkpoint(f, policy=policy)
 
     def _vjp(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
-             first: jax.Array):
+             first: jax.Array, remat: Remat | None = None):
         """Stage k's output (the loss on the last stage), the residuals to keep
         for its backward, and how to rebuild the vjp from them."""
-        out, vjp_fn = jax.vjp(self.fn(k, x_m, y_m, key, first), params, h)
+        out, vjp_fn = jax.vjp(self.fn(k, x_m, y_m, key, first, remat), params, h)
         known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key, first]
         kept, recipe = residuals.split(vjp_fn, known, out)
         return out, kept, lambda kept_again: residuals.rebuild(recipe, known, kept_again)

@@ -42,7 +42,7 @@ class Staged:
         """The K stage trees of one replica (or of the replicas' mean with
         replica="mean") as ordinary pytrees of arrays, copied to the host."""
         R, K = self.replicas, self.packing.stages
-        host = [_host(b).reshape(R, K, *np.shape(b)[1:]) for b in self.buffers]
+        host = [host_array(b).reshape(R, K, *np.shape(b)[1:]) for b in self.buffers]
         if replica == "mean":
             # θ_0 + mean(θ_r − θ_0): exactly θ_0 when the replicas agree (SSGD).
             rows = [b[0] + np.mean(b - b[0], axis=0).astype(b.dtype) for b in host]
@@ -59,7 +59,7 @@ class Staged:
                 f"slots={len(self.buffers)}, elements={n})")
 
 
-def _host(a: jax.Array) -> np.ndarray:
+def host_array(a: jax.Array) -> np.ndarray:
     """`a` on this host, gathered from the other processes if it spans them."""
     if isinstance(a, jax.Array) and not a.is_fully_addressable:
         from jax.experimental import multihost_utils

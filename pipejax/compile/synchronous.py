@@ -71,22 +71,27 @@ def train_step(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
 
     def body(p, s, rule, x, y, key):
         out = _pass(code, schedule, layout, mesh, local(p), x, y, key)
-        p, s = opts.update(local(p), out.grads, OptState(local(s), local(rule)))
-        return lead(p), lead(s.stages), lead(s.rule), out.losses, out.done, opts.consensus(p)
+        # The guard decides for the whole step on every device alike.
+        finite = jnp.all(jnp.isfinite(out.losses)) if opts.skip_nonfinite else None
+        p, s, skipped = opts.update(local(p), out.grads, OptState(local(s), local(rule)),
+                                    when=finite, scope=tuple(mesh.axis_names))
+        skipped = None if finite is None else jnp.maximum(skipped, (~finite).astype(jnp.int32))
+        return (lead(p), lead(s.stages), lead(s.rule), out.losses, out.done, opts.consensus(p),
+                skipped)
 
     spec, batch = per_replica(mesh), split_over_replicas(mesh)
     sharded = shard(body, mesh, (spec, spec, spec, batch, batch, REPLICATED),
-                    (spec, spec, spec, REPLICATED, REPLICATED, REPLICATED))
+                    (spec, spec, spec) + (REPLICATED,) * 4)
 
     def step(state: TrainState, batch: tuple):
         x, y = microbatch.split(batch, M, example, targets, R)
         key = jax.random.fold_in(state.key, state.step)
-        p, s, rule, losses, done, spread = sharded(state.params.buffers, state.opt_state.buffers,
-                                                   state.rule_state, x, y, key)
+        p, s, rule, losses, done, spread, skipped = sharded(
+            state.params.buffers, state.opt_state.buffers, state.rule_state, x, y, key)
         new = TrainState(Staged(p, code.params, R), Staged(s, opts.packing, R), state.step + 1,
                          state.key, None, rule)
         ids = state.step * M + jnp.arange(M)
-        return new, metrics(losses, done, ids, spread)
+        return new, metrics(losses, done, ids, spread, skipped)
 
     return step
 

@@ -41,6 +41,7 @@ class TableOut(NamedTuple):
     grads: Any  # accumulated packed gradients (synchronous tables), () otherwise
     losses: jax.Array  # [M] float32: each finished micro-batch's loss, mean over the replicas
     done: jax.Array  # [M] bool: which of them the pass finished
+    skipped: jax.Array  # int32: updates the guard skipped (all stages and replicas)
 
 
 def loss_ticks(schedule: Schedule) -> np.ndarray:
@@ -57,10 +58,11 @@ def finishing(schedule: Schedule) -> np.ndarray:
 
 
 def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,
-            spread: jax.Array | None = None) -> dict:
+            spread: jax.Array | None = None, skipped: jax.Array | None = None) -> dict:
     """The metrics of a step: mean loss of the finished micro-batches (NaN if
     none), their count, and each micro-batch's loss (NaN if not finished);
-    under a decentralized data rule, the replicas' consensus distance."""
+    under a decentralized data rule, the replicas' consensus distance; with
+    the non-finite guard, the updates it skipped."""
     count = jnp.sum(done.astype(jnp.int32))
     total = jnp.sum(jnp.where(done, losses, 0.0))
     out = {"loss": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
@@ -68,6 +70,8 @@ def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,
            "microbatch": ids.astype(jnp.int32)}
     if spread is not None:
         out["consensus_distance"] = spread
+    if skipped is not None:
+        out["skipped"] = skipped
     return out
 
 
@@ -115,11 +119,11 @@ class _Tick:
             _read(rings.inputs, gf % lay.input_slots), _read(rings.inputs, gb % lay.input_slots),
             _read(rings.grads, gb % lay.grad_slots)))
         kept, weights, msg_f, loss = self._forward(do_f, gf, p, s, rings, h_f)
-        p, s, acc, msg_b = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
+        p, s, acc, msg_b, skipped = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
         rings = self._exchange(rings._replace(kept=kept, weights=weights),
                                (msg_f, gf, do_f), (msg_b, gb, do_b))
         last = do_f & (self.k == self.K - 1)  # a micro-batch's loss, once, on the last stage
-        return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32))
+        return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped)
 
     def _weights(self, p: Buffers, s: Any, backward: bool) -> Buffers:
         """The weights an op runs on: p, or the stage's forecast from (p, s)."""
@@ -148,30 +152,32 @@ class _Tick:
     def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
         """Stage k's backward of micro-batch gb at the current weights (their
         backward forecast, or the stashed ones); then the gradient is summed
-        or applied at once (under a data rule, after the loop of 0 or 1 trips:
-        the rule's collectives run on every device at every tick)."""
+        or applied at once (for a collective update, after the loop of 0 or 1
+        trips: its collectives run on every device at every tick). Also
+        returns 1 if the guard skipped the update, else 0."""
         slot = gb % self.layout.kept_slots
         stashed = _read(weights, slot) if self.layout.weight_stashing else None
-        ruled = not self.sync and self.opts.rule is not None
+        collective = not self.sync and self.opts.collective
 
         def backward(args, c):
-            p, s, acc, _ = c
+            p, s, acc, _, skipped = c
             w = stashed if stashed is not None else self._weights(p, s, backward=True)
             grads, msg = self.code.groups.switch(self.backwards, w, *args)
             if self.sync:
-                return p, s, tuple(a + d for a, d in zip(acc, grads)), msg
-            if ruled:
-                return p, s, grads, msg
-            p, s = self.opts.update(p, grads, s)
-            return p, s, acc, msg
+                return p, s, tuple(a + d for a, d in zip(acc, grads)), msg, skipped
+            if collective:
+                return p, s, grads, msg, skipped
+            p, s, skipped = self.opts.update(p, grads, s)
+            return p, s, acc, msg, skipped
 
         args = (h_b, g_b, _read(kept, slot), *self._inputs(gb))
-        init = (p, s, self.code.params.zeros() if ruled else acc, self.code.acts.zeros())
-        p, s, acc, msg = run_if(do_b, backward, args, init)
-        if ruled:
-            p, s = self.opts.update(p, acc, s, when=do_b)
+        init = (p, s, self.code.params.zeros() if collective else acc, self.code.acts.zeros(),
+                jnp.int32(0))
+        p, s, acc, msg, skipped = run_if(do_b, backward, args, init)
+        if collective:
+            p, s, skipped = self.opts.update(p, acc, s, when=do_b)
             acc = ()
-        return p, s, acc, msg
+        return p, s, acc, msg, skipped
 
     def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
         """Send activations to stage k + 1 and gradients to stage k − 1; file
@@ -206,8 +212,11 @@ def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffe
     tick = _Tick(code, schedule, layout, data, counters, key, opts)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
-    (p, s, rings, acc), (losses, done) = lax.scan(tick, (params, opt_state, rings, acc), xs)
+    (p, s, rings, acc), (losses, done, skipped) = lax.scan(tick, (params, opt_state, rings, acc),
+                                                          xs)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
+    guarded = opts is not None and opts.skip_nonfinite
+    skipped = lax.psum(jnp.sum(skipped), (*replica_axes, AXIS)) if guarded else jnp.int32(0)
     if replica_axes:  # every replica finishes the same micro-batches
         losses = lax.pmean(losses, replica_axes)
-    return TableOut(p, s, rings, acc, losses, done)
+    return TableOut(p, s, rings, acc, losses, done, skipped)

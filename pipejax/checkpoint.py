@@ -1,0 +1,281 @@
+"""Checkpoints that do not depend on the pipeline's layout (orbax-checkpoint).
+
+A pipeline's buffers are packed per stage, so a checkpoint of them would be
+tied to one split (DeepSpeed needs its "universal checkpointing", Megatron
+resharding scripts). `save` stores what the layer list defines instead: the
+variables of every layer (`pj.unstage`), each per-parameter part of the
+optimizer state per layer (momentum, Adam's moments), the rest of each
+stage's optimizer state (step counts), the step, the RNG key, and what only
+the same layout can read back: the data rule's state and, for asynchronous
+schedules, the micro-batches in flight. `restore` re-packs them for any
+trainer of the same layer list: another number of stages for synchronous
+schedules, or for asynchronous ones after a flush (nothing in flight).
+
+Every array carries a leading replica axis (R pipeline replicas on a data
+mesh); a checkpoint of one replica restores into R. Writing is atomic
+(orbax writes a temporary directory and renames it when complete), so a save
+killed midway leaves the previous checkpoint the latest one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from pipejax.compile.state import Staged, TrainState, host_array
+from pipejax.errors import CheckpointError
+
+FORMAT = 1
+
+
+def _name(path: tuple) -> str:
+    """A key path as a short dotted name ('params.kernel')."""
+    parts = [str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path]
+    return ".".join(parts)
+
+
+def _flat(prefix: str, tree: Any) -> dict[str, Any]:
+    return {f"{prefix}{_name(path)}": leaf for path, leaf in jax.tree.flatten_with_path(tree)[0]}
+
+
+def _describe(tree: Any) -> str:
+    return ", ".join(f"{_name(p)} {np.dtype(x.dtype)}{list(x.shape)}"
+                     for p, x in jax.tree.flatten_with_path(tree)[0]) or "no variables"
+
+
+def _split(state: Any, params: Any) -> tuple[Any, list, list]:
+    """A stage's optax state as (treedef, parts shaped like the stage's
+    parameters (per-parameter states), the other leaves)."""
+    like = jax.tree.structure(params)
+    is_slot = lambda x: jax.tree.structure(x) == like
+    parts, treedef = jax.tree.flatten(state, is_leaf=is_slot)
+    return treedef, [p for p in parts if is_slot(p)], [p for p in parts if not is_slot(p)]
+
+
+def _layout(trainer) -> dict:
+    """What must be equal for the layout-bound parts to restore as saved."""
+    pipe = trainer.pipeline
+    return {"ranges": [[r.start, r.stop] for r in pipe.plan.ranges],
+            "schedule": pipe.schedule.name, "microbatches": pipe.schedule.microbatches,
+            "replicas": trainer.replicas}
+
+
+def _manager(path: str | os.PathLike, keep: int | None = None) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(os.path.abspath(os.fspath(path)),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+
+def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None = None) -> int:
+    """Write `state` of `trainer` as checkpoint `state.step` under directory
+    `path` (replacing one of the same step); keep the last `keep` (all if
+    None). Returns the step."""
+    pipe, R = trainer.pipeline, trainer.replicas
+    if not isinstance(state, TrainState):
+        raise CheckpointError(f"pj.save takes a trainer's TrainState, not {type(state).__name__}")
+    K = pipe.plan.stages
+    replicas = [state.params.per_stage(r) for r in range(R)]
+    opts = [trainer.opt_state(state, r) for r in range(R)]
+    stack = lambda *xs: np.stack([np.asarray(x) for x in xs])
+    tree: dict[str, Any] = {}
+    for i, layer in enumerate(zip(*[[v for stage in rep for v in stage] for rep in replicas])):
+        tree.update(_flat(f"layer{i}.", jax.tree.map(stack, *layer)))
+    slots = None
+    for k in range(K):
+        split = [_split(opts[r][k], replicas[r][k]) for r in range(R)]
+        slots = len(split[0][1])
+        for j in range(slots):
+            for n, i in enumerate(pipe.plan.ranges[k]):
+                tree.update(_flat(f"opt{j}.layer{i}.", jax.tree.map(
+                    stack, *[s[1][j][n] for s in split])))
+        for n, leaves in enumerate(zip(*[s[2] for s in split])):
+            tree[f"stage{k}.opt.{n}"] = stack(*leaves)
+    tree.update(_flat("rule.", jax.tree.map(host_array, state.rule_state)))
+    inflight = state.inflight
+    flushed = True
+    if inflight is not None:
+        tree.update(_flat("inflight.", jax.tree.map(host_array, inflight)))
+        flushed = bool(np.asarray(inflight.start) == np.asarray(inflight.fed))
+    tree["step"] = np.asarray(state.step)
+    tree["key"] = np.asarray(jax.random.key_data(state.key))
+    meta = {"format": FORMAT, "step": int(state.step), "stages": K, "opt_slots": slots,
+            "layers": [[s.name, _describe(s.variables)] for s in pipe.specs],
+            "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
+            "synchronous": pipe.schedule.synchronous, **_layout(trainer)}
+    step = int(state.step)
+    manager = _manager(path, keep)
+    if step in manager.all_steps():
+        manager.delete(step)
+    manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(tree),
+                                               meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+    manager.close()
+    return step
+
+
+def latest(path: str | os.PathLike) -> int | None:
+    """The step of the latest complete checkpoint under `path`, or None."""
+    if not os.path.isdir(path):
+        return None
+    return _manager(path).latest_step()
+
+
+def _check(meta: dict, trainer) -> None:
+    """Raise unless the checkpoint's layers are the trainer's, naming the
+    first that differs."""
+    specs = trainer.pipeline.specs
+    saved = meta["layers"]
+    for i, ((name, shapes), spec) in enumerate(zip(saved, specs)):
+        mine = _describe(spec.variables)
+        if name != spec.name or shapes != mine:
+            raise CheckpointError(
+                f"layer {i} differs: the checkpoint has {name} with {shapes}, this trainer's "
+                f"pipeline has {spec.name} with {mine}; restore into a pipeline of the same "
+                "layer list")
+    if len(saved) != len(specs):
+        raise CheckpointError(f"the checkpoint holds {len(saved)} layers, this trainer's pipeline "
+                              f"{len(specs)}; restore into a pipeline of the same layer list")
+
+
+def restore(path: str | os.PathLike, trainer, step: int | None = None) -> TrainState:
+    """The state saved under `path` (the latest checkpoint, or `step`),
+    packed for `trainer`: any number of stages for a synchronous schedule;
+    for an asynchronous one the same layout, or any after a flush."""
+    manager = _manager(path)
+    steps = manager.all_steps()
+    if not steps or (step is not None and step not in steps):
+        raise CheckpointError(f"no checkpoint{'' if step is None else f' of step {step}'} in "
+                              f"{os.fspath(path)} (steps there: {sorted(steps)})")
+    step = max(steps) if step is None else step
+    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint format {meta.get('format')} in {os.fspath(path)}; this "
+                              f"pipejax reads format {FORMAT}")
+    _check(meta, trainer)
+    tree = manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
+    manager.close()
+    return _assemble(trainer, meta, {k: np.asarray(v) for k, v in tree["arrays"].items()})
+
+
+def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
+    pipe, opts, R = trainer.pipeline, trainer.optimizers, trainer.replicas
+    K, saved_R = pipe.plan.stages, meta["replicas"]
+    if saved_R not in (1, R):
+        raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
+                              f"{R}; restore into {saved_R} replicas (or save one replica)")
+    rep = lambda a, r: a[r if saved_R > 1 else 0]
+    same_layout = {k: meta[k] for k in _layout(trainer)} == _layout(trainer)
+    if not (same_layout or meta["flushed"]):
+        raise CheckpointError(
+            f"the checkpoint holds micro-batches in flight for another layout (layer ranges "
+            f"{meta['ranges']}, {meta['schedule']}, M={meta['microbatches']}, {saved_R} "
+            "replicas); flush the trainer before saving to restore into other stages")
+
+    def leaves(prefix: str, template: Any, r: int) -> Any:
+        def get(path, want):
+            name = f"{prefix}{_name(path)}"
+            if name not in tree or rep(tree[name], r).shape != tuple(want.shape):
+                got = "nothing" if name not in tree else f"shape {list(rep(tree[name], r).shape)}"
+                raise CheckpointError(f"checkpoint entry {name}: expected {np.dtype(want.dtype)}"
+                                      f"{list(want.shape)}, found {got}")
+            return rep(tree[name], r).astype(want.dtype)
+        return jax.tree_util.tree_map_with_path(get, template)
+
+    others = _stage_others(meta, tree, K)
+    params, states = [], []
+    for r in range(R):
+        for k in range(K):
+            layers = [leaves(f"layer{i}.", pipe.specs[i].variables, r) for i in pipe.plan.ranges[k]]
+            template = opts.packing.abstract_tree(k)
+            treedef, slots, rest = _split(template, opts.params.abstract_tree(k))
+            filled = iter([[leaves(f"opt{j}.layer{i}.", slot[n], r)
+                            for n, i in enumerate(pipe.plan.ranges[k])]
+                           for j, slot in enumerate(slots)])
+            values = iter(rep(a, r) for a in others(k, len(rest)))
+            like = jax.tree.structure(opts.params.abstract_tree(k))
+            parts, _ = jax.tree.flatten(template, is_leaf=lambda x: jax.tree.structure(x) == like)
+            parts = [next(filled) if jax.tree.structure(p) == like else next(values) for p in parts]
+            params.append(opts.params.pack(k, layers))
+            states.append(opts.packing.pack(k, jax.tree.unflatten(treedef, parts)))
+    shardings = trainer.shardings
+    stacked = lambda rows: tuple(np.stack([np.asarray(b) for b in slot]) for slot in zip(*rows))
+    p = Staged(tuple(_put(b, shardings.params) for b in stacked(params)), opts.params, R)
+    s = Staged(tuple(_put(b, shardings.opt_state) for b in stacked(states)), opts.packing, R)
+    key = jax.random.wrap_key_data(_put(tree["key"], shardings.key), impl=meta["key_impl"])
+    template = jax.eval_shape(trainer._initial(True), p, key)
+    rule = _layout_bound("rule.", "the data rule's state", template.rule_state, tree, meta,
+                         same_layout, shardings.rule_state, flushable=False)
+    inflight = None
+    if template.inflight is not None:
+        inflight = _layout_bound("inflight.", "the micro-batches in flight", template.inflight,
+                                 tree, meta, same_layout, shardings.inflight, flushable=True)
+    return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule)
+
+
+def _put(a: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A host array placed with `sharding` (in a job of several processes too)."""
+    return jax.make_array_from_callback(np.shape(a), sharding, lambda idx: np.asarray(a)[idx])
+
+
+def _stage_others(meta: dict, tree: dict, K: int) -> Callable[[int, int], list]:
+    """Stage k's optimizer leaves that are not per-parameter (step counts):
+    its own when the checkpoint has as many stages, else the saved stages'
+    common value (which a synchronous schedule keeps equal)."""
+    saved_K = meta["stages"]
+    per = [[tree[f"stage{k}.opt.{n}"] for n in range(_count(tree, k))] for k in range(saved_K)]
+
+    def others(k: int, n: int) -> list:
+        if saved_K == K:
+            chosen = per[k]
+        else:
+            if any(len(p) != len(per[0]) or any(not np.array_equal(a, b) for a, b in zip(p, per[0]))
+                   for p in per):
+                raise CheckpointError(
+                    f"the checkpoint's {saved_K} stages have different optimizer counters (an "
+                    f"asynchronous schedule); restore it into {saved_K} stages")
+            chosen = per[0]
+        if len(chosen) != n:
+            raise CheckpointError(f"stage {k}'s optimizer state has {n} leaves besides the "
+                                  f"per-parameter ones, the checkpoint {len(chosen)}: restore "
+                                  "with the optimizer it was saved with")
+        return chosen
+
+    return others
+
+
+def _count(tree: dict, k: int) -> int:
+    n = 0
+    while f"stage{k}.opt.{n}" in tree:
+        n += 1
+    return n
+
+
+def _layout_bound(prefix: str, what: str, template: Any, tree: dict, meta: dict,
+                  same_layout: bool, sharding: Any, flushable: bool) -> Any:
+    """A part only the saved layout reads (`template` of this trainer): as
+    saved when the layouts agree; for the in-flight state (`flushable`) of a
+    flushed checkpoint, an empty pipeline continuing the saved ids; else an
+    error (the caller checked that an unflushed one has the same layout)."""
+    names = list(_flat(prefix, template))
+    if not names:
+        return template
+    if same_layout:
+        values = jax.tree.unflatten(jax.tree.structure(template), [tree[n] for n in names])
+    elif flushable and meta["flushed"]:
+        base = tree[f"{prefix}base"]
+        values = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), template)
+        values = values._replace(base=base, start=base, fed=base)
+    else:
+        raise CheckpointError(f"the checkpoint holds {what} of another layout (layer ranges "
+                              f"{meta['ranges']}, {meta['replicas']} replicas); restore into the "
+                              "same stages and replicas")
+    return jax.tree.map(_put, values, _broadcast(sharding, values))
+
+
+def _broadcast(prefix: Any, tree: Any) -> Any:
+    """A sharding prefix tree expanded to `tree`'s leaves."""
+    return jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), prefix, tree,
+                        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))

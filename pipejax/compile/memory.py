@@ -1,0 +1,108 @@
+"""The memory a training step needs on each device, predicted before compiling.
+
+DeepSpeed's users find the first and last stages using 25–30 % more memory
+than predicted; here the prediction is made from the same buffers the
+program allocates, and `benchmarks/run_all.py` checks it against XLA's
+`memory_analysis()` of the compiled step (argument + output + temp bytes).
+
+What a step holds on one device (every device allocates the padded size of
+the largest stage: SPMD buffers have one shape):
+  - its inputs and outputs: the parameters and optimizer state (the step
+    returns new ones; no buffer is donated), the in-flight state of an
+    asynchronous pipeline (rings, data rings, stashed weights), the batch;
+  - the ring buffers of the table (stage inputs, output gradients and, in
+    a synchronous step, kept residuals) as the scan carries them;
+  - a synchronous step's gradient sum;
+  - the working set of one micro-batch's forward and backward: what the
+    stage's vjp keeps without rematerialization (with remat the backward
+    recomputes it; without, the forward builds it before filing it);
+  - an asynchronous step updates parameters and optimizer state at every
+    tick on copies (the scan carry and the update), live at other times
+    than the working set: the larger of the two counts.
+Which buffers XLA copies or reuses was read off the compiled MLP and ResNet
+steps (K = 4, every schedule and remat mode); `benchmarks/run_all.py`
+reports the error of the total for each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from pipejax.compile.packing import Packing
+from pipejax.partition.plan import human_bytes
+
+
+def _bytes(tree: Any) -> int:
+    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted bytes by part: `stages[k]` what stage k's own trees need
+    (unpadded), `device` what every device allocates (padded to the largest
+    stage; compare it with the compiled step's memory_analysis())."""
+
+    stages: tuple[dict[str, int], ...]
+    device: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        """Predicted peak bytes of one device."""
+        return sum(self.device.values())
+
+    @property
+    def heaviest(self) -> int:
+        """The stage whose own trees need the most."""
+        return int(np.argmax([sum(s.values()) for s in self.stages]))
+
+    def __str__(self) -> str:
+        parts = list(self.device)
+        rows = [["part", *[f"stage {k}" for k in range(len(self.stages))], "device"]]
+        rows += [[p, *[human_bytes(s[p]) for s in self.stages], human_bytes(self.device[p])]
+                 for p in parts]
+        rows.append(["total", *[human_bytes(sum(s.values())) for s in self.stages],
+                     human_bytes(self.total)])
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append("predicted per device, before compiling (stage columns: each stage's own "
+                     "trees; device: padded to the largest, what each device allocates)")
+        return "\n".join(lines)
+
+
+def estimate(trainer) -> MemoryEstimate:
+    """The `MemoryEstimate` of `trainer.step`."""
+    pipe, opts = trainer.pipeline, trainer.optimizers
+    code, layout, schedule = pipe.code, pipe.layout, pipe.schedule
+    batch = schedule.microbatches * (_bytes(code.x_m) + _bytes(code.y_m))  # a replica's part
+    micro = _bytes(code.x_m) + _bytes(code.y_m)
+    working = [_bytes(code.residuals(k, "none")) for k in code.groups.first]
+
+    def parts(used, act_in: int, act_out: int, work: int) -> dict[str, int]:
+        """One stage's parts; `used(packing)` is its bytes of a packing."""
+        P, S, kept = used(code.params), used(opts.packing), used(code.kept)
+        moving = layout.input_slots * act_in + layout.grad_slots * act_out
+        out = {"parameters (in + out)": 2 * P, "optimizer state (in + out)": 2 * S,
+               "batch": batch}
+        if schedule.synchronous:
+            out.update({"rings": moving + layout.kept_slots * kept, "gradient sum": P,
+                        "working set": work})
+        else:
+            stash = layout.kept_slots * P if layout.weight_stashing else 0
+            held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
+            out.update({"in-flight state (in + out)": 2 * held, "rings": moving,
+                        "working set or update copies": max(work, 2 * (P + S))})
+        return out
+
+    acts, K = code.acts, pipe.plan.stages
+    stages = tuple(parts(lambda p, k=k: p.used_bytes(k),
+                         acts.used_bytes(k - 1) if k > 0 else 0,
+                         acts.used_bytes(k) if k < K - 1 else 0,
+                         working[code.groups.of[k]]) for k in range(K))
+    device = parts(Packing.slot_bytes, acts.slot_bytes(), acts.slot_bytes(), max(working))
+    return MemoryEstimate(stages, device)

@@ -1,0 +1,165 @@
+"""Layout-free checkpoints: resume exactly, restore into other stages, atomic saves."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pipejax as pj
+
+M, MB = 4, 2
+LAYERS = pj.models.mlp(depth=3, width=16, classes=10)
+
+
+def _trainer(K, schedule="gpipe", layers=LAYERS):
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 40)),
+                       stages=K, microbatches=M, schedule=schedule)
+    return pipe, pipe.trainer(optax.adam(1e-2))
+
+
+def _batch(i):
+    return jax.random.normal(jax.random.key(i), (M * MB, 40)), jnp.arange(M * MB) % 10
+
+
+def _flat(state):
+    return np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(pj.unstage(state))])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "pb"])
+def test_ten_saved_and_ten_restored_steps_equal_twenty(tmp_path, schedule):
+    pipe, trainer = _trainer(4, schedule)
+    start = trainer.init(pipe.init(jax.random.key(0)))
+    straight, losses = start, []
+    for i in range(20):
+        straight, m = trainer.step(straight, _batch(i))
+        losses.append(float(m["loss"]))
+    state = start
+    for i in range(10):
+        state, _ = trainer.step(state, _batch(i))
+    pj.save(tmp_path, trainer, state)  # PB: micro-batches in flight are saved too
+    state = pj.restore(tmp_path, trainer)
+    resumed = []
+    for i in range(10, 20):
+        state, m = trainer.step(state, _batch(i))
+        resumed.append(float(m["loss"]))
+    np.testing.assert_allclose(resumed, losses[10:], rtol=1e-6)
+    np.testing.assert_allclose(_flat(state), _flat(straight), rtol=1e-6, atol=1e-7)
+    assert int(state.step) == 20
+
+
+def test_four_stage_checkpoint_restores_into_two_stages(tmp_path):
+    pipe4, four = _trainer(4)
+    state = four.init(pipe4.init(jax.random.key(0)))
+    for i in range(3):
+        state, _ = four.step(state, _batch(i))
+    pj.save(tmp_path, four, state)
+    _, two = _trainer(2)
+    again = pj.restore(tmp_path, two)
+    np.testing.assert_array_equal(_flat(again), _flat(state))
+    state, m4 = four.step(state, _batch(3))
+    again, m2 = two.step(again, _batch(3))  # Adam's moments and count came along
+    np.testing.assert_allclose(float(m2["loss"]), float(m4["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(_flat(again), _flat(state), rtol=1e-6, atol=1e-7)
+
+
+def test_asynchronous_checkpoint_restores_into_other_stages_after_a_flush(tmp_path):
+    pipe, four = _trainer(4, "pb")
+    state = four.init(pipe.init(jax.random.key(0)))
+    for i in range(3):
+        state, _ = four.step(state, _batch(i))
+    pj.save(tmp_path / "inflight", four, state)
+    _, two = _trainer(2, "pb")
+    with pytest.raises(pj.errors.CheckpointError, match="flush the trainer before saving"):
+        pj.restore(tmp_path / "inflight", two)
+    state, _ = four.flush(state)
+    pj.save(tmp_path / "flushed", four, state)
+    again = pj.restore(tmp_path / "flushed", two)
+    np.testing.assert_array_equal(_flat(again), _flat(state))
+    again, m = two.step(again, _batch(3))
+    assert np.isfinite(float(m["loss"])) and int(m["microbatch"][0]) >= 3 * M
+
+
+def test_incompatible_trainer_names_the_first_mismatching_layer(tmp_path):
+    pipe, trainer = _trainer(2)
+    pj.save(tmp_path, trainer, trainer.init(pipe.init(jax.random.key(0))))
+    _, wider = _trainer(2, layers=pj.models.mlp(depth=3, width=32, classes=10))
+    with pytest.raises(pj.errors.CheckpointError,
+                       match=r"layer 0 differs: the checkpoint has Dense with params.bias "
+                             r"float32\[16\].*this trainer's pipeline has Dense with params.bias "
+                             r"float32\[32\]"):
+        pj.restore(tmp_path, wider)
+    _, deeper = _trainer(2, layers=pj.models.mlp(depth=4, width=16, classes=10))
+    with pytest.raises(pj.errors.CheckpointError, match="layer 6 differs"):
+        pj.restore(tmp_path, deeper)
+    with pytest.raises(pj.errors.CheckpointError, match="no checkpoint"):
+        pj.restore(tmp_path / "empty", trainer)
+
+
+def test_replicas_and_a_decentralized_rule_state_resume_exactly(tmp_path):
+    pipe = pj.pipeline(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 40)),
+                       stages=2, microbatches=2, mesh=pj.make_mesh(2, 2))
+    trainer = pipe.trainer(optax.sgd(0.1, momentum=0.9), pj.transforms.adpsgd())
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    batch = _batch(0)
+    for _ in range(3):
+        state, _ = trainer.step(state, batch)
+    pj.save(tmp_path, trainer, state)
+    again = pj.restore(tmp_path, trainer)  # replicas differ: gossip's state came along
+    (state, m1), (again, m2) = trainer.step(state, batch), trainer.step(again, batch)
+    assert float(m1["loss"]) == float(m2["loss"])
+    for a, b in zip(state.params.buffers, again.params.buffers):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+SAVER = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, optax
+import pipejax as pj
+layers = pj.models.mlp(depth=4, width=512, classes=10)
+pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((2, 40)), stages=4,
+                   microbatches=2)
+trainer = pipe.trainer(optax.adam(1e-3))
+state = trainer.init(pipe.init(jax.random.key(0)))
+pj.save(sys.argv[1], trainer, state)
+print("saved", flush=True)
+for step in range(1, 1000):
+    state = state._replace(step=state.step + 1)
+    pj.save(sys.argv[1], trainer, state)
+"""
+
+
+def test_a_save_killed_midway_leaves_the_last_checkpoint_loadable(tmp_path):
+    """SIGKILL while orbax writes a later checkpoint (its temporary directory
+    exists): the last complete one is still the latest, and loads."""
+    path = tmp_path / "ckpt"
+    env = {**os.environ, "XLA_FLAGS": ""}
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        deadline = time.monotonic() + 60
+        while not any("tmp" in p.name for p in path.iterdir()):  # a save under way
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert any("tmp" in p.name for p in path.iterdir())  # killed midway
+    pipe = pj.pipeline(pj.models.mlp(depth=4, width=512, classes=10),
+                       loss=pj.losses.cross_entropy, example=jnp.zeros((2, 40)), stages=4,
+                       microbatches=2)
+    trainer = pipe.trainer(optax.adam(1e-3))
+    step = pj.checkpoint.latest(path)
+    state = pj.restore(path, trainer)
+    assert int(state.step) == step
+    np.testing.assert_array_equal(_flat(state), _flat(trainer.init(pipe.init(jax.random.key(0)))))
