@@ -21,7 +21,7 @@ test: $(BIN)/pipejax
 	$(BIN)/python -m pytest -q -n 2
 
 bench: $(BIN)/pipejax
-	cd benchmarks && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
+	cd benchmarks && ../$(BIN)/python run_all.py && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
 		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py
 
 # The convergence table of the staleness mitigations (about 30 minutes on 2 cores)

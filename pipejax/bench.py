@@ -13,8 +13,9 @@ Sections (each a table, all in one JSON with the machine and versions):
              stages, and depth (shared branches against one per stage);
   padding    padded over real bytes of the packed parameter buffers;
   gpu        (on a GPU) a Transformer of 8 blocks, width 1024, at K = 1:
-             step time, examples/s and model FLOP utilisation, pipelined
-             and plain jit.
+             step time, examples/s and model FLOP utilisation (model FLOPs:
+             forward + backward of every layer; peak: the device's dense
+             TF32 rate), pipelined and plain jit.
 Stages beyond the default backend's devices run on simulated CPU devices.
 Ratios are measured in one run (alternating calls), never across runs.
 """
@@ -22,13 +23,14 @@ Ratios are measured in one run (alternating calls), never across runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -43,14 +45,14 @@ FEATURES, CLASSES = 40, 10
 PEAK_FLOPS = {"H100": 494.7e12, "H200": 494.7e12, "A100": 156e12}
 
 
-def environment() -> dict:
+def environment(argv: list[str]) -> dict:
     import flax
 
     return {"machine": platform.machine(), "processor": platform.processor(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
             "flax": flax.__version__, "optax": optax.__version__, "pipejax": pj.__version__,
             "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-            "devices": len(jax.devices()), "command": " ".join(["pipejax bench", *sys.argv[1:]]),
+            "devices": len(jax.devices()), "command": " ".join(["pipejax bench", *argv]),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -63,10 +65,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells])
 
 
-def _mesh(K: int) -> jax.sharding.Mesh:
-    """K devices of the default backend, or simulated CPU devices if it has fewer."""
-    devices = jax.devices() if len(jax.devices()) >= K else jax.devices("cpu")
-    return pj.make_mesh(K, devices=devices[:K])
+@contextlib.contextmanager
+def _devices(K: int) -> Iterator[jax.sharding.Mesh]:
+    """A mesh of K devices of the default backend, or of simulated CPU
+    devices if it has fewer (then tracing and costing run on the CPU too)."""
+    if len(jax.devices()) >= K:
+        yield pj.make_mesh(K, devices=jax.devices()[:K])
+        return
+    cpus = jax.devices("cpu")
+    with jax.default_device(cpus[0]):
+        yield pj.make_mesh(K, devices=cpus[:K])
 
 
 def _batch(n: int, shape: tuple = (FEATURES,)) -> tuple:
@@ -90,12 +98,12 @@ def _alternate(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, n
 
 
 def step_times(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
-               repeats: int, mesh: jax.sharding.Mesh | None = None) -> dict:
-    """Seconds per step of the 1-stage pipelined step (remat none) and of
-    plain jits of the same model (micro-batched, whole batch), alternated,
-    and XLA's FLOPs of the plain whole-batch step."""
+               repeats: int, remat: str = "none") -> dict:
+    """Seconds per step of the 1-stage pipelined step (`remat`) and of
+    plain jits of the same model (micro-batched, whole batch), alternated;
+    the model's FLOPs per step and XLA's bytes accessed by each program."""
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=example, stages=1,
-                       microbatches=M, remat="none", mesh=mesh)
+                       microbatches=M, remat=remat)
     params = pipe.init(jax.random.key(0))
     trainer = pipe.trainer(opt)
     x, y = _batch(M * example.shape[0], example.shape[1:])
@@ -144,9 +152,17 @@ def step_times(layers: list, example: jax.Array, M: int, opt: optax.GradientTran
     return {"seconds": {n: float(np.median(v)) for n, v in t.items()},
             "over_microbatched": float(np.median(t["pipelined"] / t["plain_microbatched"])),
             "over_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"])),
-            "flops_per_step": float(analyses["plain_full_batch"].get("flops", 0.0)),
+            "flops_per_step": M * _model_flops(layers, example),
             "bytes_accessed": {n: int(a.get("bytes accessed", 0)) for n, a in analyses.items()},
             "examples": int(x.shape[0]), "rounds": repeats}
+
+
+def _model_flops(layers: list, example: jax.Array) -> float:
+    """Forward + backward FLOPs of one micro-batch, summed over the layers as
+    `pj.trace` counts them with XLA's CPU cost analysis (on a GPU, matrix
+    products are library calls the analysis does not count)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return float(sum(spec.flops or 0.0 for spec in pj.trace(layers, example)))
 
 
 def _cost(compiled) -> dict:
@@ -208,13 +224,14 @@ def memory() -> list[dict]:
                 stash = schedule == "pipedream"
                 if remat == "none" and not (synchronous or stash):
                     continue  # PB's backward runs on newer weights: needs remat
-                pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
-                                   example=jnp.zeros((mb, FEATURES)), stages=K, microbatches=M,
-                                   schedule=schedule, remat=remat, weight_stashing=stash,
-                                   mesh=_mesh(K))
-                trainer = pipe.trainer(optax.adam(1e-3))
-                state = trainer.init(pipe.init(jax.random.key(0)))
-                compiled = trainer.step.lower(state, _batch(M * mb)).compile()
+                with _devices(K) as mesh:
+                    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
+                                       example=jnp.zeros((mb, FEATURES)), stages=K,
+                                       microbatches=M, schedule=schedule, remat=remat,
+                                       weight_stashing=stash, mesh=mesh)
+                    trainer = pipe.trainer(optax.adam(1e-3))
+                    state = trainer.init(pipe.init(jax.random.key(0)))
+                    compiled = trainer.step.lower(state, _batch(M * mb)).compile()
                 predicted, peak = trainer.memory(), _peak(compiled)
                 rows.append({"model": name, "schedule": schedule, "remat": remat,
                              "compiled_bytes": peak, "predicted_bytes": predicted.total,
@@ -224,15 +241,16 @@ def memory() -> list[dict]:
 
 
 def _compile_seconds(layers: list, K: int, M: int, mb: int = 4) -> dict:
-    start = time.perf_counter()
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((mb, FEATURES)),
-                       stages=K, microbatches=M, mesh=_mesh(K))
-    traced = time.perf_counter()
-    trainer = pipe.trainer(optax.sgd(0.01))
-    state = trainer.init(pipe.init(jax.random.key(0)))
-    ready = time.perf_counter()
-    trainer.step.lower(state, _batch(M * mb)).compile()
-    done = time.perf_counter()
+    with _devices(K) as mesh:
+        start = time.perf_counter()
+        pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
+                           example=jnp.zeros((mb, FEATURES)), stages=K, microbatches=M, mesh=mesh)
+        traced = time.perf_counter()
+        trainer = pipe.trainer(optax.sgd(0.01))
+        state = trainer.init(pipe.init(jax.random.key(0)))
+        ready = time.perf_counter()
+        trainer.step.lower(state, _batch(M * mb)).compile()
+        done = time.perf_counter()
     return {"layers": len(layers), "K": K, "M": M, "branches": len(pipe.code.groups),
             "trace_s": round(traced - start, 2), "init_s": round(ready - traced, 2),
             "step_compile_s": round(done - ready, 2)}
@@ -275,9 +293,10 @@ def padding() -> list[dict]:
     rows = []
     for name, (layers, shape) in models.items():
         for K in (2, 4):
-            pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
-                               example=jnp.zeros((8, *shape)), stages=K, microbatches=4,
-                               mesh=_mesh(K))
+            with _devices(K) as mesh:
+                pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
+                                   example=jnp.zeros((8, *shape)), stages=K, microbatches=4,
+                                   mesh=mesh)
             lay = pipe.layout
             rows.append({"model": name, "K": K, "padded_param_bytes": lay.padded_param_bytes,
                          "padding": f"{100 * lay.padding_overhead:.1f}%",
@@ -286,25 +305,76 @@ def padding() -> list[dict]:
 
 
 def gpu(repeats: int) -> list[dict]:
-    """A Transformer of 8 blocks, width 1024 at K = 1 against plain jit."""
+    """A Transformer of 8 blocks, width 1024 at K = 1 against plain jit, with
+    the residuals kept (remat none: the same work as plain jit) and recomputed."""
     kind = jax.devices()[0].device_kind
     peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
     layers = pj.models.transformer(layers=8, dim=1024, heads=16, classes=CLASSES, patch=4)
     example = jnp.zeros((32, 256))  # 32 signals of 256 samples: 64 tokens each
-    out = step_times(layers, example, 4, optax.adam(1e-4), repeats)
     rows = []
-    for name, seconds in out["seconds"].items():
-        achieved = out["flops_per_step"] / seconds
-        rows.append({"step": name, "ms": round(1e3 * seconds, 2),
-                     "examples_per_s": round(out["examples"] / seconds, 1),
-                     "tflops": round(achieved / 1e12, 1),
-                     "mfu": None if peak is None else round(achieved / peak, 4),
-                     "over_plain_microbatched": round(
-                         seconds / out["seconds"]["plain_microbatched"], 3)})
-    rows.append({"step": "pipelined / plain (median of per-round ratios)",
-                 "over_plain_microbatched": round(out["over_microbatched"], 3),
-                 "ms": "", "examples_per_s": "", "tflops": "", "mfu": ""})
+    for remat in ("none", "stage"):
+        out = step_times(layers, example, 4, optax.adam(1e-4), repeats, remat)
+        for name, seconds in out["seconds"].items():
+            if remat == "stage" and name != "pipelined":
+                continue  # the plain steps again, for the ratio of this round
+            achieved = out["flops_per_step"] / seconds
+            rows.append({"step": name + (f" remat={remat}" if name == "pipelined" else ""),
+                         "ms": round(1e3 * seconds, 2),
+                         "examples_per_s": round(out["examples"] / seconds, 1),
+                         "model_tflops": round(achieved / 1e12, 1),
+                         "mfu": None if peak is None else round(achieved / peak, 4),
+                         "over_plain_microbatched": round(
+                             out["over_microbatched"] if name == "pipelined"
+                             else seconds / out["seconds"]["plain_microbatched"], 3),
+                         "gb_accessed": round(out["bytes_accessed"][name] / 1e9, 1)})
     return rows
+
+
+def plot(results: dict, path: Path) -> None:
+    """One PNG: compiled against predicted memory, compile time against
+    depth (shared and per-stage branches), and the bubble against M."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in ("memory", "compile", "bubbles") if p in results]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel == "memory":
+            rows = results["memory"]
+            ax.scatter([r["compiled_bytes"] / 2**20 for r in rows],
+                       [r["predicted_bytes"] / 2**20 for r in rows])
+            top = max(max(r["compiled_bytes"], r["predicted_bytes"]) for r in rows) / 2**20
+            for f, style in ((1.0, "-"), (1.25, ":"), (0.75, ":")):
+                ax.plot([0, top], [0, f * top], "k" + style, lw=0.8)
+            ax.set(xlabel="compiled MiB per device", ylabel="predicted MiB",
+                   title="memory (MLP, ResNet; K=4; ±25 %)")
+        elif panel == "compile":
+            rows = results["compile"]["by_depth"]
+            layers = [r["layers"] for r in rows]
+            ax.plot(layers, [r["step_compile_s"] for r in rows], "o-", label="shared branches")
+            ax.plot(layers, [r["per_stage_step_compile_s"] for r in rows], "s--",
+                    label="a branch per stage")
+            ax.set(xlabel="layers ([Dense(64), relu] x n + Dense)", ylabel="step compile s",
+                   title="compile time against depth", xscale="log")
+            ax.legend()
+        else:
+            for name in ("gpipe", "pipedream", "pb"):
+                K = 4
+                Ms = np.arange(1, 65)
+                ax.plot(Ms, [_bubble_formula(name, K, int(M), 1)[0] for M in Ms], label=name)
+                ax.plot([r["M"] for r in results["bubbles"] if r["schedule"] == name
+                         and r["K"] == K], [r["table_n=1"] for r in results["bubbles"]
+                                            if r["schedule"] == name and r["K"] == K], "ko")
+            ax.set(xlabel="micro-batches M (K = 4, one step)", ylabel="bubble",
+                   title="bubble: closed form (lines), table (dots)")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="timed rounds per comparison")
     parser.add_argument("--only", nargs="*", default=None,
                         choices=["overhead", "bubbles", "memory", "compile", "padding", "gpu"])
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     sections = {"overhead": lambda: overhead(args.repeats), "bubbles": bubbles,
                 "memory": memory, "compile": compile_times, "padding": padding}
@@ -334,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"] = round(time.perf_counter() - start, 1)
     repo = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
     out = args.out or (repo if repo.is_dir() else Path(".")) / f"bench_{jax.default_backend()}.json"
-    out.write_text(json.dumps({"environment": environment(), **results}, indent=2))
-    print(f"\n{results['seconds']:.0f} s in all; wrote {out}")
+    out.write_text(json.dumps({"environment": environment(argv), **results}, indent=2))
+    plot(results, out.with_suffix(".png"))
+    print(f"\n{results['seconds']:.0f} s in all; wrote {out} and {out.with_suffix('.png').name}")
     return 0

@@ -215,7 +215,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         R·M micro-batches, replica-major. Default: the first K devices.
       cost: what the partitioner balances: "flops" (XLA's estimate) or "time"
         (each layer measured).
-      max_bytes: largest parameter bytes a stage may hold, for the partitioner.
+      max_bytes: the partitioner keeps every stage's parameters with their
+        gradient and two optimizer moments, plus the activations it stashes for
+        its micro-batches in flight (the schedule's count), within this many bytes.
       weight_stashing: asynchronous schedules only: a backward uses the weights
         its forward used (PipeDream), at the memory `pipe.layout` reports.
 
@@ -233,7 +235,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     targets = _struct(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
-    plan = make_plan(specs, stages, partition, max_bytes)
+    plan = make_plan(specs, stages, partition, max_bytes,
+                     in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
+                     keeps_activations=remat == "none")
     seed = 1.0 / microbatches if table.synchronous else 1.0
     code = StageCode(layers, plan, loss, remat, seed, example, targets)
     return Pipeline(tuple(layers), loss, example, targets, specs, plan, table, code,

@@ -125,7 +125,8 @@ def apply_layers(layers: Sequence[Layer], variables: Sequence[Variables], h: Any
     return h
 
 
-def _nbytes(tree: Any) -> int:
+def nbytes(tree: Any) -> int:
+    """Bytes of a tree of arrays or `ShapeDtypeStruct`s."""
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
                    for x in jax.tree.leaves(tree)))
 
@@ -146,12 +147,21 @@ def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float | None
     """Operations of one forward+backward by XLA's cost analysis: FLOPs plus
     transcendentals (XLA leaves out a count that is zero: a reshape has none,
     tanh only transcendentals); None when XLA gives no analysis at all."""
-    analysis = jax.jit(_fwd_bwd(layer)).lower(variables, h, key).cost_analysis()
-    if isinstance(analysis, (list, tuple)):  # older jax returns one dict per device
-        analysis = analysis[0] if analysis else None
+    lowered = jax.jit(_fwd_bwd(layer)).lower(variables, h, key)
+    analysis = _first(lowered.cost_analysis())
+    if not analysis:  # some backends (GPU) analyse only the compiled program
+        analysis = _first(lowered.compile().cost_analysis())
     if not analysis:
         return None
-    return float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
+    total = float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
+    return total if np.isfinite(total) and total >= 0 else None  # GPU marks unknown counts < 0
+
+
+def _first(analysis: Any) -> dict | None:
+    """A cost analysis as one dict (older jax returns one per device)."""
+    if isinstance(analysis, (list, tuple)):
+        return analysis[0] if analysis else None
+    return analysis
 
 
 def _reads_key(jaxpr: Any) -> bool:
@@ -245,8 +255,8 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
             costs.append(known)
         flops, seconds = known[2:]
         specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,
-                               flops=flops, param_bytes=_nbytes(variables),
-                               activation_bytes=_nbytes(out), random=_reads_key(jaxpr),
+                               flops=flops, param_bytes=nbytes(variables),
+                               activation_bytes=nbytes(out), random=_reads_key(jaxpr),
                                seconds=seconds))
         h = out
     return specs

@@ -27,18 +27,11 @@ reports the error of the total for each.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import jax
 import numpy as np
 
 from pipejax.compile.packing import Packing
 from pipejax.partition.plan import human_bytes
-
-
-def _bytes(tree: Any) -> int:
-    return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
-                   for x in jax.tree.leaves(tree)))
+from pipejax.trace import nbytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +72,9 @@ def estimate(trainer) -> MemoryEstimate:
     """The `MemoryEstimate` of `trainer.step`."""
     pipe, opts = trainer.pipeline, trainer.optimizers
     code, layout, schedule = pipe.code, pipe.layout, pipe.schedule
-    batch = schedule.microbatches * (_bytes(code.x_m) + _bytes(code.y_m))  # a replica's part
-    micro = _bytes(code.x_m) + _bytes(code.y_m)
-    working = [_bytes(code.residuals(k, "none")) for k in code.groups.first]
+    micro = nbytes(code.x_m) + nbytes(code.y_m)
+    batch = schedule.microbatches * micro  # a replica's part of the batch
+    working = [nbytes(code.residuals(k, "none")) for k in code.groups.first]
 
     def parts(used, act_in: int, act_out: int, work: int) -> dict[str, int]:
         """One stage's parts; `used(packing)` is its bytes of a packing."""

@@ -6,7 +6,9 @@ estimated costs of all cells"; with the total fixed that is minimizing
 O(K·L²). torchgpipe's block partition is a heuristic that "might not be
 optimal"; ours is exact. PipeDream's objective, the largest stage cost
 (bottleneck), is solved by the same program with max in place of sum.
-An optional per-stage memory limit removes the splits that exceed it.
+An optional per-stage memory limit removes the splits that exceed it: a
+stage's parameters and their optimizer copies, plus the activations it
+keeps for each micro-batch in flight (the schedule says how many).
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def _check(costs: np.ndarray, stages: int, objective: str, max_bytes: float | No
 
 
 def balance(costs: Sequence[float], stages: int, objective: str = "variance",
-            max_bytes: float | None = None, memory: Sequence[float] | None = None) -> tuple[int, ...]:
+            max_bytes: float | None = None, memory: Sequence[float] | None = None,
+            inputs: Sequence[float] | None = None, stash: Sequence[float] | None = None,
+            in_flight: Sequence[int] | None = None) -> tuple[int, ...]:
     """The optimal contiguous split of `costs` into `stages` non-empty stages.
 
     Args:
@@ -79,6 +83,11 @@ def balance(costs: Sequence[float], stages: int, objective: str = "variance",
         minimizes max_k C_k (PipeDream).
       max_bytes: optional limit on the memory of every stage.
       memory: bytes of each layer, required with `max_bytes`.
+      inputs, stash, in_flight: optional per-micro-batch bytes of each
+        layer's input (kept when the layer starts a stage) and of what each
+        layer keeps for its backward, and how many micro-batches each stage
+        holds at once: stage j of layers [a, b) needs Σ memory[a:b] +
+        in_flight[j]·(inputs[a] + Σ stash[a:b]).
 
     Returns:
       The number of layers in each stage, e.g. (3, 2, 3).
@@ -89,9 +98,16 @@ def balance(costs: Sequence[float], stages: int, objective: str = "variance",
     prefix = np.concatenate([[0.0], np.cumsum(costs)])
     if max_bytes is not None:
         mem_prefix = np.concatenate([[0.0], np.cumsum(np.asarray(memory, np.float64))])
+        held = np.concatenate([[0.0], np.cumsum(np.zeros(L) if stash is None else stash)])
+        first = np.zeros(L) if inputs is None else np.asarray(inputs, np.float64)
+        flights = [0] * stages if in_flight is None else list(in_flight)
 
-    def fits(a: int, b: int) -> bool:
-        return max_bytes is None or mem_prefix[b] - mem_prefix[a] <= max_bytes
+    def fits(j: int, a: int, b: int) -> bool:
+        """Whether layers [a, b) fit stage j - 1 under `max_bytes`."""
+        if max_bytes is None:
+            return True
+        kept = first[a] + held[b] - held[a]
+        return mem_prefix[b] - mem_prefix[a] + flights[j - 1] * kept <= max_bytes
 
     def stage_value(a: int, b: int) -> float:
         c = prefix[b] - prefix[a]
@@ -105,7 +121,7 @@ def balance(costs: Sequence[float], stages: int, objective: str = "variance",
     for j in range(1, stages + 1):
         for i in range(j, L - (stages - j) + 1):
             for s in range(j - 1, i):
-                if best[j - 1, s] == np.inf or not fits(s, i):
+                if best[j - 1, s] == np.inf or not fits(j, s, i):
                     continue
                 value = combine(best[j - 1, s], stage_value(s, i))
                 if value < best[j, i]:

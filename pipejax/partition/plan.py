@@ -16,7 +16,7 @@ import numpy as np
 
 from pipejax.errors import ConfigError
 from pipejax.partition.balance import balance, check_split
-from pipejax.trace import LayerSpec
+from pipejax.trace import LayerSpec, nbytes
 
 
 def human_bytes(n: float) -> str:
@@ -90,23 +90,29 @@ class Plan:
 
 
 def make_plan(specs: Sequence[LayerSpec], stages: int,
-              partition: str | Sequence[int] = "variance", max_bytes: float | None = None) -> Plan:
+              partition: str | Sequence[int] = "variance", max_bytes: float | None = None,
+              in_flight: Sequence[int] | None = None, keeps_activations: bool = False) -> Plan:
     """Split traced layers into `stages` contiguous stages.
 
     `partition` is "variance" (GPipe), "bottleneck" (PipeDream) or an explicit
-    list of layer counts per stage.
+    list of layer counts per stage. `max_bytes` bounds each stage's
+    parameters with their gradient and two optimizer moments (4 copies), plus
+    its input and (`keeps_activations`: remat "none") its layers' inputs for
+    each of the `in_flight[k]` micro-batches stage k holds at once.
     """
     specs = tuple(specs)
     if isinstance(partition, str):
-        unknown = [s for s in specs if s.cost is None]
+        unknown = [s for s in specs if s.cost is None] if stages > 1 else []  # one stage: no costs
         if unknown:
             names = ", ".join(f"{s.index} ({s.name})" for s in unknown[:5])
             raise ConfigError(
                 f"partition={partition!r} balances layer costs, but XLA's cost analysis gave no FLOP "
                 f"count for layers {names}{' ...' if len(unknown) > 5 else ''}; use cost='time' to "
                 "measure every layer, or give the split yourself, e.g. partition=[3, 2, 2]")
-        split = balance([s.cost for s in specs], stages, partition, max_bytes,
-                        memory=[s.param_bytes for s in specs])
+        inputs = [nbytes(s.input) for s in specs]
+        split = balance([s.cost or 0.0 for s in specs], stages, partition, max_bytes,
+                        memory=[4 * s.param_bytes for s in specs], inputs=inputs,
+                        stash=inputs if keeps_activations else None, in_flight=in_flight)
         objective = partition
     elif isinstance(partition, (list, tuple)):
         split = check_split(partition, len(specs), stages)

@@ -171,6 +171,13 @@ class Schedule:
         tl = self._steady()
         return self._live(4 * tl.F + _F, 4 * tl.B + _B)
 
+    def in_flight(self, k: int) -> int:
+        """Most micro-batches stage k holds at once between their forward and
+        their backward: the inputs (and residuals) it stashes."""
+        tl = self._steady()
+        F, B = tl.F[k], tl.B[k]
+        return int(max(np.sum((F <= t) & (t <= B)) for t in F))
+
     @property
     def data_capacity(self) -> int:
         """Slots for micro-batches of input and targets, a multiple of M: fed

@@ -90,3 +90,34 @@ def test_check_split():
         check_split([1, 1, 1], 3, 2)
     with pytest.raises(ConfigError, match="empty stage"):
         check_split([3, 0], 3, 2)
+
+
+def test_stashed_activations_count_per_micro_batch_in_flight():
+    """Stage j of layers [a, b) needs Σ memory + in_flight[j]·(inputs[a] + Σ stash):
+    the split equals brute force under that memory, stage by stage."""
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        L = int(rng.integers(2, 9))
+        K = int(rng.integers(1, L + 1))
+        costs, memory = rng.uniform(0, 10, L), rng.uniform(1, 5, L)
+        inputs, stash = rng.uniform(0, 3, L), rng.uniform(0, 2, L)
+        flights = list(rng.integers(1, 5, K))
+        need = lambda split: [memory[a:b].sum() + f * (inputs[a] + stash[a:b].sum())
+                              for (a, b), f in zip(_bounds(split), flights)]
+        limit = float(rng.uniform(memory.max() + 5, memory.sum() + 30))
+        fitting = [s for s in all_splits(L, K) if max(need(s)) <= limit]
+        if not fitting:
+            with pytest.raises(ConfigError, match="max_bytes"):
+                balance(costs, K, max_bytes=limit, memory=memory, inputs=inputs, stash=stash,
+                        in_flight=flights)
+            continue
+        split = balance(costs, K, max_bytes=limit, memory=memory, inputs=inputs, stash=stash,
+                        in_flight=flights)
+        assert max(need(split)) <= limit
+        assert objective_value(costs, split, "variance") == pytest.approx(
+            min(objective_value(costs, s, "variance") for s in fitting), rel=1e-12)
+
+
+def _bounds(split):
+    edges = np.cumsum([0, *split])
+    return list(zip(edges[:-1], edges[1:]))
