@@ -74,8 +74,10 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     `path` (replacing one of the same step); keep the last `keep` (all if
     None). Returns the step."""
     pipe, R = trainer.pipeline, trainer.replicas
-    if not isinstance(state, TrainState):
-        raise CheckpointError(f"pj.save takes a trainer's TrainState, not {type(state).__name__}")
+    if not isinstance(state, TrainState) or state.params.packing != pipe.code.params:
+        raise CheckpointError(f"pj.save takes the TrainState of the trainer it is given, not "
+                              f"{type(state).__name__}"
+                              + (" of another pipeline" if isinstance(state, TrainState) else ""))
     K = pipe.plan.stages
     replicas = [state.params.per_stage(r) for r in range(R)]
     opts = [trainer.opt_state(state, r) for r in range(R)]
@@ -120,7 +122,10 @@ def latest(path: str | os.PathLike) -> int | None:
     """The step of the latest complete checkpoint under `path`, or None."""
     if not os.path.isdir(path):
         return None
-    return _manager(path).latest_step()
+    manager = _manager(path)
+    step = manager.latest_step()
+    manager.close()
+    return step
 
 
 def _check(meta: dict, trainer) -> None:

@@ -17,8 +17,14 @@ import pipejax as pj
 def heterogeneous_layers() -> list:
     """Dense, activations, a Conv over a 1-D signal with reshape/flatten,
     LayerNorm, Dropout and a Dense of another width: every stage boundary of
-    a split of this list has its own shape."""
-    return [
+    a split of this list has its own shape. The same layer objects each time,
+    so that the references compiled for them are reused across tests."""
+    return list(_heterogeneous())
+
+
+@functools.cache
+def _heterogeneous() -> tuple:
+    return (
         nn.Dense(32), nn.relu,
         lambda x: x.reshape(x.shape[0], 16, 2),
         nn.Conv(4, (3,)), jnp.tanh,
@@ -27,7 +33,7 @@ def heterogeneous_layers() -> list:
         nn.Dropout(0.25),
         nn.Dense(24), nn.relu,
         nn.Dense(10),
-    ]
+    )
 
 
 def sequential_loss(layers, variables, x, y, M, key, loss=pj.losses.cross_entropy):
@@ -45,9 +51,16 @@ def sequential_loss(layers, variables, x, y, M, key, loss=pj.losses.cross_entrop
 
 
 def sequential_value_and_grad(layers, M, loss=pj.losses.cross_entropy):
-    """jit(value_and_grad(sequential_loss)) as a function of (variables, x, y, key)."""
-    return jax.jit(jax.value_and_grad(
-        lambda v, x, y, key: sequential_loss(layers, v, x, y, M, key, loss)))
+    """jit(value_and_grad(sequential_loss)) as a function of (variables, x, y,
+    key); one compiled function per (layer objects, M, loss) in a test process."""
+    key = (tuple(map(id, layers)), M, loss)
+    if key not in _COMPILED:
+        _COMPILED[key] = (list(layers), jax.jit(jax.value_and_grad(
+            lambda v, x, y, k: sequential_loss(layers, v, x, y, M, k, loss))))
+    return _COMPILED[key][1]
+
+
+_COMPILED: dict = {}  # keeps the layers alive, so their ids are not reused
 
 
 def rel_err(a, b) -> float:
