@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -12,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from pipejax import bench
 from pipejax.bench import table
 
 __all__ = ["RESULTS", "environment", "median_time", "save", "table"]
@@ -20,16 +19,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def environment() -> dict:
-    import flax
-    import jax
-    import optax
-
-    return {"machine": platform.machine(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
-            "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
-            "devices": [str(d) for d in jax.devices()][:8], "backend": jax.default_backend(),
-            "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return bench.environment(" ".join([sys.executable.split("/")[-1], *sys.argv]))
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:

@@ -47,13 +47,13 @@ def _describe(tree: Any) -> str:
                      for p, x in jax.tree.flatten_with_path(tree)[0]) or "no variables"
 
 
-def _split(state: Any, params: Any) -> tuple[Any, list, list]:
-    """A stage's optax state as (treedef, parts shaped like the stage's
-    parameters (per-parameter states), the other leaves)."""
+def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
+    """A stage's optax state as (treedef, its parts, which parts are shaped
+    like the stage's parameters: the per-parameter states; the others are leaves)."""
     like = jax.tree.structure(params)
     is_slot = lambda x: jax.tree.structure(x) == like
     parts, treedef = jax.tree.flatten(state, is_leaf=is_slot)
-    return treedef, [p for p in parts if is_slot(p)], [p for p in parts if not is_slot(p)]
+    return treedef, parts, [is_slot(p) for p in parts]
 
 
 def _layout(trainer) -> dict:
@@ -85,15 +85,16 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     tree: dict[str, Any] = {}
     for i, layer in enumerate(zip(*[[v for stage in rep for v in stage] for rep in replicas])):
         tree.update(_flat(f"layer{i}.", jax.tree.map(stack, *layer)))
-    slots = None
     for k in range(K):
         split = [_split(opts[r][k], replicas[r][k]) for r in range(R)]
-        slots = len(split[0][1])
-        for j in range(slots):
+        is_slot = split[0][2]
+        slots = [[p for p, slot in zip(parts, is_slot) if slot] for _, parts, _ in split]
+        others = [[p for p, slot in zip(parts, is_slot) if not slot] for _, parts, _ in split]
+        for j in range(sum(is_slot)):
             for n, i in enumerate(pipe.plan.ranges[k]):
                 tree.update(_flat(f"opt{j}.layer{i}.", jax.tree.map(
-                    stack, *[s[1][j][n] for s in split])))
-        for n, leaves in enumerate(zip(*[s[2] for s in split])):
+                    stack, *[rep[j][n] for rep in slots])))
+        for n, leaves in enumerate(zip(*others)):
             tree[f"stage{k}.opt.{n}"] = stack(*leaves)
     tree.update(_flat("rule.", jax.tree.map(host_array, state.rule_state)))
     inflight = state.inflight
@@ -103,7 +104,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
         flushed = bool(np.asarray(inflight.start) == np.asarray(inflight.fed))
     tree["step"] = np.asarray(state.step)
     tree["key"] = np.asarray(jax.random.key_data(state.key))
-    meta = {"format": FORMAT, "step": int(state.step), "stages": K, "opt_slots": slots,
+    meta = {"format": FORMAT, "step": int(state.step), "stages": K,
             "layers": [[s.name, _describe(s.variables)] for s in pipe.specs],
             "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
             "synchronous": pipe.schedule.synchronous, **_layout(trainer)}
@@ -194,23 +195,25 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
     for r in range(R):
         for k in range(K):
             layers = [leaves(f"layer{i}.", pipe.specs[i].variables, r) for i in pipe.plan.ranges[k]]
-            template = opts.packing.abstract_tree(k)
-            treedef, slots, rest = _split(template, opts.params.abstract_tree(k))
-            filled = iter([[leaves(f"opt{j}.layer{i}.", slot[n], r)
-                            for n, i in enumerate(pipe.plan.ranges[k])]
-                           for j, slot in enumerate(slots)])
-            values = iter(rep(a, r) for a in others(k, len(rest)))
-            like = jax.tree.structure(opts.params.abstract_tree(k))
-            parts, _ = jax.tree.flatten(template, is_leaf=lambda x: jax.tree.structure(x) == like)
-            parts = [next(filled) if jax.tree.structure(p) == like else next(values) for p in parts]
+            treedef, parts, is_slot = _split(opts.packing.abstract_tree(k),
+                                             opts.params.abstract_tree(k))
+            values = iter(rep(a, r) for a in others(k, is_slot.count(False)))
+            filled, j = [], 0
+            for part, per_parameter in zip(parts, is_slot):
+                if per_parameter:  # the j-th: one entry per layer of the stage
+                    filled.append([leaves(f"opt{j}.layer{i}.", part[n], r)
+                                   for n, i in enumerate(pipe.plan.ranges[k])])
+                    j += 1
+                else:
+                    filled.append(next(values))
             params.append(opts.params.pack(k, layers))
-            states.append(opts.packing.pack(k, jax.tree.unflatten(treedef, parts)))
+            states.append(opts.packing.pack(k, jax.tree.unflatten(treedef, filled)))
     shardings = trainer.shardings
     stacked = lambda rows: tuple(np.stack([np.asarray(b) for b in slot]) for slot in zip(*rows))
     p = Staged(tuple(_put(b, shardings.params) for b in stacked(params)), opts.params, R)
     s = Staged(tuple(_put(b, shardings.opt_state) for b in stacked(states)), opts.packing, R)
     key = jax.random.wrap_key_data(_put(tree["key"], shardings.key), impl=meta["key_impl"])
-    template = jax.eval_shape(trainer._initial(True), p, key)
+    template = trainer.abstract_state(p, key)
     rule = _layout_bound("rule.", "the data rule's state", template.rule_state, tree, meta,
                          same_layout, shardings.rule_state, flushable=False)
     inflight = None

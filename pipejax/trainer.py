@@ -133,6 +133,10 @@ class Trainer:
 
         return initial
 
+    def abstract_state(self, params: Staged, key: jax.Array) -> TrainState:
+        """The shapes and dtypes of `init(params, key)`, without running it."""
+        return jax.eval_shape(self._initial(params.replicas == 1), params, key)
+
     def memory(self) -> MemoryEstimate:
         """The memory `step` needs per device and per stage, predicted before
         compiling (pipejax/compile/memory.py); print it for a table."""

@@ -14,8 +14,9 @@ table keeps heterogeneous stages.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax.numpy as jnp
 from jax import lax
@@ -33,7 +34,10 @@ class StageGroups:
 
     @classmethod
     def by(cls, keys: Sequence[Any], same: Callable[[Any, Any], bool]) -> "StageGroups":
-        """Group stages whose `keys` are `same` (an equivalence relation)."""
+        """Group stages whose `keys` are `same` (an equivalence relation);
+        every stage its own group inside `one_branch_per_stage()`."""
+        if not _SHARING[0]:
+            return cls(tuple(range(len(keys))), tuple(range(len(keys))))
         of: list[int] = []
         first: list[int] = []
         for k, key in enumerate(keys):
@@ -43,11 +47,6 @@ class StageGroups:
                 first.append(k)
             of.append(g)
         return cls(tuple(of), tuple(first))
-
-    @classmethod
-    def none(cls, stages: int) -> "StageGroups":
-        """Every stage its own branch."""
-        return cls(tuple(range(stages)), tuple(range(stages)))
 
     def __len__(self) -> int:
         return len(self.first)
@@ -67,3 +66,17 @@ class StageGroups:
         if self.of == tuple(range(len(self.of))):
             return stage_index()
         return jnp.asarray(self.of, jnp.int32)[stage_index()]
+
+
+_SHARING = [True]
+
+
+@contextlib.contextmanager
+def one_branch_per_stage() -> Iterator[None]:
+    """Pipelines built inside compile one branch per stage, as before
+    sharing: what `pipejax bench` compares the shared program against."""
+    _SHARING[0] = False
+    try:
+        yield
+    finally:
+        _SHARING[0] = True

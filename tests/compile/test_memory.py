@@ -6,7 +6,7 @@ import optax
 import pytest
 
 import pipejax as pj
-from pipejax.bench import _peak
+from pipejax.bench import peak_bytes
 
 
 @pytest.mark.parametrize("schedule,remat", [("gpipe", "stage"), ("1f1b", "none"), ("pb", "stage")])
@@ -18,7 +18,7 @@ def test_prediction_is_within_a_quarter_of_the_compiled_step(schedule, remat):
     trainer = pipe.trainer(optax.adam(1e-3))
     state = trainer.init(pipe.init(jax.random.key(0)))
     batch = (jnp.zeros((M * mb, 40)), jnp.zeros((M * mb,), jnp.int32))
-    compiled = _peak(trainer.step.lower(state, batch).compile())
+    compiled = peak_bytes(trainer.step.lower(state, batch).compile())
     predicted = trainer.memory()
     assert abs(predicted.total / compiled - 1) < 0.25
     assert "optimizer state (in + out)" in str(predicted)

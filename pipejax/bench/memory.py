@@ -1,0 +1,62 @@
+"""Compiled against predicted memory per device, and the padding of packed buffers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import pipejax as pj
+from pipejax.bench.machine import CLASSES, FEATURES, batch, on_devices
+
+
+def peak_bytes(compiled) -> int:
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+               + m.temp_size_in_bytes)
+
+
+def memory() -> list[dict]:
+    models = {"MLP 4x256": pj.models.mlp(depth=4, width=256, classes=CLASSES),
+              "ResNet 6 blocks": pj.models.resnet(classes=CLASSES)}
+    rows, mb, M, K = [], 32, 8, 4
+    for name, layers in models.items():
+        for schedule in ("gpipe", "1f1b", "pipedream", "pb"):
+            synchronous = pj.schedules.make_schedule(schedule, K, M).synchronous
+            for remat in ("stage", "none"):
+                stash = schedule == "pipedream"
+                if remat == "none" and not (synchronous or stash):
+                    continue  # PB's backward runs on newer weights: needs remat
+                with on_devices(K) as mesh:
+                    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
+                                       example=jnp.zeros((mb, FEATURES)), stages=K,
+                                       microbatches=M, schedule=schedule, remat=remat,
+                                       weight_stashing=stash, mesh=mesh)
+                    trainer = pipe.trainer(optax.adam(1e-3))
+                    state = trainer.init(pipe.init(jax.random.key(0)))
+                    compiled = trainer.step.lower(state, batch(M * mb)).compile()
+                predicted, peak = trainer.memory(), peak_bytes(compiled)
+                rows.append({"model": name, "schedule": schedule, "remat": remat,
+                             "compiled_bytes": peak, "predicted_bytes": predicted.total,
+                             "error": f"{100 * (predicted.total / peak - 1):+.1f}%",
+                             "heaviest_stage": predicted.heaviest})
+    return rows
+
+
+def padding() -> list[dict]:
+    models = {"MLP 4x256": (pj.models.mlp(depth=4, width=256, classes=CLASSES), (FEATURES,)),
+              "ResNet 6 blocks": (pj.models.resnet(classes=CLASSES), (FEATURES,)),
+              "Transformer 4x64": (pj.models.transformer(classes=CLASSES), (FEATURES,)),
+              "VGG": (pj.models.vgg(classes=CLASSES, dims=1), (FEATURES,))}
+    rows = []
+    for name, (layers, shape) in models.items():
+        for K in (2, 4):
+            with on_devices(K) as mesh:
+                pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
+                                   example=jnp.zeros((8, *shape)), stages=K, microbatches=4,
+                                   mesh=mesh)
+            lay = pipe.layout
+            rows.append({"model": name, "K": K, "padded_param_bytes": lay.padded_param_bytes,
+                         "padding": f"{100 * lay.padding_overhead:.1f}%",
+                         "branches": len(pipe.code.groups)})
+    return rows

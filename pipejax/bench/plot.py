@@ -1,0 +1,56 @@
+"""One PNG of the bench: memory, compile time against depth, bubbles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipejax.bench.bubbles import bubble_formula
+
+
+def plot(results: dict, path: Path) -> None:
+    """One PNG: compiled against predicted memory, compile time against
+    depth (shared and per-stage branches), and the bubble against M."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in ("memory", "compile", "bubbles") if p in results]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel == "memory":
+            rows = results["memory"]
+            ax.scatter([r["compiled_bytes"] / 2**20 for r in rows],
+                       [r["predicted_bytes"] / 2**20 for r in rows])
+            top = max(max(r["compiled_bytes"], r["predicted_bytes"]) for r in rows) / 2**20
+            for f, style in ((1.0, "-"), (1.25, ":"), (0.75, ":")):
+                ax.plot([0, top], [0, f * top], "k" + style, lw=0.8)
+            ax.set(xlabel="compiled MiB per device", ylabel="predicted MiB",
+                   title="memory (MLP, ResNet; K=4; ±25 %)")
+        elif panel == "compile":
+            rows = results["compile"]["by_depth"]
+            layers = [r["layers"] for r in rows]
+            ax.plot(layers, [r["step_compile_s"] for r in rows], "o-", label="shared branches")
+            ax.plot(layers, [r["per_stage_step_compile_s"] for r in rows], "s--",
+                    label="a branch per stage")
+            ax.set(xlabel="layers ([Dense(64), relu] x n + Dense)", ylabel="step compile s",
+                   title="compile time against depth", xscale="log")
+            ax.legend()
+        else:
+            for name in ("gpipe", "pipedream", "pb"):
+                K = 4
+                Ms = np.arange(1, 65)
+                ax.plot(Ms, [bubble_formula(name, K, int(M), 1)[0] for M in Ms], label=name)
+                ax.plot([r["M"] for r in results["bubbles"] if r["schedule"] == name
+                         and r["K"] == K], [r["table_n=1"] for r in results["bubbles"]
+                                            if r["schedule"] == name and r["K"] == K], "ko")
+            ax.set(xlabel="micro-batches M (K = 4, one step)", ylabel="bubble",
+                   title="bubble: closed form (lines), table (dots)")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,144 @@
+"""Step time of the pipelined step against plain `jax.jit`, and model FLOP utilisation."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import pipejax as pj
+from pipejax.bench.machine import CLASSES, FEATURES, batch
+
+# Dense peak FLOP/s of one device for the dtype the model computes in (float32
+# matmuls run as TF32 on these GPUs under JAX's default precision).
+PEAK_FLOPS = {"H100": 494.7e12, "H200": 494.7e12, "A100": 156e12}
+
+
+def alternate(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, np.ndarray]:
+    """Seconds of each run, called in turn `repeats` times (the machine's
+    drifts hit every run alike); three warm-up rounds first."""
+    for _ in range(3):
+        for run in runs.values():
+            run()
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: np.asarray(t) for name, t in times.items()}
+
+
+def step_times(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
+               repeats: int, remat: str = "none") -> dict:
+    """Seconds per step of the 1-stage pipelined step (`remat`) and of
+    plain jits of the same model (micro-batched, whole batch), alternated;
+    the model's FLOPs per step and XLA's bytes accessed by each program."""
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=example, stages=1,
+                       microbatches=M, remat=remat)
+    params = pipe.init(jax.random.key(0))
+    trainer = pipe.trainer(opt)
+    x, y = batch(M * example.shape[0], example.shape[1:])
+    variables = pj.unstage(params)
+
+    def loss(v, x, y):
+        return pj.losses.cross_entropy(pj.apply_layers(layers, v, x), y)
+
+    def microbatched(v, x, y):
+        def one(acc, xy):
+            value, g = jax.value_and_grad(loss)(v, *xy)
+            return jax.tree.map(jnp.add, acc, (value, g)), None
+        split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
+        (value, g), _ = jax.lax.scan(one, (jnp.zeros(()), jax.tree.map(jnp.zeros_like, v)),
+                                     (split(x), split(y)))
+        return value / M, jax.tree.map(lambda a: a / M, g)
+
+    def make(grad_fn):
+        @jax.jit
+        def step(v, s, x, y):
+            value, g = grad_fn(v, x, y)
+            u, s = opt.update(g, s, v)
+            return optax.apply_updates(v, u), s, value
+        return step
+
+    plain = {"plain_microbatched": make(microbatched), "plain_full_batch": make(
+        jax.value_and_grad(loss))}
+    held = {"pipelined": trainer.init(params),
+            **{n: (variables, opt.init(variables)) for n in plain}}
+
+    def runner(name):
+        def run():
+            if name == "pipelined":
+                held[name], m = trainer.step(held[name], (x, y))
+                jax.block_until_ready(m["loss"])
+            else:
+                v, s, value = plain[name](*held[name], x, y)
+                held[name] = (v, s)
+                jax.block_until_ready(value)
+        return run
+
+    t = alternate({n: runner(n) for n in ["pipelined", *plain]}, repeats)
+    analyses = {"pipelined": trainer.step.lower(held["pipelined"], (x, y)),
+                **{n: plain[n].lower(*held[n], x, y) for n in plain}}
+    analyses = {n: cost(lowered.compile()) for n, lowered in analyses.items()}
+    return {"seconds": {n: float(np.median(v)) for n, v in t.items()},
+            "over_microbatched": float(np.median(t["pipelined"] / t["plain_microbatched"])),
+            "over_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"])),
+            "flops_per_step": M * model_flops(layers, example),
+            "bytes_accessed": {n: int(a.get("bytes accessed", 0)) for n, a in analyses.items()},
+            "examples": int(x.shape[0]), "rounds": repeats}
+
+
+def model_flops(layers: list, example: jax.Array) -> float:
+    """Forward + backward FLOPs of one micro-batch, summed over the layers as
+    `pj.trace` counts them with XLA's CPU cost analysis (on a GPU, matrix
+    products are library calls the analysis does not count)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return float(sum(spec.flops or 0.0 for spec in pj.trace(layers, example)))
+
+
+def cost(compiled) -> dict:
+    """XLA's cost analysis of a compiled program (one dict)."""
+    analysis = compiled.cost_analysis()
+    return (analysis[0] if isinstance(analysis, (list, tuple)) else analysis) or {}
+
+
+def overhead(repeats: int) -> list[dict]:
+    out = step_times(pj.models.mlp(depth=8, width=512, classes=CLASSES),
+                     jnp.zeros((64, FEATURES)), 4, optax.sgd(0.01, momentum=0.9), repeats)
+    s = out["seconds"]
+    return [{"model": "MLP 8x512, B=256, M=4", "pipelined_ms": round(1e3 * s["pipelined"], 2),
+             "plain_microbatched_ms": round(1e3 * s["plain_microbatched"], 2),
+             "plain_full_batch_ms": round(1e3 * s["plain_full_batch"], 2),
+             "over_microbatched": round(out["over_microbatched"], 3),
+             "over_full_batch": round(out["over_full_batch"], 3)}]
+
+
+def gpu(repeats: int) -> list[dict]:
+    """A Transformer of 8 blocks, width 1024 at K = 1 against plain jit, with
+    the residuals kept (remat none: the same work as plain jit) and recomputed."""
+    kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
+    layers = pj.models.transformer(layers=8, dim=1024, heads=16, classes=CLASSES, patch=4)
+    example = jnp.zeros((32, 256))  # 32 signals of 256 samples: 64 tokens each
+    rows = []
+    for remat in ("none", "stage"):
+        out = step_times(layers, example, 4, optax.adam(1e-4), repeats, remat)
+        for name, seconds in out["seconds"].items():
+            if remat == "stage" and name != "pipelined":
+                continue  # the plain steps again, for the ratio of this round
+            achieved = out["flops_per_step"] / seconds
+            rows.append({"step": name + (f" remat={remat}" if name == "pipelined" else ""),
+                         "ms": round(1e3 * seconds, 2),
+                         "examples_per_s": round(out["examples"] / seconds, 1),
+                         "model_tflops": round(achieved / 1e12, 1),
+                         "mfu": None if peak is None else round(achieved / peak, 4),
+                         "over_plain_microbatched": round(
+                             out["over_microbatched"] if name == "pipelined"
+                             else seconds / out["seconds"]["plain_microbatched"], 3),
+                         "gb_accessed": round(out["bytes_accessed"][name] / 1e9, 1)})
+    return rows
