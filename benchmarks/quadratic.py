@@ -42,8 +42,8 @@ def optimizer(method: str, lr: float, m: float):
     if method == "lwp-velocity":  # the velocity form, which the lwp polynomial describes
         return lambda s: optax.chain(optax.trace(m), optax.scale(-lr), pj.transforms.weight_forecast(
             s.delay, form="velocity", learning_rate=lr))
-    name = {"gdm": "none"}.get(method, method)
-    return pj.transforms.mitigation(name, lr, momentum=m).optimizer
+    name = {"gdm": "none"}.get(method, method)  # the lwp+sc polynomial is the difference form's
+    return pj.transforms.mitigation(name, lr, momentum=m, form="difference").optimizer
 
 
 class Quadratic(nn.Module):

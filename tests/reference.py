@@ -90,7 +90,9 @@ def batch(n: int, features: int = 20, classes: int = 10, seed: int = 0):
 
 def hand_forecast(versions, states, v, T, form, lr):
     """Stage weights predicted T updates ahead of version v, written out:
-    difference form w_v + T·(w_v − w_{v−1}); velocity form w_v − η·T·trace_v."""
+    difference form w_v + T·(w_v − w_{v−1}); velocity form w_v − η·T·trace_v,
+    with η = lr(v − 1), the rate of the update that made version v, when lr
+    is a schedule."""
     w = versions[v]
     if T == 0:
         return w
@@ -98,7 +100,8 @@ def hand_forecast(versions, states, v, T, form, lr):
         prev = versions[v - 1] if v > 0 else w
         return jax.tree.map(lambda a, b: a + T * (a - b), w, prev)
     (_, trace), = optax.tree.get_all_with_path(states[v], "trace")
-    return jax.tree.map(lambda a, t: a - lr * T * t, w, trace)
+    eta = lr(max(v - 1, 0)) if callable(lr) else lr
+    return jax.tree.map(lambda a, t: a - eta * T * t, w, trace)
 
 
 def versioned_reference(layers, loss, ranges, delays, variables, opt, xs, ys, key, stash,

@@ -12,13 +12,14 @@ from pipejax.transforms.data_parallel import (RULES, DataRule, ElasticState, Gos
                                               hadpsgd, mean_gradients, ssgd)
 
 from pipejax.transforms.forecast import (WeightForecastState, forecast, forecast_horizon,
-                                         has_forecast, weight_forecast)
-from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
+                                         forecasts_backward, has_forecast, weight_forecast)
+from pipejax.transforms.hyperparams import LR_SCHEDULES, lr_schedule, pipemare_lr, scale_hyperparams
 from pipejax.transforms.mitigations import MITIGATIONS, Mitigation, mitigation
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
 
-__all__ = ["MITIGATIONS", "RULES", "DataRule", "ElasticState", "GossipState", "Mitigation",
-           "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
+__all__ = ["LR_SCHEDULES", "MITIGATIONS", "RULES", "DataRule", "ElasticState", "GossipState",
+           "Mitigation", "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
            "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",
-           "mean_gradients", "ssgd", "forecast", "forecast_horizon", "has_forecast", "mitigation",
-           "pipemare_lr", "scale_hyperparams", "spike_compensation", "weight_forecast"]
+           "mean_gradients", "ssgd", "forecast", "forecast_horizon", "forecasts_backward",
+           "has_forecast", "lr_schedule", "mitigation", "pipemare_lr", "scale_hyperparams",
+           "spike_compensation", "weight_forecast"]

@@ -23,12 +23,17 @@ FORMS = ("difference", "velocity")
 
 
 class WeightForecastState(NamedTuple):
-    """Holds the horizons T (forward, backward) and what the form needs: the
-    last applied update w_t − w_{t−1} (difference form) or η (velocity form)."""
+    """Holds the horizons T and what the form needs: the last applied update
+    w_t − w_{t−1} (difference form), or η of the last update and the update
+    count (velocity form). `backward_horizon` is None when it is 0, so a
+    pipeline knows without running anything that a stage's backward needs
+    no forecast."""
 
-    horizons: jax.Array  # [2] float32
-    last_update: optax.Updates | None
-    learning_rate: jax.Array | None
+    horizon: jax.Array  # float32: T of the forward
+    backward_horizon: jax.Array | None  # float32: T of the backward; None for 0
+    last_update: optax.Updates | None  # difference form
+    learning_rate: jax.Array | None  # velocity form: η of the update the forecast extrapolates
+    count: jax.Array | None  # velocity form: int32, updates seen (the schedule's step)
 
 
 def _horizons(horizon: Any, stage: Any) -> tuple[float, float]:
@@ -48,44 +53,57 @@ def _horizons(horizon: Any, stage: Any) -> tuple[float, float]:
 
 
 def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "difference",
-                    learning_rate: float | None = None,
+                    learning_rate: optax.ScalarOrSchedule | None = None,
                     stage: Any = None) -> optax.GradientTransformation:
     """Keep what `forecast` needs to predict the weights T updates ahead:
 
         difference form   ŵ = w + T·(w_t − w_{t−1})     (Kosson et al. 2020, §3.4)
-        velocity form     ŵ = w − η·T·v                  (Chen et al. 2018, eq. 4)
+        velocity form     ŵ = w − η·T·v                  (Kosson et al. 2020, §3.4;
+                                                          Chen et al. 2018, eq. 4)
 
     The difference form works after any optimizer (Adam included); the
     velocity form reads the momentum trace v (the `trace` field of an
-    `optax.trace` or `spike_compensation` state in the same chain). The two
-    are equal for plain SGDM and differ under spike compensation. Updates
-    pass through unchanged: this must be the chain's last transform.
+    `optax.trace` or `spike_compensation` state in the same chain) and is
+    Kosson et al.'s default (appendix H.5). The two are equal for plain SGDM
+    and differ under spike compensation. Updates pass through unchanged:
+    this must be the chain's last transform.
 
     Args:
       horizon: T for the forward (the backward then uses the current
         weights), a pair (T_forward, T_backward), or "spectrain": the
         stage's SpecTrain horizons (eqs 5–6) from `stage`.
       form: "difference" or "velocity".
-      learning_rate: η, for the velocity form.
+      learning_rate: η, for the velocity form: the rate (a float or an optax
+        schedule of the update count) of the chain's
+        `optax.scale_by_learning_rate`. The forecast uses η of the update it
+        extrapolates, the last one applied, so that both forms stay equal for
+        SGDM under a decaying schedule.
       stage: the `StageInfo` of a pipeline stage, for horizon="spectrain".
     """
     if form not in FORMS:
         raise ConfigError(f"weight_forecast: form={form!r}; use 'difference' or 'velocity'")
     if form == "velocity" and learning_rate is None:
         raise ConfigError("weight_forecast(form='velocity') predicts w − η·T·v: pass "
-                          "learning_rate=η, the rate of the chain's optax.scale(-η)")
-    horizons = _horizons(horizon, stage)
+                          "learning_rate=η (a float or an optax schedule), the rate of the "
+                          "chain's optax.scale_by_learning_rate(η)")
+    forward, backward = _horizons(horizon, stage)
+    rate = None if form == "difference" else (
+        learning_rate if callable(learning_rate) else (lambda _: learning_rate))
 
     def init_fn(params):
         last = optax.tree.zeros_like(params) if form == "difference" else None
-        rate = None if learning_rate is None or form == "difference" else jnp.float32(learning_rate)
-        return WeightForecastState(jnp.asarray(horizons, jnp.float32), last, rate)
+        count = None if rate is None else jnp.zeros((), jnp.int32)
+        eta = None if rate is None else jnp.asarray(rate(count), jnp.float32)
+        return WeightForecastState(jnp.float32(forward), jnp.float32(backward) if backward else None,
+                                   last, eta, count)
 
     def update_fn(updates, state, params=None):
         del params
-        if form == "difference":
-            state = state._replace(last_update=updates)
-        return updates, state
+        if rate is None:
+            return updates, state._replace(last_update=updates)
+        eta = jnp.asarray(rate(state.count), jnp.float32)
+        return updates, state._replace(learning_rate=eta,
+                                       count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -110,7 +128,16 @@ def _the_state(opt_state: Any) -> WeightForecastState:
 
 def forecast_horizon(opt_state: Any, backward: bool = False) -> jax.Array:
     """The forward (or backward) horizon T a chain's `weight_forecast` holds."""
-    return _the_state(opt_state).horizons[1 if backward else 0]
+    state = _the_state(opt_state)
+    if not backward:
+        return state.horizon
+    return jnp.float32(0) if state.backward_horizon is None else state.backward_horizon
+
+
+def forecasts_backward(opt_state: Any) -> bool:
+    """Whether a chain's state forecasts the weights of the backward too
+    (a nonzero backward horizon, as SpecTrain's); known from its structure."""
+    return has_forecast(opt_state) and _the_state(opt_state).backward_horizon is not None
 
 
 def forecast(params: optax.Params, opt_state: Any, horizon: Any = None, *,

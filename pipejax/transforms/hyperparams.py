@@ -1,24 +1,31 @@
 """Hyper-parameter rules for delayed or resized updates: Chiley et al.'s batch
-scaling (as Kosson et al. 2020 use it, eq. 9) and PipeMare's per-stage
-learning-rate rescheduling by delay (Yang et al. 2019, §3)."""
+scaling (as Kosson et al. 2020 use it, eq. 9), PipeMare's per-stage
+learning-rate rescheduling by delay (Yang et al. 2019, §3), and the decay
+schedules the papers train with."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import jax.numpy as jnp
 import optax
 
 from pipejax.errors import ConfigError
 
+LR_SCHEDULES = ("constant", "step", "cosine")
 
-def scale_hyperparams(learning_rate: float, momentum: float, batch: int,
-                      new_batch: int) -> tuple[float, float]:
+
+def scale_hyperparams(learning_rate: optax.ScalarOrSchedule, momentum: float, batch: int,
+                      new_batch: int) -> tuple[optax.ScalarOrSchedule, float]:
     """(η′, m′) for an update size `new_batch` that keep the momentum's
     half-life in samples and each sample's total contribution:
 
         m′ = m^(B′/B);   η′ = η·(B′/B)·(1 − m′)/(1 − m)     (Kosson et al. 2020, eq. 9)
 
     Pipelined backpropagation updates after every micro-batch, so a recipe
-    tuned for batch B moves to micro-batch size B′ with this rule.
+    tuned for batch B moves to micro-batch size B′ with this rule. η′ is
+    linear in η, so a schedule η(t) scales value by value: η′(t) = η′/η·η(t),
+    with t counting the updates at the new batch size.
     """
     if batch < 1 or new_batch < 1:
         raise ConfigError(f"scale_hyperparams: batch={batch} and new_batch={new_batch} must be >= 1")
@@ -26,8 +33,47 @@ def scale_hyperparams(learning_rate: float, momentum: float, batch: int,
         raise ConfigError(f"scale_hyperparams: momentum={momentum} must lie in [0, 1)")
     r = new_batch / batch
     m = momentum ** r
-    lr = learning_rate * r if momentum == 0.0 else learning_rate * r * (1.0 - m) / (1.0 - momentum)
-    return float(lr), float(m)
+    factor = r if momentum == 0.0 else r * (1.0 - m) / (1.0 - momentum)
+    if callable(learning_rate):
+        return (lambda step: factor * learning_rate(step)), float(m)
+    return float(learning_rate * factor), float(m)
+
+
+def lr_schedule(kind: str, peak: float, total_steps: int, *,
+                decay_at: Sequence[float] = (0.5, 0.75), factor: float = 0.1,
+                warmup_steps: int = 0) -> optax.Schedule:
+    """A learning-rate schedule over `total_steps` updates, peaking at `peak`:
+
+      constant   η
+      step       η, multiplied by `factor` at each fraction of training in
+                 `decay_at` (He et al. 2016's recipe that Kosson et al. 2020
+                 adopt: ×0.1 at 50 % and 75 %)
+      cosine     η·½(1 + cos(π·t/T)) (Loshchilov & Hutter 2017)
+
+    with `warmup_steps` of linear warm-up from 0 first (the decay then spans
+    the remaining updates).
+    """
+    if kind not in LR_SCHEDULES:
+        raise ConfigError(f"unknown learning-rate schedule {kind!r}; use one of "
+                          f"{', '.join(LR_SCHEDULES)}")
+    if total_steps < 1 or not 0 <= warmup_steps < total_steps:
+        raise ConfigError(f"lr_schedule: total_steps={total_steps} must be >= 1 and "
+                          f"warmup_steps={warmup_steps} in [0, total_steps)")
+    if any(not 0.0 < f < 1.0 for f in decay_at):
+        raise ConfigError(f"lr_schedule: decay_at={tuple(decay_at)} are fractions of training "
+                          "in (0, 1), e.g. 0.5,0.75")
+    steps = total_steps - warmup_steps
+    if kind == "constant":
+        main = optax.constant_schedule(peak)
+    elif kind == "step":
+        main = optax.piecewise_constant_schedule(
+            peak, {int(round(f * steps)): factor for f in sorted(decay_at)})
+    else:
+        main = optax.cosine_decay_schedule(peak, steps)
+    if not warmup_steps:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), main],
+                                [warmup_steps])
 
 
 def pipemare_lr(schedule: optax.ScalarOrSchedule, delay: int,

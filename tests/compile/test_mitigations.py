@@ -1,7 +1,10 @@
 """The executor runs each stage's forward on its weight forecast: pipelined
 backpropagation with every mitigation equals a per-micro-batch reference that
-keeps every weight version and writes the forecasts and spike compensation
-out by hand, and equals `pj.simulate` on the same micro-batches."""
+keeps every weight version and writes the forecasts, spike compensation,
+PipeMare's rates and a decaying learning rate out by hand, and equals
+`pj.simulate` on the same micro-batches."""
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -9,21 +12,34 @@ import optax
 import pytest
 
 import pipejax as pj
+from pipejax.errors import ConfigError
 from tests.reference import rel_err, train_async
 
-LR, MOMENTUM = 0.05, 0.9
+LR, MOMENTUM, DECAY_AT, WARMUP = 0.05, 0.9, 6, 8
 # Small enough to compile fast, deep enough for four stages of two layers.
 LAYERS = pj.models.mlp(3, 16, 10)
 
 
-def _hand_sgdm(a: float = 1.0, b: float = 0.0) -> optax.GradientTransformation:
-    """v ← m·v + g; w ← w − η·(a·v + b·g), the state named like optax.trace's."""
+def _rate(t: int) -> float:
+    """The learning rate of update t: LR, then LR/10 from update DECAY_AT on."""
+    return jnp.where(t < DECAY_AT, LR, LR / 10)
+
+
+class _HandState(NamedTuple):
+    trace: optax.Updates  # named like optax.trace's, for the velocity forecast
+    count: jax.Array
+
+
+def _hand_sgdm(a: float = 1.0, b: float = 0.0, rate=_rate) -> optax.GradientTransformation:
+    """v ← m·v + g; w ← w − η_t·(a·v + b·g) at update t."""
     def init(params):
-        return optax.TraceState(trace=jax.tree.map(jnp.zeros_like, params))
+        return _HandState(jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.int32))
 
     def update(g, state, params=None):
         v = jax.tree.map(lambda v, g: MOMENTUM * v + g, state.trace, g)
-        return jax.tree.map(lambda v, g: -LR * (a * v + b * g), v, g), optax.TraceState(trace=v)
+        eta = rate(state.count)
+        return (jax.tree.map(lambda v, g: -eta * (a * v + b * g), v, g),
+                _HandState(v, state.count + 1))
 
     return optax.GradientTransformation(init, update)
 
@@ -34,18 +50,24 @@ def _reference(name: str, infos: list) -> tuple[list, list]:
     for s in infos:
         D = s.delay
         sc = name in ("sc", "lwp+sc")
-        # SC_D: a = m^D, b = Σ_{j<D} m^j (Kosson et al. 2020, eq. 14)
-        opts.append(_hand_sgdm(MOMENTUM ** D, sum(MOMENTUM ** j for j in range(D))) if sc
-                    else _hand_sgdm())
-        predict.append({"spectrain": (s.forward_horizon, s.backward_horizon, "velocity", LR),
-                        "lwp": (D, 0, "difference", None),
-                        "lwp+sc": (D, 0, "difference", None)}.get(name, (0, 0, "difference", None)))
+        if name == "pipemare":  # α_t / τ^(1 − min(t / K_warm, 1)) (Yang et al. 2019, §3)
+            opts.append(_hand_sgdm(rate=lambda t, D=D: _rate(t) / max(D, 1) ** (
+                1 - jnp.minimum(t / WARMUP, 1))))
+        else:  # SC_D: a = m^D, b = Σ_{j<D} m^j (Kosson et al. 2020, eq. 14)
+            opts.append(_hand_sgdm(MOMENTUM ** D, sum(MOMENTUM ** j for j in range(D))) if sc
+                        else _hand_sgdm())
+        # LWP in the velocity form, Kosson et al.'s default; η of the update that made the version
+        predict.append({"spectrain": (s.forward_horizon, s.backward_horizon, "velocity", _rate),
+                        "lwp": (D, 0, "velocity", _rate),
+                        "lwp+sc": (D, 0, "velocity", _rate)}.get(name, (0, 0, "difference", None)))
     return opts, predict
 
 
 @pytest.mark.parametrize("name", pj.transforms.MITIGATIONS)
 def test_pb_with_each_mitigation_equals_the_versioned_reference_and_simulate(name):
-    mit = pj.transforms.mitigation(name, LR, momentum=MOMENTUM)
+    schedule = optax.piecewise_constant_schedule(LR, {DECAY_AT: 0.1})
+    mit = pj.transforms.mitigation(name, schedule, momentum=MOMENTUM, warmup_steps=WARMUP
+                                   if name == "pipemare" else None)
     infos = [pj.schedules.pb(4, 2).stage_info(k) for k in range(4)]
     ref_opt, predict = _reference(name, infos)
     run = train_async("pb", 4, 2, mit.weight_stashing, opt=mit.optimizer, ref_opt=ref_opt,
@@ -67,3 +89,27 @@ def test_the_forecast_changes_the_forward():
                                    opt=pj.transforms.mitigation(name, LR).optimizer)
     none, lwp = run("none"), run("lwp")
     assert rel_err(lwp.losses, none.losses) > 1e-3
+
+
+def test_a_forecast_on_a_synchronous_schedule_is_an_error():
+    pipe = pj.pipeline(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros((2, 20)),
+                       stages=2, microbatches=2, schedule="1f1b")
+    opt = optax.chain(optax.sgd(LR), pj.transforms.weight_forecast(2))
+    with pytest.raises(ConfigError, match="stage 0's optimizer ends in weight_forecast, but "
+                                          "schedule '1f1b' is synchronous"):
+        pipe.trainer(opt)
+
+
+def test_forecast_after_a_collective_update():
+    """Two replicas under SSGD: the update's mean runs outside the stage switch,
+    and the forecast is made after it; equal to the reference on the joined
+    micro-batches."""
+    mit = pj.transforms.mitigation("lwp+sc", LR, momentum=MOMENTUM)
+    delays = pj.schedules.pb(4, 2).delays
+    ref_opt = [_hand_sgdm(MOMENTUM ** D, sum(MOMENTUM ** j for j in range(D)), rate=lambda t: LR)
+               for D in delays]
+    predict = [(D, 0, "velocity", LR) for D in delays]
+    run = train_async("pb", 4, 2, False, opt=mit.optimizer, ref_opt=ref_opt, predict=predict,
+                      layers=LAYERS, R=2)
+    assert rel_err(run.losses, run.ref_losses) < 1e-5
+    assert rel_err(pj.unstage(run.state.params), run.ref) < 1e-5

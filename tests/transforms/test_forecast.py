@@ -54,6 +54,61 @@ def test_forms_agree_for_sgdm_and_differ_under_spike_compensation():
         assert bool(same) == equal
 
 
+def _ones(opt, steps):
+    """w and the chain's state after each of `steps` updates with gradient 1 from w = 0."""
+    w, state, out = {"w": jnp.zeros(())}, None, []
+    state = opt.init(w)
+    for _ in range(steps):
+        u, state = opt.update({"w": jnp.ones(())}, state, w)
+        w = optax.apply_updates(w, u)
+        out.append((w, state))
+    return out
+
+
+def test_velocity_form_follows_a_schedule_by_hand():
+    # η = 1, 1, then 0.1; m = 0.5; g = 1: v = 1, 1.5, 1.75; w = −1, −2.5, −2.675.
+    # ŵ = w − η_last·T·v with η_last the rate of the update just applied, T = 2:
+    # −1 − 2·1 = −3;  −2.5 − 2·1.5 = −5.5;  −2.675 − 0.1·2·1.75 = −3.025
+    eta = optax.piecewise_constant_schedule(1.0, {2: 0.1})
+    opt = optax.chain(optax.trace(0.5), optax.scale_by_learning_rate(eta),
+                      pj.transforms.weight_forecast(2, form="velocity", learning_rate=eta))
+    steps = _ones(opt, 3)
+    chex.assert_trees_all_close([w["w"] for w, _ in steps], [-1.0, -2.5, -2.675], atol=1e-6)
+    chex.assert_trees_all_close([pj.transforms.forecast(w, s)["w"] for w, s in steps],
+                                [-3.0, -5.5, -3.025], atol=1e-6)
+    # the difference form extrapolates the same last update: equal for SGDM
+    diff = optax.chain(optax.trace(0.5), optax.scale_by_learning_rate(eta),
+                       pj.transforms.weight_forecast(2))
+    chex.assert_trees_all_close([pj.transforms.forecast(w, s)["w"] for w, s in _ones(diff, 3)],
+                                [-3.0, -5.5, -3.025], atol=1e-6)
+
+
+def test_lwp_sc_mitigation_is_the_velocity_form_by_hand():
+    # SC_D with m = 0.5, D = 2: a = 0.25, b = 1.5; η = 1, 1, 0.1; g = 1; v = 1, 1.5, 1.75.
+    # updates −(0.25·1 + 1.5), −(0.25·1.5 + 1.5), −0.1·(0.25·1.75 + 1.5):
+    # w = −1.75, −3.625, −3.81875; velocity forecast T = D = 2:
+    # −1.75 − 2·1 = −3.75;  −3.625 − 2·1.5 = −6.625;  −3.81875 − 0.1·2·1.75 = −4.16875
+    eta = optax.piecewise_constant_schedule(1.0, {2: 0.1})
+    info = pj.StageInfo(0, 2, 2, 2, 0)
+    make = lambda **kw: pj.transforms.mitigation("lwp+sc", eta, momentum=0.5, **kw).optimizer(info)
+    steps = _ones(make(), 3)
+    chex.assert_trees_all_close([w["w"] for w, _ in steps], [-1.75, -3.625, -3.81875], atol=1e-6)
+    chex.assert_trees_all_close([pj.transforms.forecast(w, s)["w"] for w, s in steps],
+                                [-3.75, -6.625, -4.16875], atol=1e-6)
+    # form="difference": w + 2·(last update): −3.625 − 2·1.875 = −7.375
+    w, s = _ones(make(form="difference"), 2)[-1]
+    chex.assert_trees_all_close(pj.transforms.forecast(w, s)["w"], -7.375, atol=1e-6)
+
+
+def test_backward_horizon_is_known_from_the_structure():
+    w = {"w": jnp.zeros(())}
+    lwp = pj.transforms.weight_forecast(3)
+    spectrain = pj.transforms.weight_forecast((3, 1), form="velocity", learning_rate=0.1)
+    assert not pj.transforms.forecasts_backward(jax.eval_shape(lwp.init, w))
+    assert pj.transforms.forecasts_backward(jax.eval_shape(spectrain.init, w))
+    assert float(pj.transforms.forecast_horizon(lwp.init(w), backward=True)) == 0.0
+
+
 def test_horizon_zero_and_pass_through():
     opt = optax.chain(optax.adam(0.1), pj.transforms.weight_forecast(0))
     w, state = _two_steps(opt)
