@@ -1,11 +1,16 @@
-"""What a weight forecast costs the pipelined executor (PB, K = 4).
+"""What a staleness mitigation costs the pipelined executor (PB, K = 4).
 
 For each mitigation, on a 16-layer MLP (width 256, micro-batch 16, M = 8):
-the compiled step's temp bytes and argument bytes (the train state: the
-difference-form forecast keeps the last update, one weight-sized buffer per
-stage), and the median step time, each over the same run without mitigation.
-The forecast itself is computed inside the forward (an element-wise pass
-over the stage's weights) and, for SpecTrain, again in the backward.
+the compiled step's temp bytes and argument bytes (the train state: weight
+stashing keeps a ring of weight versions), and the median step time, each
+over the same run without mitigation. A forward forecast is made by each
+update, in the stage's update branch where XLA fuses it with the update, and
+carried to the next forward; SpecTrain's backward forecast is made at the
+backward. The steps of all mitigations are timed in interleaved rounds; a
+ratio is the median over the rounds of that round's ratio, so that the
+machine's drift cancels. Wall time and the process's CPU time (all device
+threads: the work, which on simulated devices sharing 2 cores the wall time
+shows through the stages' waits for each other) are both reported.
 
 Run: python benchmarks/forecast_cost.py
 """
@@ -16,17 +21,22 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import time
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import pipejax as pj
-from common import median_time, save, table
+from common import save, table
 
-K, M, MB, FEATURES = 4, 8, 16, 40
+K, M, MB, FEATURES, ROUNDS, STEPS = 4, 8, 16, 40, 30, 3
 
 
-def measure(name: str) -> dict:
-    mit = pj.transforms.mitigation(name, 0.01)
+def prepare(name: str):
+    """(row, step): the compiled facts of the mitigation's step and a function
+    that runs STEPS steps and blocks."""
+    mit = pj.transforms.mitigation(name, 0.01, warmup_steps=1000 if name == "pipemare" else None)
     pipe = pj.pipeline(pj.models.mlp(depth=15, width=256, classes=10),
                        loss=pj.losses.cross_entropy, example=jnp.zeros((MB, FEATURES)), stages=K,
                        microbatches=M, schedule="pb", weight_stashing=mit.weight_stashing)
@@ -35,30 +45,44 @@ def measure(name: str) -> dict:
     batch = (jax.random.normal(jax.random.key(1), (M * MB, FEATURES)), jnp.zeros(M * MB, jnp.int32))
     memory = trainer.step.lower(state, batch).compile().memory_analysis()
 
-    def step():
+    def steps():
         nonlocal state
-        state, metrics = trainer.step(state, batch)
+        for _ in range(STEPS):
+            state, metrics = trainer.step(state, batch)
         jax.block_until_ready(metrics["loss"])
 
-    for _ in range(5):
-        step()
+    for _ in range(3):
+        steps()
     return {"mitigation": name, "temp_bytes": int(memory.temp_size_in_bytes),
             "argument_bytes": int(memory.argument_size_in_bytes),
-            "param_bytes_per_stage": pipe.layout.params.slot_bytes(),
-            "step_ms": round(1e3 * median_time(step, 30), 2)}
+            "param_bytes_per_stage": pipe.layout.params.slot_bytes()}, steps
 
 
 def main() -> None:
-    rows = [measure(n) for n in pj.transforms.MITIGATIONS]
+    prepared = [prepare(n) for n in pj.transforms.MITIGATIONS]
+    times: list[list[float]] = [[] for _ in prepared]
+    cpu: list[list[float]] = [[] for _ in prepared]
+    for _ in range(ROUNDS):
+        for i, (_, steps) in enumerate(prepared):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            steps()
+            times[i].append((time.perf_counter() - start) / STEPS)
+            cpu[i].append((time.process_time() - start_cpu) / STEPS)
+    rows = [row for row, _ in prepared]
+    for row, t, c in zip(rows, times, cpu):
+        row["step_ms"] = round(1e3 * float(np.median(t)), 2)
+        row["cpu_ms"] = round(1e3 * float(np.median(c)), 2)
     base = rows[0]
     for r in rows:
         # memory_analysis() is per device, i.e. per stage
         r["extra_state_per_stage_in_weights"] = round(
             (r["argument_bytes"] - base["argument_bytes"]) / base["param_bytes_per_stage"], 2)
         r["temp_over_none"] = round(r["temp_bytes"] / base["temp_bytes"], 3)
-        r["step_over_none"] = round(r["step_ms"] / base["step_ms"], 3)
+    for r, t, c in zip(rows, times, cpu):  # the median of each round's ratio: drift cancels
+        r["step_over_none"] = round(float(np.median(np.array(t) / np.array(times[0]))), 3)
+        r["cpu_over_none"] = round(float(np.median(np.array(c) / np.array(cpu[0]))), 3)
     print(table(rows))
-    print(f"wrote {save('forecast_cost', {'K': K, 'M': M, 'micro_batch': MB, 'rows': rows})}")
+    print(f"wrote {save('forecast_cost', {'K': K, 'M': M, 'micro_batch': MB, 'rounds': ROUNDS, 'steps_per_round': STEPS, 'rows': rows})}")
 
 
 if __name__ == "__main__":

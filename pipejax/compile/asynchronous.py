@@ -69,7 +69,9 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
             done = lax.dynamic_update_slice(done, out.done, (i * M,))
             return out.params, out.opt_state, out.rings, losses, done, skipped + out.skipped
 
-        init = (local(p), OptState(local(s), local(rule)), local(rings),
+        state = OptState(local(s), local(rule))
+        state = state._replace(ahead=opts.ahead(local(p), state))
+        init = (local(p), state, local(rings),
                 jnp.zeros(n * M, jnp.float32), jnp.zeros(n * M, bool), jnp.int32(0))
         p, s, rings, losses, done, skipped = lax.fori_loop(0, n, period, init)
         return (lead(p), lead(s.stages), lead(s.rule), lead(rings), losses, done,

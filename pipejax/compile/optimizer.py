@@ -36,7 +36,7 @@ from pipejax.compile.state import Staged
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.mesh import AXIS
 from pipejax.schedules import Schedule
-from pipejax.transforms import forecast, forecast_horizon, has_forecast
+from pipejax.transforms import forecast, forecasts_backward, has_forecast
 from pipejax.transforms.data_parallel import DataRule, consensus_distance
 
 Optimizer = Any  # optax.GradientTransformation | Callable[[StageInfo], GradientTransformation]
@@ -47,6 +47,8 @@ class OptState(NamedTuple):
 
     stages: Buffers  # its stage's optax state, packed
     rule: Any  # the data rule's (before, after) states; () without a rule
+    ahead: Buffers = ()  # the forward's forecast weights, packed like the params, kept
+    # up to date by every update (`StageOptimizers.ahead`); () when no stage forecasts
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -87,11 +89,17 @@ class StageOptimizers:
                 f"optimizer must be an optax GradientTransformation or a function StageInfo -> "
                 f"GradientTransformation, not {type(optimizer).__name__}")
         states = [jax.eval_shape(transforms[k].init, params.abstract_tree(k)) for k in range(K)]
+        forecasting = tuple(has_forecast(s) for s in states)
+        if schedule.synchronous and any(forecasting):
+            raise ConfigError(
+                f"stage {forecasting.index(True)}'s optimizer ends in weight_forecast, but "
+                f"schedule {schedule.name!r} is synchronous: every backward sees the weights its "
+                "forward used, so there is nothing to forecast; use an asynchronous schedule "
+                "('pb', 'pipedream') or drop the forecast")
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1])
-        return cls(tuple(transforms), params, Packing.of(states),
-                   tuple(has_forecast(s) for s in states), groups, rule, replicas, clip_norm,
-                   skip_nonfinite)
+        return cls(tuple(transforms), params, Packing.of(states), forecasting, groups, rule,
+                   replicas, clip_norm, skip_nonfinite)
 
     def init_program(self, mesh: Mesh, replicated: bool) -> Callable[[Staged], tuple]:
         """Staged params (one model when `replicated`, else R replicas) ->
@@ -117,15 +125,23 @@ class StageOptimizers:
 
     def _branches(self, apply: bool) -> list[Callable]:
         """The branch of stage k's group: stage k's optax update of its packed (params, grads,
-        state): the new params, or (`apply=False`) the packed update."""
-        pp, sp = self.params, self.packing
+        state): the new params and state, and the forecast the next forward runs on
+        (computed here, where XLA fuses it with the update: one more write of
+        the weights instead of a pass at every forward); or (`apply=False`)
+        the packed update and state."""
+        pp, sp, ahead = self.params, self.packing, any(self.forecasting)
 
         def branch(k):
             def run(p, g, s):
                 params, grads = pp.unpack(k, p), pp.unpack(k, g)
                 updates, s = self.transforms[k].update(grads, sp.unpack(k, s), params)
-                out = optax.apply_updates(params, updates) if apply else updates
-                return pp.pack(k, out), sp.pack(k, s)
+                if not apply:
+                    return pp.pack(k, updates), sp.pack(k, s)
+                new = optax.apply_updates(params, updates)
+                if not ahead:
+                    return pp.pack(k, new), sp.pack(k, s), ()
+                seen = forecast(new, s) if self.forecasting[k] else new
+                return pp.pack(k, new), sp.pack(k, s), pp.pack(k, seen)
             return run
 
         return self.groups.branches(branch)
@@ -160,9 +176,9 @@ class StageOptimizers:
             grads = self._clip(grads, ok)
         if not self.collective:
             apply = lambda g, c: self.groups.switch(self._branches(apply=True), c[0], g, c[1])
-            p, stages = (apply(grads, (p, s.stages)) if when is None
-                         else run_if(when, apply, grads, (p, s.stages)))
-            return p, OptState(stages, ()), skipped
+            p, stages, ahead = (apply(grads, (p, s.stages, s.ahead)) if when is None
+                                else run_if(when, apply, grads, (p, s.stages, s.ahead)))
+            return p, OptState(stages, (), ahead), skipped
         step = lambda ops, c: self.groups.switch(self._branches(apply=False), *ops, c[1])
         if when is None:
             updates, stages = step((p, grads), (None, s.stages))
@@ -175,7 +191,8 @@ class StageOptimizers:
         new = (optax.apply_updates(p, updates), rule)
         if when is not None:
             new = jax.tree.map(lambda n, o: jnp.where(when, n, o), new, (p, s.rule))
-        return new[0], OptState(stages, new[1]), skipped
+        state = OptState(stages, new[1])
+        return new[0], state._replace(ahead=self.ahead(new[0], state)), skipped
 
     def _clip(self, grads: Buffers, ok: jax.Array | None) -> Buffers:
         """`optax.clip_by_global_norm` over the gradients of ALL stages: the
@@ -197,28 +214,35 @@ class StageOptimizers:
             return None
         return consensus_distance(p, self.rule.axes, over=(AXIS,))
 
-    def weights(self, p: Buffers, s: OptState, backward: bool) -> Buffers:
-        """Inside shard_map: the weights this stage's forward (or backward)
-        runs on: its forecast, or `p` when its chain has no `weight_forecast`."""
-        branches = self._forecast_branches(backward)
+    def ahead(self, p: Buffers, s: OptState) -> Buffers:
+        """Inside shard_map: the forecast weights for `OptState.ahead` from
+        (p, s), () when no stage forecasts: at the start of a pass, and after
+        an update whose data rule or clip acts outside the stage switch."""
+        branches = self._forecast_branches(backward=False)
+        return () if branches is None else self.groups.switch(branches, p, s.stages)
+
+    def backward_weights(self, p: Buffers, s: OptState) -> Buffers:
+        """Inside shard_map: the weights this stage's backward runs on: a
+        forecast made now for a backward horizon (SpecTrain), else `p`. (The
+        forward's forecast is `s.ahead`, left there by the last update.)"""
+        branches = self._forecast_branches(backward=True)
         return p if branches is None else self.groups.switch(branches, p, s.stages)
 
     def _forecast_branches(self, backward: bool) -> list[Callable] | None:
         """The branch of stage k's group: (packed params, packed state) -> stage k's forecast, or
-        the params themselves when its chain has no `weight_forecast`. None
-        when no stage forecasts. A backward horizon of 0 (linear weight
-        prediction) skips the work."""
-        if not any(self.forecasting):
-            return None
+        the params themselves when its chain makes none. None when no stage
+        forecasts (for the backward: none has a nonzero backward horizon,
+        known from the states' structure, so linear weight prediction's
+        backward runs on the weights with no extra work)."""
         pp, sp = self.params, self.packing
+        active = [f and (not backward or forecasts_backward(sp.abstract_tree(k)))
+                  for k, f in enumerate(self.forecasting)]
+        if not any(active):
+            return None
 
         def branch(k):
             def run(p, s):
-                state = sp.unpack(k, s)
-                predict = lambda: pp.pack(k, forecast(pp.unpack(k, p), state, backward=backward))
-                if not backward:
-                    return predict()
-                return lax.cond(forecast_horizon(state, True) != 0, predict, lambda: p)
-            return run if self.forecasting[k] else (lambda p, s: p)
+                return pp.pack(k, forecast(pp.unpack(k, p), sp.unpack(k, s), backward=backward))
+            return run if active[k] else (lambda p, s: p)
 
         return self.groups.branches(branch)

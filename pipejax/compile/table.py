@@ -9,7 +9,8 @@ and gradients backward with `lax.ppermute`, outside the stage switch
 `micro-batch mod capacity`. Synchronous tables accumulate gradients;
 asynchronous ones apply the stage's optimizer right after every backward.
 A stage whose optimizer forecasts its weights runs its forward on the
-forecast (and its backward on the backward forecast) instead of its weights.
+forecast its last update made (`OptState.ahead`, carried from tick to tick)
+and its backward on a backward forecast, if it has a backward horizon.
 The program does not grow with the number of micro-batches or ticks.
 """
 
@@ -118,36 +119,36 @@ class _Tick:
         h_f, h_b, g_b = lax.optimization_barrier((
             _read(rings.inputs, gf % lay.input_slots), _read(rings.inputs, gb % lay.input_slots),
             _read(rings.grads, gb % lay.grad_slots)))
-        kept, weights, msg_f, loss = self._forward(do_f, gf, p, s, rings, h_f)
+        p, s, kept, weights, msg_f, loss = self._forward(do_f, gf, p, s, rings, h_f)
         p, s, acc, msg_b, skipped = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
         rings = self._exchange(rings._replace(kept=kept, weights=weights),
                                (msg_f, gf, do_f), (msg_b, gb, do_b))
         last = do_f & (self.k == self.K - 1)  # a micro-batch's loss, once, on the last stage
         return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped)
 
-    def _weights(self, p: Buffers, s: Any, backward: bool) -> Buffers:
-        """The weights an op runs on: p, or the stage's forecast from (p, s)."""
-        return p if self.opts is None else self.opts.weights(p, s, backward)
-
     def _forward(self, do_f, gf, p, s, rings: Rings, h_f) -> tuple:
         """Stage k's forward of micro-batch gf at its weights (or their
         forecast): keeps its residuals (and with weight stashing the weights
-        it used) in slot gf; returns the message on."""
+        it used) in slot gf; returns p, s, the rings and the message on.
+
+        The weights pass through the loop's carry, untouched: as an operand
+        of the loop XLA would copy them at every tick (they live on into
+        the backward), in the carry it updates them in place."""
         slot = gf % self.layout.kept_slots
+        ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
 
         def forward(args, c):
-            p, kept, weights, _, _ = c
-            s, *args = args
-            w = self._weights(p, s, backward=False)
+            w, kept, weights, _, _ = c
             msg, new_kept, loss = self.code.groups.switch(self.forwards, w, *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
-            return p, kept, weights, msg, loss
+            return w, kept, weights, msg, loss
 
-        args = (s, h_f, *self._inputs(gf))
-        init = (p, rings.kept, rings.weights, self.code.acts.zeros(), jnp.zeros((), jnp.float32))
-        _, kept, weights, msg, loss = run_if(do_f, forward, args, init)
-        return kept, weights, msg, loss
+        init = (s.ahead if ahead else p, rings.kept, rings.weights, self.code.acts.zeros(),
+                jnp.zeros((), jnp.float32))
+        w, kept, weights, msg, loss = run_if(do_f, forward, (h_f, *self._inputs(gf)), init)
+        p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
+        return p, s, kept, weights, msg, loss
 
     def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
         """Stage k's backward of micro-batch gb at the current weights (their
@@ -161,7 +162,8 @@ class _Tick:
 
         def backward(args, c):
             p, s, acc, _, skipped = c
-            w = stashed if stashed is not None else self._weights(p, s, backward=True)
+            w = stashed if stashed is not None else (
+                p if self.opts is None else self.opts.backward_weights(p, s))
             grads, msg = self.code.groups.switch(self.backwards, w, *args)
             if self.sync:
                 return p, s, tuple(a + d for a, d in zip(acc, grads)), msg, skipped
