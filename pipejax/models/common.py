@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def add_channel(x: jax.Array) -> jax.Array:
@@ -29,3 +32,44 @@ class MaxPool(nn.Module):
 
     def __call__(self, x):
         return nn.max_pool(x, (2,) * self.dims, strides=(2,) * self.dims)
+
+
+def _patches(x: jax.Array, window: Sequence[int], strides: Sequence[int]) -> jax.Array:
+    """[B, *spatial, C] -> [B, *out, prod(window)·C]: every window of a 'SAME'
+    convolution, window offsets major and channels minor (the order of a
+    kernel [*window, C, F] reshaped to [prod(window)·C, F])."""
+    spatial = x.shape[1:-1]
+    out = [-(-n // s) for n, s in zip(spatial, strides)]
+    pads = [max((o - 1) * s + w - n, 0) for o, s, w, n in zip(out, strides, window, spatial)]
+    x = jnp.pad(x, [(0, 0), *[(p // 2, p - p // 2) for p in pads], (0, 0)])
+    offsets = np.indices(window).reshape(len(window), -1).T.tolist()
+    views = [x[(slice(None), *[slice(i, i + (o - 1) * s + 1, s)
+                               for i, o, s in zip(at, out, strides)])] for at in offsets]
+    return jnp.concatenate(views, axis=-1)
+
+
+class Conv(nn.Module):
+    """`nn.Conv` with 'SAME' padding: the same parameters (names, shapes,
+    initializers) and the same result, computed as one matrix product of the
+    input's windows. XLA's CPU convolution of the zoo's small signals and
+    images runs 2–4× slower than that product (a 16-channel 1-D convolution
+    of length 40, forward and backward: 45 µs against 19 µs at batch 1,
+    374 µs against 103 µs at batch 8), and micro-batch-1 pipelines run tens
+    of thousands of them."""
+
+    features: int
+    kernel_size: Sequence[int]
+    strides: Sequence[int] | int = 1
+    use_bias: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        window = tuple(self.kernel_size)
+        strides = ((self.strides,) * len(window) if isinstance(self.strides, int)
+                   else tuple(self.strides))
+        kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                            (*window, x.shape[-1], self.features))
+        y = _patches(x, window, strides) @ kernel.reshape(-1, self.features)
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        return y

@@ -1,13 +1,33 @@
 """Pre-activation residual networks with GroupNorm (He et al. 2016; Wu & He 2018),
 as used at micro-batch size 1 by pipelined backpropagation (Kosson et al. 2020):
-GroupNorm needs no batch statistics, so every micro-batch size works. One
-residual block is one layer, so the pipeline splits between blocks."""
+GroupNorm needs no batch statistics, so every micro-batch size works.
+
+One residual block is one layer, so the pipeline splits between blocks; with
+`fine=True` each convolution (with its normalization and activation) is a
+layer and the residual sum another, as Kosson et al. pipeline them (§4: "the
+sum nodes between residual blocks also become pipeline stages"): inside a
+block, layers pass the pair (branch, shortcut) on.
+"""
 
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 
-from pipejax.models.common import add_channel, global_avg_pool
+from pipejax.models.common import Conv, add_channel, global_avg_pool
+
+
+def _preact_conv(x: jax.Array, features: int, groups: int, dims: int, strides: int = 1):
+    """conv(relu(gn(x))), and relu(gn(x)) for a projection shortcut."""
+    h = nn.relu(nn.GroupNorm(num_groups=groups)(x))
+    return Conv(features, (3,) * dims, strides, use_bias=False)(h), h
+
+
+def _shortcut(x: jax.Array, h: jax.Array, features: int, strides: int, dims: int) -> jax.Array:
+    """x, or a 1×1 projection of the pre-activated h when the shape changes."""
+    if strides == 1 and x.shape[-1] == features:
+        return x
+    return Conv(features, (1,) * dims, strides, use_bias=False)(h)
 
 
 class PreActBlock(nn.Module):
@@ -20,15 +40,44 @@ class PreActBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        kernel, strides = (3,) * self.dims, (self.strides,) * self.dims
         h = nn.relu(nn.GroupNorm(num_groups=self.groups)(x))
-        shortcut = x
-        if self.strides != 1 or x.shape[-1] != self.features:
-            shortcut = nn.Conv(self.features, (1,) * self.dims, strides, use_bias=False)(h)
-        h = nn.Conv(self.features, kernel, strides, use_bias=False)(h)
-        h = nn.relu(nn.GroupNorm(num_groups=self.groups)(h))
-        h = nn.Conv(self.features, kernel, use_bias=False)(h)
+        shortcut = _shortcut(x, h, self.features, self.strides, self.dims)
+        h = Conv(self.features, (3,) * self.dims, self.strides, use_bias=False)(h)
+        h, _ = _preact_conv(h, self.features, self.groups, self.dims)
         return h + shortcut
+
+
+class ResidualFork(nn.Module):
+    """A block's first pre-activation convolution: x -> (branch, shortcut)."""
+
+    features: int
+    groups: int = 8
+    strides: int = 1
+    dims: int = 1
+
+    @nn.compact
+    def __call__(self, x):
+        h, pre = _preact_conv(x, self.features, self.groups, self.dims, self.strides)
+        return h, _shortcut(x, pre, self.features, self.strides, self.dims)
+
+
+class ResidualConv(nn.Module):
+    """A block's second pre-activation convolution, on the branch: (h, s) -> (conv(h), s)."""
+
+    features: int
+    groups: int = 8
+    dims: int = 1
+
+    @nn.compact
+    def __call__(self, x):
+        h, shortcut = x
+        return _preact_conv(h, self.features, self.groups, self.dims)[0], shortcut
+
+
+def residual_sum(x: tuple) -> jax.Array:
+    """The sum node that closes a block: (branch, shortcut) -> branch + shortcut."""
+    h, shortcut = x
+    return h + shortcut
 
 
 class Head(nn.Module):
@@ -43,16 +92,22 @@ class Head(nn.Module):
 
 
 def resnet(depth: int = 6, width: int = 32, groups: int = 8, classes: int = 10,
-           dims: int = 1) -> list:
+           dims: int = 1, fine: bool = False) -> list:
     """A stem convolution, `depth` pre-activation blocks (width doubling and
     stride 2 at each third of the depth), and a head. `dims=1` takes signals
-    [B, L]; `dims=2` takes images [B, H, W, C]."""
+    [B, L]; `dims=2` takes images [B, H, W, C]. `fine=True` makes each block
+    three layers (two convolutions and the sum), as Kosson et al. pipeline it."""
     layers: list = [add_channel] if dims == 1 else []
-    layers.append(nn.Conv(width, (3,) * dims, use_bias=False))
+    layers.append(Conv(width, (3,) * dims, use_bias=False))
     features = width
     for i in range(depth):
         down = i > 0 and i % max(1, depth // 3) == 0
         features = features * 2 if down else features
-        layers.append(PreActBlock(features, groups, 2 if down else 1, dims))
+        strides = 2 if down else 1
+        if fine:
+            layers += [ResidualFork(features, groups, strides, dims),
+                       ResidualConv(features, groups, dims), residual_sum]
+        else:
+            layers.append(PreActBlock(features, groups, strides, dims))
     layers.append(Head(classes, groups))
     return layers
