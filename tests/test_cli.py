@@ -5,6 +5,7 @@ import json
 import flax.serialization
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 
 from pipejax.cli import main
 
@@ -59,19 +60,35 @@ def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
     assert plt.imread(png).shape[:2] == (360, 600)  # K = 4 rows: 0.6 * 4 + 1.2 in, 100 dpi
 
 
-def test_train_with_an_asynchronous_schedule_and_a_mitigation(tmp_path, capsys):
+def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
-                 "--batch-size", "16", "--steps", "40", "--schedule", "pb", "--quiet",
-                 "--optimizer", "momentum", "--lr", "0.02", "--mitigation", "lwp+sc",
-                 "--out", str(tmp_path / "run")]) == 0
-    assert "mitigation lwp+sc" in capsys.readouterr().out
+                 "--microbatch-size", "8", "--steps", "40", "--schedule", "pb", "--quiet",
+                 "--mitigation", "lwp+sc", "--reference", "0.1,0.9,128", "--lr-schedule", "step",
+                 "--decay-at", "0.5", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    # eq. 9 from B = 128 to 8: m′ = 0.9^(1/16) = 0.993437, η′ = 0.1·(1/16)·(1 − m′)/0.1 = 4.102e-4
+    assert ("optimizer: momentum, lr 0.00041 (x0.1 at 50 % of 80 updates), momentum 0.993437; "
+            "Kosson et al. eq. 9 from lr 0.1, momentum 0.9, batch 128 to update size 8") in out
+    assert "mitigation lwp+sc" in out
     summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert (summary["mitigation"], summary["delays"], summary["momentum"]) == ("lwp+sc", [2, 0], 0.9)
+    assert (summary["mitigation"], summary["delays"]) == ("lwp+sc", [2, 0])
+    assert summary["momentum"] == pytest.approx(0.9 ** (1 / 16))
+    assert summary["lr"] == pytest.approx(0.1 / 16 * (1 - 0.9 ** (1 / 16)) / 0.1)
+    assert (summary["batch_size"], summary["update_size"], summary["updates"],
+            summary["reference"], summary["decay_at"]) == (16, 8, 80, [0.1, 0.9, 128], [0.5])
 
 
-def test_a_mitigation_needs_an_asynchronous_schedule(tmp_path, capsys):
-    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--mitigation", "sc"]) == 2
-    assert "--schedule gpipe has none (use --schedule pb or pipedream)" in capsys.readouterr().err
+@pytest.mark.parametrize("flags, message", [
+    (["--mitigation", "sc"], "--schedule gpipe has none (use --schedule pb or pipedream)"),
+    (["--batch-size", "64", "--microbatch-size", "8"],
+     "--batch-size 64 disagrees with --microbatch-size 8 x --microbatches 4 x --replicas 1 = 32"),
+    (["--reference", "0.1,0.9,128", "--lr", "0.1"], "leave out --lr and --momentum"),
+    (["--reference", "0.1,0.9", "--schedule", "pb"], "--reference '0.1,0.9': give 3"),
+    (["--reference", "0.1,0.9,128", "--optimizer", "adam"], "use --optimizer momentum"),
+])
+def test_bad_training_flags_are_clear_errors(tmp_path, capsys, flags, message):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", *flags]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_bad_setting_is_a_clear_error(tmp_path, capsys):

@@ -12,9 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipejax.cli.setup import MODEL_DEFAULTS, make_pipeline, setup_devices
+from pipejax.cli.setup import MODEL_DEFAULTS, make_pipeline, resolve_batch_size, setup_devices
 from pipejax.cli.train import train
 from pipejax.transforms.data_parallel import RULES
+from pipejax.transforms.hyperparams import LR_SCHEDULES
 from pipejax.transforms.mitigations import MITIGATIONS
 
 
@@ -27,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--data", default="mnist1d", help="mnist1d | digits | path to a .npz file")
         q.add_argument("--stages", type=int, default=4)
         q.add_argument("--microbatches", type=int, default=4)
-        q.add_argument("--batch-size", type=int, default=128)
+        q.add_argument("--batch-size", type=int, default=None,
+                       help="examples per step (default 128, or --microbatch-size x "
+                            "--microbatches x --replicas)")
+        q.add_argument("--microbatch-size", type=int, default=None,
+                       help="examples per micro-batch: the update size of an asynchronous "
+                            "schedule (Kosson et al. train at 1); sets --batch-size")
         q.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "pipedream", "pb"])
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
@@ -39,14 +45,30 @@ def _parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a model with a pipelined step")
     common(train)
-    train.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
+    train.add_argument("--optimizer", default=None, choices=["sgd", "momentum", "adam"],
+                       help="default adam; momentum with --reference")
     train.add_argument("--lr", type=float, default=None, help="default: the model's")
-    train.add_argument("--momentum", type=float, default=0.9, help="for momentum and mitigations")
+    train.add_argument("--momentum", type=float, default=None,
+                       help="for momentum and mitigations (default 0.9)")
     train.add_argument("--mitigation", default=None, choices=list(MITIGATIONS),
                        help="staleness mitigation for --schedule pb or pipedream "
-                            "(on --optimizer momentum, or adam: none, stash, lwp)")
+                            "(on --optimizer momentum, or adam: none, stash, lwp, pipemare)")
     train.add_argument("--horizon-scale", type=float, default=1.0,
                        help="multiplies the forecast horizon and compensated delay (2: LWP_2D)")
+    train.add_argument("--form", default=None, choices=["velocity", "difference"],
+                       help="the forecast of lwp and lwp+sc (default: velocity on momentum, "
+                            "difference on adam)")
+    train.add_argument("--reference", default=None, metavar="LR,M,B",
+                       help="scale a recipe tuned at batch B (learning rate LR, momentum M) to "
+                            "this run's update size by Kosson et al.'s eq. 9; needs --optimizer "
+                            "momentum (set by default with --reference)")
+    train.add_argument("--lr-schedule", default="constant", choices=list(LR_SCHEDULES),
+                       help="step: x0.1 at each --decay-at fraction of training; cosine decay")
+    train.add_argument("--decay-at", default="0.5,0.75", metavar="F,F",
+                       help="fractions of training where --lr-schedule step divides the rate by 10")
+    train.add_argument("--warmup", type=int, default=0, metavar="N",
+                       help="updates of linear learning-rate warm-up (with --mitigation pipemare: "
+                            "PipeMare's K_warm instead, default one epoch)")
     train.add_argument("--rule", default=None, choices=list(RULES),
                        help="how replicas combine: ssgd (default), adpsgd, hadpsgd, elastic")
     train.add_argument("--alpha", type=float, default=0.1, help="elastic moving rate")
@@ -84,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 def plan(args) -> int:
     import pipejax as pj
 
+    args.batch_size = resolve_batch_size(args)
     mesh = setup_devices(args.stages, args.replicas, args.nodes)
     data = pj.data.load(args.data)
     _, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh)

@@ -70,22 +70,109 @@ def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool
     return layers, pipe
 
 
-def make_optimizer(args, lr: float):
-    """(optimizer for `pipe.trainer`, weight stashing): the named optax
-    optimizer, or with `--mitigation` the named staleness mitigation on it."""
+def resolve_batch_size(args) -> int:
+    """Examples per step: --batch-size, or --microbatch-size x --microbatches x --replicas
+    (both given must agree); 128 by default."""
+    import pipejax as pj
+
+    per_step = args.microbatches * args.replicas
+    if args.microbatch_size is None:
+        return 128 if args.batch_size is None else args.batch_size
+    if args.microbatch_size < 1:
+        raise pj.errors.ConfigError(f"--microbatch-size {args.microbatch_size}; use 1 or more")
+    size = args.microbatch_size * per_step
+    if args.batch_size is not None and args.batch_size != size:
+        raise pj.errors.ConfigError(
+            f"--batch-size {args.batch_size} disagrees with --microbatch-size "
+            f"{args.microbatch_size} x --microbatches {args.microbatches} x --replicas "
+            f"{args.replicas} = {size}; give one of the two")
+    return size
+
+
+def _numbers(text: str, flag: str, count: int | None = None) -> list[float]:
+    import pipejax as pj
+
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or (count is not None and len(values) != count):
+        raise pj.errors.ConfigError(f"{flag} {text!r}: give {count or 'one or more'} "
+                                    "comma-separated numbers, e.g. "
+                                    + ("0.1,0.9,128" if count == 3 else "0.5,0.75"))
+    return values
+
+
+def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size: int,
+                   synchronous: bool) -> tuple:
+    """(optimizer for `pipe.trainer`, weight stashing, settings): the named
+    optax optimizer, or with `--mitigation` the named staleness mitigation on
+    it, at a learning rate that follows `--lr-schedule` over `updates` =
+    (optimizer updates in all, in one epoch); with `--reference LR,M,B`, the
+    rate and momentum of that recipe scaled to `update_size` by Kosson et
+    al.'s eq. 9. `settings` holds the peak rate and the momentum used, for
+    the log and metrics."""
     import optax
 
     import pipejax as pj
 
+    T, ConfigError = pj.transforms, pj.errors.ConfigError
+    updates, per_epoch = updates
+    if args.mitigation is not None and synchronous:
+        raise ConfigError(f"--mitigation {args.mitigation} repairs the staleness of an "
+                          f"asynchronous schedule; --schedule {args.schedule} has none "
+                          "(use --schedule pb or pipedream)")
+    pipemare = args.mitigation == "pipemare"
+    warmup = 0 if pipemare else args.warmup
+    decay_at = tuple(_numbers(args.decay_at, "--decay-at"))
+    momentum = 0.0 if args.optimizer == "sgd" else (
+        0.9 if args.momentum is None else args.momentum)
+    settings = {"optimizer": args.optimizer, "lr_schedule": args.lr_schedule,
+                "update_size": update_size, "updates": updates, "warmup": args.warmup}
+    if args.lr_schedule == "step":
+        settings["decay_at"] = list(decay_at)
+    if args.reference is None:
+        peak = lr
+        rate = T.lr_schedule(args.lr_schedule, lr, updates, decay_at=decay_at, warmup_steps=warmup)
+    else:
+        if args.optimizer != "momentum":
+            raise ConfigError(f"--reference scales SGD with momentum (eq. 9); --optimizer "
+                              f"{args.optimizer} takes --lr directly: use --optimizer momentum")
+        if args.lr is not None or args.momentum is not None:
+            raise ConfigError("--reference LR,M,B sets the learning rate and momentum (eq. 9); "
+                              "leave out --lr and --momentum")
+        ref_lr, ref_m, ref_b = _numbers(args.reference, "--reference", 3)
+        reference = T.lr_schedule(args.lr_schedule, ref_lr, updates, decay_at=decay_at,
+                                  warmup_steps=warmup)
+        rate, momentum = T.scale_hyperparams(reference, ref_m, int(ref_b), update_size)
+        peak = T.scale_hyperparams(ref_lr, ref_m, int(ref_b), update_size)[0]
+        settings["reference"] = [ref_lr, ref_m, int(ref_b)]
+    settings.update(lr=peak, momentum=momentum)
     if args.mitigation is None:
-        return {"sgd": lambda: optax.sgd(lr), "momentum": lambda: optax.sgd(lr, args.momentum),
-                "adam": lambda: optax.adam(lr)}[args.optimizer](), False
-    if pj.schedules.make_schedule(args.schedule, 1, 1).synchronous:
-        raise pj.errors.ConfigError(f"--mitigation {args.mitigation} repairs the staleness of an "
-                                    f"asynchronous schedule; --schedule {args.schedule} has none "
-                                    "(use --schedule pb or pipedream)")
-    momentum = 0.0 if args.optimizer == "sgd" else args.momentum
-    mit = pj.transforms.mitigation(args.mitigation, lr, momentum=momentum,
-                                   horizon_scale=args.horizon_scale,
-                                   optimizer="adam" if args.optimizer == "adam" else "momentum")
-    return mit.optimizer, mit.weight_stashing
+        return {"sgd": lambda: optax.sgd(rate), "momentum": lambda: optax.sgd(rate, momentum),
+                "adam": lambda: optax.adam(rate)}[args.optimizer](), False, settings
+    mit = T.mitigation(args.mitigation, rate, momentum=momentum,
+                       horizon_scale=args.horizon_scale, form=args.form,
+                       optimizer="adam" if args.optimizer == "adam" else "momentum",
+                       warmup_steps=(args.warmup or per_epoch) if pipemare else None)
+    return mit.optimizer, mit.weight_stashing, settings
+
+
+def describe_optimizer(settings: dict) -> str:
+    """One line: the optimizer, its peak rate, schedule and momentum, and the scaling used."""
+    s = settings
+    text = f"{s['optimizer']}, lr {s['lr']:.3g}"
+    if s["lr_schedule"] == "step":
+        text += (" (x0.1 at " + ", ".join(f"{100 * f:g} %" for f in s["decay_at"])
+                 + f" of {s['updates']} updates)")
+    elif s["lr_schedule"] == "cosine":
+        text += f" (cosine decay over {s['updates']} updates)"
+    if s["warmup"]:
+        text += f", {s['warmup']} warm-up updates"
+    if s["optimizer"] != "adam":
+        text += f", momentum {s['momentum']:.6g}"
+    if "reference" in s:
+        lr, m, b = s["reference"]
+        text += (f"; Kosson et al. eq. 9 from lr {lr:g}, momentum {m:g}, batch {b} to update "
+                 f"size {s['update_size']}")
+    return text

@@ -7,7 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from pipejax.cli.setup import MODEL_DEFAULTS, make_optimizer, make_pipeline, setup_devices
+from pipejax.cli.setup import (MODEL_DEFAULTS, describe_optimizer, make_optimizer, make_pipeline,
+                              resolve_batch_size, setup_devices)
 
 
 def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> None:
@@ -130,6 +131,8 @@ def train(args) -> int:
 
     import pipejax as pj
 
+    args.batch_size = resolve_batch_size(args)
+    args.optimizer = args.optimizer or ("momentum" if args.reference else "adam")
     mesh = setup_devices(args.stages, args.replicas, args.nodes)
     data = pj.data.load(args.data)
     if args.batch_size % (args.microbatches * args.replicas):
@@ -144,10 +147,17 @@ def train(args) -> int:
     defaults = MODEL_DEFAULTS[args.model][1]
     lr = args.lr if args.lr is not None else defaults["lr"]
     epochs = args.epochs if args.epochs is not None else defaults["epochs"]
-    optimizer, stash = make_optimizer(args, lr)
+    per_epoch = len(data.x_train) // args.batch_size
+    total = args.steps if args.steps is not None else epochs * per_epoch
+    synchronous = pj.schedules.make_schedule(args.schedule, 1, 1).synchronous
+    per_step = 1 if synchronous else args.microbatches  # a stage's updates per step
+    optimizer, stash, settings = make_optimizer(
+        args, lr, (total * per_step, per_epoch * per_step),
+        args.batch_size // (1 if synchronous else args.microbatches), synchronous)
     layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh, stash)
     if jax.process_index() == 0:
         print(pipe, flush=True)
+        print(f"optimizer: {describe_optimizer(settings)}", flush=True)
     trainer = pipe.trainer(optimizer, _rule(args), clip_norm=args.clip,
                            skip_nonfinite=args.skip_nonfinite)
     if args.resume is not None and pj.checkpoint.latest(args.resume) is not None:
@@ -156,7 +166,6 @@ def train(args) -> int:
             print(f"resumed from step {int(state.step)} in {args.resume}", flush=True)
     else:
         state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
-    total = args.steps if args.steps is not None else epochs * (len(data.x_train) // args.batch_size)
     accuracy = _accuracy(layers)
     first = int(state.step)
     state, rows, seconds = _loop(args, trainer, state, data, total, accuracy)
@@ -166,8 +175,9 @@ def train(args) -> int:
                "steps": total, "seconds": round(seconds, 1),
                "examples_per_s": round((total - first) * args.batch_size / seconds, 1),
                "model": args.model, "schedule": args.schedule, "stages": args.stages,
-               "split": list(pipe.plan.split), "optimizer": args.optimizer, "lr": lr,
-               "momentum": args.momentum, "mitigation": args.mitigation or "none",
+               "split": list(pipe.plan.split), "batch_size": args.batch_size,
+               "microbatches": args.microbatches, **settings,
+               "mitigation": args.mitigation or "none", "form": args.form,
                "horizon_scale": args.horizon_scale, "delays": pipe.schedule.delays,
                "replicas": args.replicas, "nodes": args.nodes,
                "rule": trainer.rule.name if trainer.rule else "none",
