@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from pipejax.errors import ConfigError
@@ -36,7 +37,12 @@ class WeightForecastState(NamedTuple):
     count: jax.Array | None  # velocity form: int32, updates seen (the schedule's step)
 
 
-def _horizons(horizon: Any, stage: Any) -> tuple[float, float]:
+def _number(x: Any) -> Any:
+    """A horizon as a float, or as it is when an array (optax.inject_hyperparams)."""
+    return float(x) if isinstance(x, (int, float, np.integer, np.floating)) else x
+
+
+def _horizons(horizon: Any, stage: Any) -> tuple[Any, Any]:
     if isinstance(horizon, str):
         if horizon != "spectrain":
             raise ConfigError(f"weight_forecast: unknown horizon {horizon!r}; give a number T, "
@@ -48,8 +54,8 @@ def _horizons(horizon: Any, stage: Any) -> tuple[float, float]:
     if isinstance(horizon, Sequence):
         if len(horizon) != 2:
             raise ConfigError(f"weight_forecast: horizon {horizon!r} must be (T_forward, T_backward)")
-        return float(horizon[0]), float(horizon[1])
-    return float(horizon), 0.0
+        return _number(horizon[0]), _number(horizon[1])
+    return _number(horizon), 0.0
 
 
 def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "difference",
@@ -79,6 +85,9 @@ def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "
         extrapolates, the last one applied, so that both forms stay equal for
         SGDM under a decaying schedule.
       stage: the `StageInfo` of a pipeline stage, for horizon="spectrain".
+
+    Horizons and the rate may be arrays (`optax.inject_hyperparams`); a
+    backward horizon given as an array is kept even when it is 0.
     """
     if form not in FORMS:
         raise ConfigError(f"weight_forecast: form={form!r}; use 'difference' or 'velocity'")
@@ -94,7 +103,10 @@ def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "
         last = optax.tree.zeros_like(params) if form == "difference" else None
         count = None if rate is None else jnp.zeros((), jnp.int32)
         eta = None if rate is None else jnp.asarray(rate(count), jnp.float32)
-        return WeightForecastState(jnp.float32(forward), jnp.float32(backward) if backward else None,
+        # a backward horizon of a Python 0 is none at all (structure, not value)
+        none = isinstance(backward, float) and backward == 0.0
+        return WeightForecastState(jnp.asarray(forward, jnp.float32),
+                                   None if none else jnp.asarray(backward, jnp.float32),
                                    last, eta, count)
 
     def update_fn(updates, state, params=None):

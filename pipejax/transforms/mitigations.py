@@ -13,7 +13,8 @@
 
 Kosson et al. train at update size 1 with the hyper-parameters of a
 reference batch scaled by their eq. 9; `reference=(η, m, B), batch=B′` does
-that here.
+that here. `sweep=True` builds every SGDM mitigation as one chain whose
+numbers live in the optimizer state, so that a sweep compiles once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import optax
 from pipejax.errors import ConfigError
 from pipejax.transforms.forecast import FORMS, weight_forecast
 from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
-from pipejax.transforms.spike import spike_compensation
+from pipejax.transforms.spike import coefficients, spike_compensation
 
 MITIGATIONS = ("none", "stash", "spectrain", "lwp", "sc", "lwp+sc", "pipemare")
 _ADAM = ("none", "stash", "lwp", "pipemare")  # the ones that do not rewrite a momentum trace
@@ -67,11 +68,29 @@ def _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer):
     return scale_hyperparams(reference[0], reference[1], int(reference[2]), int(batch))
 
 
+def _family(momentum, a, b, learning_rate, forward, backward) -> optax.GradientTransformation:
+    """v ← m·v + g; w ← w − η·(a·v + b·g); forecasts w − η·T·v with T = forward
+    (of the forward) and backward: every SGDM mitigation, by its numbers."""
+    return optax.chain(spike_compensation(momentum, 0, a=a, b=b),
+                       optax.scale_by_learning_rate(learning_rate),
+                       weight_forecast((forward, backward), form="velocity",
+                                       learning_rate=learning_rate))
+
+
+def _numbers(name: str, s, m: float, h: float) -> dict:
+    """The family's (a, b, T_forward, T_backward) that make mitigation `name` at stage `s`."""
+    a, b = coefficients(m, s.delay, h) if name in ("sc", "lwp+sc") else (1.0, 0.0)
+    forward = h * s.delay if name in ("lwp", "lwp+sc") else (
+        h * s.forward_horizon if name == "spectrain" else 0.0)
+    backward = h * s.backward_horizon if name == "spectrain" else 0.0
+    return {"a": a, "b": b, "forward": float(forward), "backward": float(backward)}
+
+
 def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *,
                momentum: float | None = None, reference: tuple | None = None,
                batch: int | None = None, horizon_scale: float = 1.0,
                optimizer: str = "momentum", form: str | None = None,
-               warmup_steps: int | None = None) -> Mitigation:
+               warmup_steps: int | None = None, sweep: bool = False) -> Mitigation:
     """The named mitigation on SGDM (`optimizer="momentum"`: v ← m·v + g,
     w ← w − η·v) or on Adam (`optimizer="adam"`: none, stash, lwp in the
     difference form, pipemare).
@@ -90,6 +109,14 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
       form: the forecast's form for lwp and lwp+sc: "velocity" (the default
         on SGDM, Kosson et al. H.5) or "difference" (the only one on Adam).
       warmup_steps: PipeMare's K_warm, in updates (pipemare only).
+      sweep: build the SGDM mitigations (all but pipemare, velocity form) as
+        one chain, `optax.inject_hyperparams` of v ← m·v + g, w ← w −
+        η·(a·v + b·g) and a forecast with horizons (T_f, T_b), with every
+        number in the state: the same compiled program serves every name,
+        delay and momentum of a sweep (with JAX's persistent compilation
+        cache, across `pj.simulate` instances and processes). The updates
+        equal the named chains'; the names without a forecast pay one (of
+        horizon 0).
     """
     if name not in MITIGATIONS:
         raise ConfigError(f"unknown mitigation {name!r}; choose one of {', '.join(MITIGATIONS)}")
@@ -107,6 +134,9 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
     if name == "pipemare" and (warmup_steps is None or warmup_steps < 1):
         raise ConfigError(f"mitigation 'pipemare' divides the rate by τ^p with p fading over "
                           f"K_warm updates; give warmup_steps=K_warm >= 1, not {warmup_steps!r}")
+    if sweep and (optimizer != "momentum" or name == "pipemare" or form != "velocity"):
+        raise ConfigError(f"mitigation(sweep=True) builds the SGDM mitigations in the velocity "
+                          f"form; {name!r} on {optimizer!r} with form={form!r} is not one of them")
     lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     h = horizon_scale
 
@@ -119,6 +149,9 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
         return weight_forecast(T, form=form, learning_rate=lr if form == "velocity" else None)
 
     def make(s) -> optax.GradientTransformation:
+        if sweep:
+            return optax.inject_hyperparams(_family)(momentum=m, learning_rate=lr,
+                                                     **_numbers(name, s, m, h))
         if name in ("none", "stash"):
             return base()
         if name == "pipemare":

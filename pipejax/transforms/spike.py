@@ -32,6 +32,12 @@ def coefficients(momentum: float, delay: float, scale: float = 1.0) -> tuple[flo
     return float(a), float(b)
 
 
+def _concrete(*values) -> bool:
+    """Whether every value is a Python number (not an array traced by
+    `optax.inject_hyperparams`, which checks and derives nothing)."""
+    return all(isinstance(v, (int, float)) for v in values)
+
+
 def spike_compensation(momentum: float, delay: float, *, a: float | None = None,
                        b: float | None = None, scale: float = 1.0) -> optax.GradientTransformation:
     """Generalized spike compensation, in place of `optax.trace`:
@@ -49,13 +55,21 @@ def spike_compensation(momentum: float, delay: float, *, a: float | None = None,
         (a pipeline stage's `StageInfo.delay`).
       a, b: override the coefficients of the trace and of the gradient.
       scale: over-compensation factor on D.
+
+    Every number may be an array, so that `optax.inject_hyperparams` keeps
+    them in the state (a sweep then runs one compiled program); give a and
+    b then.
     """
-    if not 0.0 <= momentum <= 1.0:
+    if _concrete(momentum) and not 0.0 <= momentum <= 1.0:
         raise ConfigError(f"spike_compensation: momentum={momentum} must lie in [0, 1]")
-    if delay < 0 or scale < 0:
+    if _concrete(delay, scale) and (delay < 0 or scale < 0):
         raise ConfigError(f"spike_compensation: delay={delay} and scale={scale} must be >= 0")
-    a0, b0 = coefficients(momentum, delay, scale)
-    a, b = a0 if a is None else a, b0 if b is None else b
+    if a is None or b is None:
+        if not _concrete(momentum, delay, scale):
+            raise ConfigError("spike_compensation: with momentum, delay or scale as arrays "
+                              "(optax.inject_hyperparams), give a and b too")
+        a0, b0 = coefficients(momentum, delay, scale)
+        a, b = a0 if a is None else a, b0 if b is None else b
 
     def init_fn(params):
         return SpikeCompensationState(trace=optax.tree.zeros_like(params))

@@ -138,3 +138,16 @@ def test_errors_name_the_fix():
                                                                       learning_rate=0.1))
     with pytest.raises(ConfigError, match="momentum trace"):
         pj.transforms.forecast(W0, opt.init(W0))
+
+
+def test_horizons_and_rate_injected_as_arrays():
+    # velocity form, T = (2, 0) as arrays: the backward horizon stays in the state
+    make = lambda horizon, backward, rate: optax.chain(
+        optax.trace(0.5), optax.scale_by_learning_rate(rate),
+        pj.transforms.weight_forecast((horizon, backward), form="velocity", learning_rate=rate))
+    injected = optax.inject_hyperparams(make)(horizon=2.0, backward=0.0, rate=1.0)
+    steps = _ones(injected, 2)
+    state = steps[-1][1]
+    assert pj.transforms.forecasts_backward(state)
+    chex.assert_trees_all_close([pj.transforms.forecast(w, s)["w"] for w, s in steps],
+                                [-3.0, -5.5], atol=1e-6)  # as in the schedule test by hand

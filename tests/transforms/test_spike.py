@@ -62,3 +62,23 @@ def test_bad_settings_are_named():
         pj.transforms.spike_compensation(1.5, 2)
     with pytest.raises(ConfigError, match="delay=-1"):
         pj.transforms.spike_compensation(0.9, -1)
+
+
+def test_hyperparameters_injected_as_arrays():
+    """With optax.inject_hyperparams the numbers live in the state: the same
+    updates as the plain transform, and a changed value takes effect."""
+    a, b = pj.transforms.coefficients(0.9, 3)
+    plain = pj.transforms.spike_compensation(0.9, 3)
+    injected = optax.inject_hyperparams(pj.transforms.spike_compensation)(
+        momentum=0.9, delay=3, a=a, b=b)
+    w, g = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.array([0.5, 1.0])}
+    s1, s2 = plain.init(w), injected.init(w)
+    for _ in range(3):
+        u1, s1 = plain.update(g, s1, w)
+        u2, s2 = jax.jit(injected.update)(g, s2, w)
+        chex.assert_trees_all_close(u1, u2, rtol=1e-6)
+    s2.hyperparams["b"] = jnp.asarray(0.0)  # now a·v only: v = 1 + 0.9 + 0.81 + 0.729 times g
+    u, _ = injected.update(g, s2, w)
+    chex.assert_trees_all_close(u["w"], a * 3.439 * g["w"], rtol=1e-5)
+    with pytest.raises(ConfigError, match="give a and b"):
+        optax.inject_hyperparams(pj.transforms.spike_compensation)(momentum=0.9, delay=3).init(w)
