@@ -25,7 +25,7 @@ from jax import lax
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
-from pipejax.trace import Layer, apply_layers
+from pipejax.trace import Layer, apply_layer, apply_layers, init_layer, layer_key
 from pipejax.transforms import forecast, has_forecast
 
 
@@ -73,8 +73,11 @@ class Simulation:
     consistent: bool
 
     def __post_init__(self):
-        # run(state, xs, ys) -> (state, losses): `_run`, jitted once per simulation.
+        # run(state, xs, ys) -> (state, losses): `_run`, jitted once per simulation;
+        # the programs that build a state, once too.
         object.__setattr__(self, "run", jax.jit(self._run))
+        object.__setattr__(self, "_start", jax.jit(self._state))
+        object.__setattr__(self, "_layer_variables", jax.jit(self._variables))
 
     @property
     def delays(self) -> list[int]:
@@ -92,17 +95,33 @@ class Simulation:
     def _predict(w: Any, s: Any, backward: bool) -> Any:
         return forecast(w, s, backward=backward) if has_forecast(s) else w
 
+    def variables(self, key: jax.Array, example: Any) -> list[dict]:
+        """Initial variables of every layer for inputs shaped like `example`
+        (one micro-batch): layer i is initialized with fold_in(key, i), the
+        values `pj.unstage(pipe.init(key))` gives for the same layers."""
+        return self._layer_variables(key, example)
+
+    def _variables(self, key: jax.Array, example: Any) -> list[dict]:
+        out, h = [], jax.tree.map(jnp.zeros_like, example)
+        for i, layer in enumerate(self.layers):
+            out.append(init_layer(layer, layer_key(key, i), h))
+            h = apply_layer(layer, out[-1], h, None, train=False)
+        return out
+
     def init(self, variables: Sequence[dict], key: jax.Array | None = None) -> SimState:
         """The state before micro-batch 0: one variables dict per layer (as
-        `pj.unstage` returns them), `key` for layers that draw random numbers."""
+        `pj.unstage` or `variables` return them), `key` for layers that draw
+        random numbers."""
         if len(variables) != len(self.layers):
             raise ConfigError(f"got {len(variables)} variables dicts for {len(self.layers)} layers")
+        return self._start(list(variables), jax.random.key(0) if key is None else key)
+
+    def _state(self, variables: list[dict], key: jax.Array) -> SimState:
         w = tuple([variables[i] for i in r] for r in self.ranges)
         s = tuple(t.init(wk) for t, wk in zip(self.transforms, w))
         rings = tuple(jax.tree.map(lambda a, D=i.delay: jnp.stack([a] * (D + 1)),
                                    self._predict(w[k], s[k], False))
                       for k, i in enumerate(self.infos))
-        key = jax.random.key(0) if key is None else key
         return SimState(w, s, rings, jnp.zeros((), jnp.int32), key)
 
     def _one(self, state: SimState, xy: tuple) -> tuple[SimState, jax.Array]:

@@ -45,6 +45,13 @@ def test_constant_delay_equals_a_loop_over_weight_versions(D):
         assert int(state.step) == len(xs)
 
 
+def test_variables_are_the_pipelines_initial_ones():
+    sim = pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=2)
+    pipe = pj.pipeline(LAYERS, loss=LOSS, example=jnp.zeros((4, 20)), stages=2, microbatches=1)
+    assert rel_err(sim.variables(jax.random.key(3), jnp.zeros((4, 20))),
+                   pj.unstage(pipe.init(jax.random.key(3)))) == 0
+
+
 def test_stage_infos_and_splits():
     sim = pj.simulate(LAYERS, loss=LOSS, optimizer=lambda s: optax.sgd(0.1), split=[2, 2, 2, 1],
                       delays="pb")
@@ -62,3 +69,19 @@ def test_bad_input_is_named():
         pj.simulate(LAYERS, loss=LOSS, optimizer=optax.sgd(0.1), split=2, delays=[1, 2, 3])
     with pytest.raises(pj.errors.ArgumentTypeError, match="optax"):
         pj.simulate(LAYERS, loss=LOSS, optimizer=0.1, split=2)
+
+
+def test_sweepable_mitigations_equal_the_named_ones():
+    """mitigation(sweep=True): one chain with its numbers in the state gives
+    the named chains' training, under a decaying rate."""
+    rate = optax.piecewise_constant_schedule(0.05, {6: 0.1})
+    xs, ys = _data(n=16)
+    for name in ("spectrain", "lwp+sc"):  # a backward horizon; spike compensation and LWP
+        runs = []
+        for sweep in (False, True):
+            mit = pj.transforms.mitigation(name, rate, momentum=0.9, sweep=sweep)
+            sim = pj.simulate(LAYERS, loss=LOSS, optimizer=mit.optimizer, split=3,
+                              delays="pipedream", consistent=mit.weight_stashing)
+            state, losses = sim.run(sim.init(sim.variables(jax.random.key(0), xs[0])), xs, ys)
+            runs.append((sim.params(state), losses))
+        assert rel_err(runs[0], runs[1]) < 1e-6, name
