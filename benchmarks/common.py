@@ -13,13 +13,46 @@ import numpy as np
 from pipejax import bench
 from pipejax.bench import table
 
-__all__ = ["RESULTS", "environment", "median_time", "save", "table"]
+__all__ = ["RESULTS", "evaluator", "in_workers", "environment", "median_time", "save", "table"]
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def environment() -> dict:
     return bench.environment(" ".join([sys.executable.split("/")[-1], *sys.argv]))
+
+
+def evaluator(layers: list) -> Callable[[list, object], float]:
+    """`accuracy(variables, data)`: the test accuracy of one variables dict per
+    layer on `data` (a `pj.data.Dataset`), compiled once."""
+    import jax
+
+    import pipejax as pj
+
+    predict = jax.jit(lambda v, x: pj.apply_layers(layers, v, x, train=False))
+    return lambda variables, data: float(np.mean(np.argmax(predict(variables, data.x_test), -1)
+                                                 == data.y_test))
+
+
+def in_workers(fn: Callable, jobs: list, workers: int) -> list:
+    """`[fn(job) for job in jobs]` in `workers` spawned processes, sharing JAX's
+    persistent compilation cache (a temporary directory): programs that only
+    differ in what their state holds (`mitigation(sweep=True)`) compile once."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+    import shutil
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="pipejax-jax-cache-")
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    try:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            return list(pool.map(fn, jobs))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
