@@ -1,7 +1,22 @@
-"""Tests run on a real mesh of 8 simulated CPU devices (set before JAX starts)."""
+"""Tests run on a real mesh of 8 simulated CPU devices (set before JAX starts).
+
+The test processes (pytest-xdist's workers) share one JAX persistent
+compilation cache in a fresh temporary directory: tests build many pipelines
+that lower to the same programs, and each is compiled once per session."""
 
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: one cache for the session
+    _CACHE = tempfile.mkdtemp(prefix="pipejax-test-jax-cache-")
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE,
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+    def pytest_unconfigure(config):
+        shutil.rmtree(_CACHE, ignore_errors=True)

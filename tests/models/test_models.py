@@ -15,11 +15,11 @@ MB, M = 2, 4
 SIGNAL = (40,)
 IMAGE = (8, 8, 1)
 
+# The block ResNet in 1-D: its blocks run in resnet-2d, its 1-D convolutions in resnet-fine.
 CASES = {
     "mlp": (lambda: pj.models.mlp(depth=3, width=32), SIGNAL),
     "snn": (lambda: pj.models.snn(depth=6, width=32, dropout=0.1), SIGNAL),
-    "resnet-1d": (lambda: pj.models.resnet(depth=3, width=8, groups=4), SIGNAL),
-    "resnet-2d": (lambda: pj.models.resnet(depth=3, width=8, groups=4, dims=2), IMAGE),
+    "resnet-2d": (lambda: pj.models.resnet(depth=2, width=8, groups=4, dims=2), IMAGE),
     "resnet-fine": (lambda: pj.models.resnet(depth=2, width=8, groups=4, fine=True), SIGNAL),
     "vgg-1d": (lambda: pj.models.vgg((8, "M", 16, "M"), dense=32), SIGNAL),
     "vgg-2d": (lambda: pj.models.vgg((8, "M", 16, "M"), dims=2, dense=32, groups=4), IMAGE),
