@@ -13,25 +13,13 @@ import numpy as np
 from pipejax import bench
 from pipejax.bench import table
 
-__all__ = ["RESULTS", "evaluator", "in_workers", "environment", "median_time", "save", "table"]
+__all__ = ["RESULTS", "in_workers", "environment", "median_time", "save", "table"]
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def environment() -> dict:
     return bench.environment(" ".join([sys.executable.split("/")[-1], *sys.argv]))
-
-
-def evaluator(layers: list) -> Callable[[list, object], float]:
-    """`accuracy(variables, data)`: the test accuracy of one variables dict per
-    layer on `data` (a `pj.data.Dataset`), compiled once."""
-    import jax
-
-    import pipejax as pj
-
-    predict = jax.jit(lambda v, x: pj.apply_layers(layers, v, x, train=False))
-    return lambda variables, data: float(np.mean(np.argmax(predict(variables, data.x_test), -1)
-                                                 == data.y_test))
 
 
 def in_workers(fn: Callable, jobs: list, workers: int) -> list:

@@ -141,10 +141,9 @@ def initial(model: str, seed: int, micro_batch: int) -> list[dict]:
 def setup(model: str) -> tuple:
     """(layers, accuracy, data) of a model, once per worker process."""
     import pipejax as pj
-    from common import evaluator
 
     layers = build(model)
-    return layers, evaluator(layers), pj.data.load("mnist1d")
+    return layers, pj.evaluator(layers), pj.data.load("mnist1d")
 
 
 def train(run: Run) -> list[dict]:
@@ -183,13 +182,13 @@ def train(run: Run) -> list[dict]:
                     state, metrics = trainer.step(state, (xs[i:i + M].reshape(M * mb, -1),
                                                           ys[i:i + M].reshape(M * mb)))
                 flushed, _ = trainer.flush(state)  # evaluate with nothing in flight
-                curve.append(accuracy(pj.unstage(flushed.params), data))
+                curve.append(accuracy(pj.unstage(flushed.params), data.x_test, data.y_test))
                 losses.append(float(metrics["loss"]))
         else:
             state = sim.init(init, jax.random.key(seed))
             for xs, ys in epochs_of(data, seed, run.epochs, mb):
                 state, loss = sim.run(state, xs, ys)
-                curve.append(accuracy(sim.params(state), data))
+                curve.append(accuracy(sim.params(state), data.x_test, data.y_test))
                 losses.append(float(jnp.mean(loss[-len(loss) // 10:])))
         out.append({**run._asdict(), "K": K, "seed": seed, "seeds": None,
                     "learning_rate": peak, "momentum": m, "delays_per_stage": sim.delays,

@@ -48,8 +48,6 @@ def run(name: str, scale: int, epochs: int, data, seed: int = 0) -> dict:
                        stages=K, microbatches=M, mesh=pj.make_mesh(K, R, nodes))
     trainer = pipe.trainer(optax.sgd(LR * scale, momentum=MOMENTUM), rule=make_rule())
     state = trainer.init(pipe.init(jax.random.key(seed)))
-    predict = jax.jit(lambda v, x: pj.apply_layers(layers, v, x, train=False))
-    accuracy = lambda v: float(np.mean(np.argmax(predict(v, data.x_test), -1) == data.y_test))
     curve, spread, start = [], [], time.perf_counter()
     for epoch in range(epochs):
         losses = []
@@ -58,7 +56,7 @@ def run(name: str, scale: int, epochs: int, data, seed: int = 0) -> dict:
             losses.append(metrics["loss"])
         curve.append(float(np.mean(jax.device_get(losses))))
         spread.append(float(metrics.get("consensus_distance", 0.0)))
-    final = accuracy(pj.unstage(state))
+    final = pj.evaluator(layers)(pj.unstage(state), data.x_test, data.y_test)
     return {"rule": name, "batch": batch, "scale": scale, "lr": LR * scale,
             "steps": epochs * (len(data.x_train) // batch), "test_accuracy": final,
             "final_loss": curve[-1], "final_consensus": spread[-1],

@@ -66,8 +66,7 @@ def main() -> None:
              "windows_of_25_predicted_below_stale": f"{np.mean(np.less(*windows(s))):.4f}"}
             for s in S]
     print(table(rows))
-    accuracy = float(np.mean(np.argmax(jax.jit(lambda v, x: pj.apply_layers(
-        layers, v, x, train=False))(sim.params(state), data.x_test), -1) == data.y_test))
+    accuracy = pj.evaluator(layers)(sim.params(state), data.x_test, data.y_test)
     print(f"test accuracy after {EPOCHS} epochs: {100 * accuracy:.2f}%, delays {sim.delays}, "
           f"SpecTrain horizons {[(i.forward_horizon, i.backward_horizon) for i in sim.infos]}")
     plot(pred, stale)

@@ -9,7 +9,6 @@ pj.simulate_devices(4)  # on a CPU; must come before any JAX computation
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 data = pj.data.mnist1d()
@@ -29,5 +28,4 @@ for epoch in range(20):
     print(f"epoch {epoch:2d}  loss {float(metrics['loss']):.4f}")
 
 variables = pj.unstage(state.params)                    # one dict per layer, stage-free
-logits = pj.apply_layers(layers, variables, data.x_test, train=False)
-print(f"test accuracy {np.mean(np.argmax(logits, -1) == data.y_test):.3f}")
+print(f"test accuracy {pj.evaluator(layers)(variables, data.x_test, data.y_test):.3f}")

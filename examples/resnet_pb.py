@@ -18,7 +18,6 @@ pj.simulate_devices(4)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 EPOCHS, M = 3, 8
 data = pj.data.digits()
@@ -41,5 +40,5 @@ for epoch in range(EPOCHS):
     print(f"epoch {epoch}  loss {float(metrics['loss']):.4f}")
 state, _ = trainer.flush(state)
 
-logits = pj.apply_layers(layers, pj.unstage(state.params), data.x_test, train=False)
-print(f"test accuracy {np.mean(np.argmax(logits, -1) == data.y_test):.3f}")
+accuracy = pj.evaluator(layers)(pj.unstage(state.params), data.x_test, data.y_test)
+print(f"test accuracy {accuracy:.3f}")

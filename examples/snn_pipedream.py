@@ -10,7 +10,6 @@ pj.simulate_devices(4)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 data = pj.data.mnist1d()
@@ -28,5 +27,5 @@ for epoch in range(15):
     print(f"epoch {epoch:2d}  loss {float(metrics['loss']):.4f}")
 state, _ = trainer.flush(state)  # finish the micro-batches still in flight
 
-logits = pj.apply_layers(layers, pj.unstage(state.params), data.x_test, train=False)
-print(f"test accuracy {np.mean(np.argmax(logits, -1) == data.y_test):.3f}")
+accuracy = pj.evaluator(layers)(pj.unstage(state.params), data.x_test, data.y_test)
+print(f"test accuracy {accuracy:.3f}")

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from pipejax.compile.build import Build
 from pipejax.compile.state import Staged, TrainState, host_array
 from pipejax.errors import CheckpointError
 
@@ -56,12 +57,10 @@ def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     return treedef, parts, [is_slot(p) for p in parts]
 
 
-def _layout(trainer) -> dict:
+def _layout(build: Build) -> dict:
     """What must be equal for the layout-bound parts to restore as saved."""
-    pipe = trainer.pipeline
-    return {"ranges": [[r.start, r.stop] for r in pipe.plan.ranges],
-            "schedule": pipe.schedule.name, "microbatches": pipe.schedule.microbatches,
-            "replicas": trainer.replicas}
+    return {"ranges": [[r.start, r.stop] for r in build.code.plan.ranges],
+            "schedule": build.schedule.name, "microbatches": build.M, "replicas": build.R}
 
 
 def _manager(path: str | os.PathLike, keep: int | None = None) -> ocp.CheckpointManager:
@@ -73,7 +72,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     """Write `state` of `trainer` as checkpoint `state.step` under directory
     `path` (replacing one of the same step); keep the last `keep` (all if
     None). Returns the step."""
-    pipe, R = trainer.pipeline, trainer.replicas
+    pipe, R = trainer.pipeline, trainer.build.R
     if not isinstance(state, TrainState) or state.params.packing != pipe.code.params:
         raise CheckpointError(f"pj.save takes the TrainState of the trainer it is given, not "
                               f"{type(state).__name__}"
@@ -107,7 +106,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     meta = {"format": FORMAT, "step": int(state.step), "stages": K,
             "layers": [[s.name, _describe(s.variables)] for s in pipe.specs],
             "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
-            "synchronous": pipe.schedule.synchronous, **_layout(trainer)}
+            "synchronous": pipe.schedule.synchronous, **_layout(trainer.build)}
     step = int(state.step)
     manager = _manager(path, keep)
     if step in manager.all_steps():
@@ -167,13 +166,16 @@ def restore(path: str | os.PathLike, trainer, step: int | None = None) -> TrainS
 
 
 def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
-    pipe, opts, R = trainer.pipeline, trainer.optimizers, trainer.replicas
-    K, saved_R = pipe.plan.stages, meta["replicas"]
+    """The `TrainState` of `trainer` (its build, shardings and abstract state)
+    from a checkpoint's entries."""
+    build, opt_packing = trainer.build, trainer.optimizers.packing
+    params_packing, specs, ranges = build.code.params, trainer.pipeline.specs, build.code.plan.ranges
+    K, R, saved_R = build.K, build.R, meta["replicas"]
     if saved_R not in (1, R):
         raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
                               f"{R}; restore into {saved_R} replicas (or save one replica)")
     rep = lambda a, r: a[r if saved_R > 1 else 0]
-    same_layout = {k: meta[k] for k in _layout(trainer)} == _layout(trainer)
+    same_layout = {k: meta[k] for k in _layout(build)} == _layout(build)
     if not (same_layout or meta["flushed"]):
         raise CheckpointError(
             f"the checkpoint holds micro-batches in flight for another layout (layer ranges "
@@ -194,24 +196,24 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
     params, states = [], []
     for r in range(R):
         for k in range(K):
-            layers = [leaves(f"layer{i}.", pipe.specs[i].variables, r) for i in pipe.plan.ranges[k]]
-            treedef, parts, is_slot = _split(opts.packing.abstract_tree(k),
-                                             opts.params.abstract_tree(k))
+            layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in ranges[k]]
+            treedef, parts, is_slot = _split(opt_packing.abstract_tree(k),
+                                             params_packing.abstract_tree(k))
             values = iter(rep(a, r) for a in others(k, is_slot.count(False)))
             filled, j = [], 0
             for part, per_parameter in zip(parts, is_slot):
                 if per_parameter:  # the j-th: one entry per layer of the stage
                     filled.append([leaves(f"opt{j}.layer{i}.", part[n], r)
-                                   for n, i in enumerate(pipe.plan.ranges[k])])
+                                   for n, i in enumerate(ranges[k])])
                     j += 1
                 else:
                     filled.append(next(values))
-            params.append(opts.params.pack(k, layers))
-            states.append(opts.packing.pack(k, jax.tree.unflatten(treedef, filled)))
+            params.append(params_packing.pack(k, layers))
+            states.append(opt_packing.pack(k, jax.tree.unflatten(treedef, filled)))
     shardings = trainer.shardings
     stacked = lambda rows: tuple(np.stack([np.asarray(b) for b in slot]) for slot in zip(*rows))
-    p = Staged(tuple(_put(b, shardings.params) for b in stacked(params)), opts.params, R)
-    s = Staged(tuple(_put(b, shardings.opt_state) for b in stacked(states)), opts.packing, R)
+    p = Staged(tuple(_put(b, shardings.params) for b in stacked(params)), params_packing)
+    s = Staged(tuple(_put(b, shardings.opt_state) for b in stacked(states)), opt_packing)
     key = jax.random.wrap_key_data(_put(tree["key"], shardings.key), impl=meta["key_impl"])
     template = trainer.abstract_state(p, key)
     rule = _layout_bound("rule.", "the data rule's state", template.rule_state, tree, meta,

@@ -22,11 +22,12 @@ import numpy as np
 import optax
 from jax import lax
 
-from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.errors import ConfigError
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
 from pipejax.trace import Layer, apply_layer, apply_layers, init_layer, layer_key
 from pipejax.transforms import forecast, has_forecast
+from pipejax.transforms.per_stage import per_stage
 
 
 class SimState(NamedTuple):
@@ -188,11 +189,4 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
     starts = np.cumsum([0, *counts])
     ranges = tuple(range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]))
     infos = tuple(_stage_infos(delays, len(counts)))
-    if isinstance(optimizer, optax.GradientTransformation):
-        transforms = (optimizer,) * len(infos)
-    elif callable(optimizer):
-        transforms = tuple(optimizer(i) for i in infos)
-    else:
-        raise ArgumentTypeError(f"optimizer must be an optax GradientTransformation or a function "
-                                f"StageInfo -> GradientTransformation, not {type(optimizer).__name__}")
-    return Simulation(tuple(layers), loss, ranges, infos, transforms, consistent)
+    return Simulation(tuple(layers), loss, ranges, infos, per_stage(optimizer, infos), consistent)

@@ -18,7 +18,9 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax.compile import StageCode, Staged, guarded, synchronous
+from pipejax.compile.build import Build
 from pipejax.compile.layout import Layout
+from pipejax.compile.stages import Model
 from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
 from pipejax.errors import ArgumentTypeError, ConfigError, LayerError
 from pipejax.mesh import stage_mesh
@@ -41,39 +43,46 @@ def _describe(tree: Any) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Pipeline:
-    """A layer list compiled for a stage mesh. Build it with `pj.pipeline`."""
+    """A layer list compiled for a stage mesh. Build it with `pj.pipeline`.
 
-    layers: tuple[Layer, ...]
-    loss: Callable
-    example: Any  # ShapeDtypeStructs of one micro-batch of inputs
-    targets: Any  # ShapeDtypeStructs of one micro-batch of targets
+    It holds the traced layers (`specs`) and the `Build` every program is
+    made from; `plan`, `schedule`, `layout`, `mesh`, `layers`, `loss`,
+    `remat`, `example` and `targets` are read off them."""
+
     specs: tuple[LayerSpec, ...]
-    plan: Plan
-    schedule: Schedule
-    code: StageCode
-    layout: Layout
-    mesh: Mesh
-    remat: Any
+    build: Build
 
     def __post_init__(self):
-        code, mesh = self.code, self.mesh
+        build, code, mesh = self.build, self.code, self.mesh
         branches = code.init_branches()
         body = lambda key: lead(code.groups.switch(branches, key))
         object.__setattr__(self, "_init", guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)),
                                                   mesh))
         vg = None
         if self.schedule.synchronous:
-            vg = guarded(jax.jit(synchronous.value_and_grad(
-                code, self.schedule, self.layout, mesh, self.example, self.targets)), mesh)
+            vg = guarded(jax.jit(synchronous.value_and_grad(build)), mesh)
         object.__setattr__(self, "_value_and_grad", vg)
+
+    code = property(lambda self: self.build.code, doc="The stages' code (StageCode).")
+    plan = property(lambda self: self.code.plan, doc="Which layers each stage holds (Plan).")
+    schedule = property(lambda self: self.build.schedule, doc="The schedule table.")
+    layout = property(lambda self: self.build.layout, doc="Buffers and their bytes (Layout).")
+    mesh = property(lambda self: self.build.mesh, doc="The stage mesh.")
+    layers = property(lambda self: self.code.model.layers, doc="The layer list.")
+    loss = property(lambda self: self.code.model.loss, doc="The loss of one micro-batch.")
+    remat = property(lambda self: self.code.model.remat, doc="The remat mode.")
+    example = property(lambda self: self.build.example,
+                       doc="ShapeDtypeStructs of one micro-batch of inputs.")
+    targets = property(lambda self: self.build.targets,
+                       doc="ShapeDtypeStructs of one micro-batch of targets.")
 
     @property
     def K(self) -> int:
-        return self.plan.stages
+        return self.build.K
 
     @property
     def M(self) -> int:
-        return self.schedule.microbatches
+        return self.build.M
 
     @property
     def random_layers(self) -> list[LayerSpec]:
@@ -193,7 +202,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              microbatches: int, targets: Any = None, schedule: str | Schedule = "gpipe",
              partition: str | Sequence[int] = "variance", remat: Any = "stage",
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
-             weight_stashing: bool = False) -> Pipeline:
+             weight_stashing: bool = False, share_branches: bool = True) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -220,6 +229,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         its micro-batches in flight (the schedule's count), within this many bytes.
       weight_stashing: asynchronous schedules only: a backward uses the weights
         its forward used (PipeDream), at the memory `pipe.layout` reports.
+      share_branches: stages of identical structure share one branch of the
+        stage switch (compile time flat in depth); False compiles one branch
+        per stage, what `pipejax bench` compares against.
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
@@ -239,6 +251,6 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
                      in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
                      keeps_activations=remat == "none")
     seed = 1.0 / microbatches if table.synchronous else 1.0
-    code = StageCode(layers, plan, loss, remat, seed, example, targets)
-    return Pipeline(tuple(layers), loss, example, targets, specs, plan, table, code,
-                    Layout.of(code, table, weight_stashing), mesh, remat)
+    code = StageCode(Model(tuple(layers), loss, remat, example, targets), plan, seed,
+                     share_branches)
+    return Pipeline(specs, Build(table, Layout.of(code, table, weight_stashing), mesh))

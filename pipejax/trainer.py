@@ -17,26 +17,31 @@ stage inside the stage switch, the rule's collectives around it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from pipejax.compile import asynchronous, guarded, synchronous
 from pipejax.compile.memory import MemoryEstimate, estimate
-from pipejax.compile.optimizer import Optimizer, StageOptimizers
+from pipejax.compile.optimizer import StageOptimizers
+from pipejax.compile.outer import Outer
 from pipejax.compile.spmd import REPLICATED, per_replica, placement
 from pipejax.compile.state import InFlight, Staged, TrainState
 from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.mesh import AXIS, data_axes, replicas
-from pipejax.pipeline import Pipeline
+from pipejax.mesh import AXIS, data_axes
 from pipejax.transforms.data_parallel import DataRule, ssgd
+from pipejax.transforms.per_stage import Optimizer
+
+if TYPE_CHECKING:
+    from pipejax.pipeline import Pipeline
 
 
-def check_rule(rule: DataRule | None, pipe: Pipeline) -> DataRule | None:
-    """The rule between the pipeline's replicas: `rule` checked against the
+def check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
+    """The rule between the replicas of a pipeline on `mesh`: `rule` checked against the
     mesh, SSGD over every data axis by default, None on a mesh without data axes."""
-    axes, names = data_axes(pipe.mesh), tuple(pipe.mesh.axis_names)
+    axes, names = data_axes(mesh), tuple(mesh.axis_names)
     if rule is None:
         return ssgd(axes) if axes else None
     if not isinstance(rule, DataRule):
@@ -50,10 +55,10 @@ def check_rule(rule: DataRule | None, pipe: Pipeline) -> DataRule | None:
             raise ConfigError(f"rule {rule.name!r} names mesh axis {a!r}, but the mesh has axes "
                               f"{names}; build the mesh with that axis (pj.make_mesh(stages, "
                               "data, nodes)) or name one of its data axes")
-    unused = [a for a in axes if a not in rule.axes and pipe.mesh.shape[a] > 1]
+    unused = [a for a in axes if a not in rule.axes and mesh.shape[a] > 1]
     if unused:
         raise ConfigError(f"rule {rule.name!r} communicates over {rule.axes} but the mesh's data "
-                          f"axis {unused[0]!r} ({pipe.mesh.shape[unused[0]]} replicas) is in none "
+                          f"axis {unused[0]!r} ({mesh.shape[unused[0]]} replicas) is in none "
                           "of them: its replicas would train apart; use a rule over every data "
                           "axis (hadpsgd for ('node', 'local'))")
     return rule
@@ -75,24 +80,26 @@ class Trainer:
 
     def __init__(self, pipe: Pipeline, optimizer: Optimizer, rule: DataRule | None = None,
                  clip_norm: float | None = None, skip_nonfinite: bool = False):
-        self.pipeline = pipe
-        self.rule = check_rule(rule, pipe)
-        self.replicas = replicas(pipe.mesh)
-        self.optimizers = StageOptimizers.of(optimizer, pipe.schedule, pipe.code.params,
-                                             self.rule, self.replicas, clip_norm, skip_nonfinite)
-        args = (pipe.code, pipe.schedule, pipe.layout, pipe.mesh, self.optimizers)
+        self.pipeline, self.build = pipe, pipe.build
+        self.rule = check_rule(rule, pipe.mesh)
+        outer = Outer(self.rule, clip_norm, skip_nonfinite)
+        self.optimizers = opts = StageOptimizers.of(optimizer, self.build, outer)
         if pipe.schedule.synchronous:
-            step = synchronous.train_step(*args, pipe.example, pipe.targets)
-            flush = synchronous.flush
+            step, flush = synchronous.train_step(self.build, opts), synchronous.flush
         else:
-            step = asynchronous.train_step(*args, pipe.example, pipe.targets)
-            flush = asynchronous.flush(*args)
+            step = asynchronous.train_step(self.build, opts)
+            flush = asynchronous.flush(self.build, opts)
         out = (self.shardings, placement(pipe.mesh, REPLICATED))
         self.step = guarded(jax.jit(step, out_shardings=out), pipe.mesh)
         self.flush = guarded(jax.jit(flush, out_shardings=out), pipe.mesh)
         self._init = {replicated: guarded(jax.jit(self._initial(replicated),
                                                   out_shardings=self.shardings), pipe.mesh)
                       for replicated in (True, False)}
+
+    @property
+    def replicas(self) -> int:
+        """R, the pipeline replicas the trainer holds (one per data index of the mesh)."""
+        return self.build.R
 
     @property
     def shardings(self) -> TrainState:
@@ -120,14 +127,13 @@ class Trainer:
     def _initial(self, replicated: bool):
         """`(params, key) -> TrainState`, one program: every part is made on
         the devices that keep it (in a job of several processes too)."""
-        pipe, init = self.pipeline, self.optimizers.init_program(self.pipeline.mesh, replicated)
+        build, init = self.build, self.optimizers.init_program(self.build, replicated)
 
         def initial(params: Staged, key: jax.Array) -> TrainState:
             params, opt_state, rule_state = init(params)
             inflight = None
-            if pipe.schedule.asynchronous:
-                inflight = asynchronous.init_inflight(pipe.layout, pipe.example, pipe.targets,
-                                                      self.replicas)
+            if build.schedule.asynchronous:
+                inflight = asynchronous.init_inflight(build)
             return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key, inflight,
                               rule_state)
 
@@ -140,7 +146,7 @@ class Trainer:
     def memory(self) -> MemoryEstimate:
         """The memory `step` needs per device and per stage, predicted before
         compiling (pipejax/compile/memory.py); print it for a table."""
-        return estimate(self)
+        return estimate(self.build, self.optimizers.packing)
 
     def opt_state(self, state: TrainState, replica: int = 0) -> list[Any]:
         """The K per-stage optax states of one replica as ordinary pytrees

@@ -223,6 +223,14 @@ def test_optimizer_of_the_wrong_type():
         pipe.trainer("adam")
     with pytest.raises(TypeError, match=r"returned float for stage 0"):
         pipe.trainer(lambda info: 0.1)
+    with pytest.raises(ArgumentTypeError, match=r"the function adam that makes one .*adam\(lea"):
+        pipe.trainer(optax.adam)
+    with pytest.raises(ArgumentTypeError, match=r"the class GradientTransformation \(pass an"):
+        pipe.trainer(optax.GradientTransformation)
+    with pytest.raises(ArgumentTypeError, match=r"calling the optimizer function with StageInfo"):
+        pipe.trainer(lambda: optax.sgd(0.1))
+    with pytest.raises(ArgumentTypeError, match=r"Mitigation; pass its .optimizer"):
+        pipe.trainer(pj.transforms.mitigation("none", 0.1))
 
 
 def test_unstage_of_something_else():

@@ -34,6 +34,7 @@ import jax
 import optax
 
 import pipejax as pj
+from pipejax import formatting
 from pipejax.bench.bubbles import bubbles
 from pipejax.bench.compile_time import compile_times
 from pipejax.bench.memory import memory, padding, peak_bytes
@@ -59,10 +60,7 @@ def table(rows: list[dict]) -> str:
     """Rows of equal keys as aligned text columns under a header."""
     keys = list(rows[0])
     cells = [[str(r.get(k, "")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths)),
-             "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells])
+    return formatting.table([keys, *cells], rstrip=False)
 
 
 def main(argv: list[str] | None = None) -> int:

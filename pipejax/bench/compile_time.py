@@ -9,15 +9,15 @@ import jax.numpy as jnp
 import optax
 
 import pipejax as pj
-from pipejax.compile import sharing
 from pipejax.bench.machine import CLASSES, FEATURES, batch, on_devices
 
 
-def _compile_seconds(layers: list, K: int, M: int, mb: int = 4) -> dict:
+def _compile_seconds(layers: list, K: int, M: int, mb: int = 4, share: bool = True) -> dict:
     with on_devices(K) as mesh:
         start = time.perf_counter()
         pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
-                           example=jnp.zeros((mb, FEATURES)), stages=K, microbatches=M, mesh=mesh)
+                           example=jnp.zeros((mb, FEATURES)), stages=K, microbatches=M, mesh=mesh,
+                           share_branches=share)
         traced = time.perf_counter()
         trainer = pipe.trainer(optax.sgd(0.01))
         state = trainer.init(pipe.init(jax.random.key(0)))
@@ -43,8 +43,7 @@ def compile_times() -> dict:
     by_depth, most = [], len(jax.devices("cpu"))
     for n, K in ((4, 4), (32, min(32, most)), (128, min(32, most))):
         shared = _compile_seconds(_deep(n), K, 8)
-        with sharing.one_branch_per_stage():
-            own = _compile_seconds(_deep(n), K, 8)
+        own = _compile_seconds(_deep(n), K, 8, share=False)
         by_depth.append({**shared, "per_stage_branches": own["branches"],
                          "per_stage_step_compile_s": own["step_compile_s"],
                          "per_stage_init_s": own["init_s"],

@@ -48,23 +48,6 @@ def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> Non
         {str(i): v for i, v in enumerate(variables)}))
 
 
-def _accuracy(layers: list):
-    """accuracy(variables, x, y): the share of argmax predictions equal to y."""
-    import jax
-    import numpy as np
-
-    import pipejax as pj
-
-    predict = jax.jit(lambda v, x: pj.apply_layers(layers, v, x, train=False))
-
-    def accuracy(variables, x, y) -> float:
-        hits = sum(int(np.sum(np.argmax(np.asarray(predict(variables, x[i:i + 500])), -1)
-                              == y[i:i + 500])) for i in range(0, len(x), 500))
-        return hits / len(x)
-
-    return accuracy
-
-
 def _loop(args, trainer, state, data, total: int, accuracy):
     """Steps `state.step` to `total` over shuffled epochs (a resumed run goes
     on with the batch it would have had next), then a flush; returns the
@@ -166,7 +149,7 @@ def train(args) -> int:
             print(f"resumed from step {int(state.step)} in {args.resume}", flush=True)
     else:
         state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
-    accuracy = _accuracy(layers)
+    accuracy = pj.evaluator(layers)
     first = int(state.step)
     state, rows, seconds = _loop(args, trainer, state, data, total, accuracy)
     variables = pj.unstage(state)  # gathered from every process; the replicas' mean

@@ -26,45 +26,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh
 
 from pipejax.compile import microbatch
-from pipejax.compile.layout import Layout
+from pipejax.compile.build import Build
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_key, shard
-from pipejax.compile.stages import StageCode
 from pipejax.compile.state import InFlight, Staged, TrainState
-from pipejax.compile.table import finishing, metrics, run_table
-from pipejax.mesh import data_axes, replicas
-from pipejax.schedules import Schedule
+from pipejax.compile.table import TableIn, finishing, metrics, run_table
 
 
-def init_inflight(layout: Layout, x_m: Any, y_m: Any, R: int = 1) -> InFlight:
-    """An empty pipeline on each of R replicas: zero rings, nothing fed;
-    `x_m`, `y_m` one micro-batch."""
-    n = R * layout.stages
+def init_inflight(build: Build) -> InFlight:
+    """An empty pipeline on each of the R replicas: zero rings, nothing fed."""
+    layout, n = build.layout, build.R * build.K
     ring = lambda s: jnp.zeros((n, layout.data_slots, *s.shape), s.dtype)
     zero = jnp.zeros((), jnp.int32)
-    return InFlight(layout.rings((n,)), jax.tree.map(ring, x_m), jax.tree.map(ring, y_m),
-                    zero, zero, zero)
+    return InFlight(layout.rings((n,)), jax.tree.map(ring, build.example),
+                    jax.tree.map(ring, build.targets), zero, zero, zero)
 
 
-def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
-             opts: StageOptimizers, n: int) -> Callable:
-    """The SPMD program that runs `n` periods of the table from an `InFlight`;
-    returns the new params, optimizer state and rings, and the [n·M] losses."""
-    M, axes = schedule.microbatches, data_axes(mesh)
+def _periods(build: Build, opts: StageOptimizers, n: int) -> Callable:
+    """The SPMD program that runs `n` periods of the table from an `InFlight`:
+    `((p, s, rule), rings, (x, y), (base, start, fed), key)` -> the new
+    params, optimizer state, rule state and rings, the [n·M] losses and
+    which finished, the consensus distance and the skipped updates."""
+    M, outer = build.M, opts.outer
 
-    def body(p, s, rule, rings, x, y, base, start, fed, key):
+    def body(trained, rings, data, counters, key):
+        (p, s, rule), (x, y) = trained, data
         if n == 0:  # nothing outlives its own period (one stage): no program to run
             return (p, s, rule, rings, jnp.zeros(0, jnp.float32), jnp.zeros(0, bool),
-                    opts.consensus(local(p)), jnp.int32(0))
-        key = replica_key(key, mesh)
+                    outer.consensus(local(p)), jnp.int32(0))
+        base, start, fed = counters
+        key = replica_key(key, build.mesh)
 
         def period(i, c):
             p, s, rings, losses, done, skipped = c
-            out = run_table(code, schedule, layout, p, s, rings, (local(x), local(y)),
-                            (base + i * M, start, fed), key, opts, axes)
+            out = run_table(build, TableIn(p, s, rings, (local(x), local(y)),
+                                           (base + i * M, start, fed), key), opts)
             losses = lax.dynamic_update_slice(losses, out.losses, (i * M,))
             done = lax.dynamic_update_slice(done, out.done, (i * M,))
             return out.params, out.opt_state, out.rings, losses, done, skipped + out.skipped
@@ -75,42 +73,40 @@ def _periods(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
                 jnp.zeros(n * M, jnp.float32), jnp.zeros(n * M, bool), jnp.int32(0))
         p, s, rings, losses, done, skipped = lax.fori_loop(0, n, period, init)
         return (lead(p), lead(s.stages), lead(s.rule), lead(rings), losses, done,
-                opts.consensus(p), skipped)
+                outer.consensus(p), skipped)
 
-    spec = per_replica(mesh)
-    return shard(body, mesh, (spec,) * 6 + (REPLICATED,) * 4,
+    spec = per_replica(build.mesh)
+    return shard(body, build.mesh, ((spec,) * 3, spec, (spec,) * 2, REPLICATED, REPLICATED),
                  (spec,) * 4 + (REPLICATED,) * 4)
 
 
-def _advance(code, schedule, layout, mesh, opts, n: int) -> Callable:
-    """`(state, x rings, y rings, fed) -> (state, metrics)` after `n` periods."""
-    M, program = schedule.microbatches, _periods(code, schedule, layout, mesh, opts, n)
-    order = (np.arange(n)[:, None] * M + finishing(schedule)[None]).ravel()  # relative ids
-    R = replicas(mesh)
+def _advance(build: Build, opts: StageOptimizers, n: int) -> Callable:
+    """`(state, x rings, y rings, (fed, start)) -> (state, metrics)` after `n` periods."""
+    M, program = build.M, _periods(build, opts, n)
+    order = (np.arange(n)[:, None] * M + finishing(build.schedule)[None]).ravel()  # relative ids
 
     def run(state: TrainState, x: Any, y: Any, fed: jax.Array, start: jax.Array):
         f = state.inflight
         p, s, rule, rings, losses, done, spread, skipped = program(
-            state.params.buffers, state.opt_state.buffers, state.rule_state, f.rings, x, y,
-            f.base, start, fed, state.key)
+            (state.params.buffers, state.opt_state.buffers, state.rule_state), f.rings, (x, y),
+            (f.base, start, fed), state.key)
         inflight = InFlight(rings, x, y, f.base + n * M, start, fed)
-        new = state._replace(params=Staged(p, code.params, R),
-                             opt_state=Staged(s, opts.packing, R), inflight=inflight,
+        new = state._replace(params=Staged(p, build.code.params),
+                             opt_state=Staged(s, opts.packing), inflight=inflight,
                              rule_state=rule)
         return new, metrics(losses, done, f.base + order, spread,
-                            skipped if opts.skip_nonfinite else None)
+                            skipped if opts.outer.skip_nonfinite else None)
 
     return run
 
 
-def train_step(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
-               opts: StageOptimizers, example: Any, targets: Any) -> Callable:
+def train_step(build: Build, opts: StageOptimizers) -> Callable:
     """`(state, batch) -> (state, metrics)`: feed M micro-batches, run one period."""
-    M, K, slots, R = schedule.microbatches, schedule.stages, layout.data_slots, replicas(mesh)
-    advance = _advance(code, schedule, layout, mesh, opts, 1)
+    M, K, slots, R = build.M, build.K, build.layout.data_slots, build.R
+    advance = _advance(build, opts, 1)
 
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, example, targets, R)
+        x, y = microbatch.split(batch, M, build.example, build.targets, R)
         f = state.inflight
         # replica r's part [M, mb, ...] goes to the data rings of its K stages
         every = lambda new: jnp.broadcast_to(new[:, None], (R, K, *new.shape[1:])).reshape(
@@ -124,11 +120,10 @@ def train_step(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
     return step
 
 
-def flush(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
-          opts: StageOptimizers) -> Callable:
+def flush(build: Build, opts: StageOptimizers) -> Callable:
     """`state -> (state, metrics)`: finish every micro-batch in flight (their
     updates included); afterwards the pipeline is empty and refills."""
-    advance = _advance(code, schedule, layout, mesh, opts, schedule.drain_periods)
+    advance = _advance(build, opts, build.schedule.drain_periods)
 
     def run(state: TrainState):
         f = state.inflight

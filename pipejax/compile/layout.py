@@ -16,17 +16,16 @@ import dataclasses
 from pipejax.compile.packing import Packing
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Rings
-from pipejax.partition.plan import human_bytes
+from pipejax.formatting import human_bytes
 from pipejax.schedules import Schedule
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
-    """Packings and ring-buffer slots of one compiled pipeline."""
+    """The ring-buffer slots of one compiled pipeline, and the packings of
+    its stage code (`params`, `acts`, `kept`) they hold."""
 
-    params: Packing
-    acts: Packing
-    kept: Packing
+    code: StageCode
     input_slots: int
     grad_slots: int
     kept_slots: int
@@ -35,9 +34,20 @@ class Layout:
 
     @classmethod
     def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool) -> "Layout":
-        return cls(code.params, code.acts, code.kept, schedule.input_capacity,
-                   schedule.grad_capacity, schedule.residual_capacity, schedule.data_capacity,
-                   weight_stashing)
+        return cls(code, schedule.input_capacity, schedule.grad_capacity,
+                   schedule.residual_capacity, schedule.data_capacity, weight_stashing)
+
+    @property
+    def params(self) -> Packing:
+        return self.code.params
+
+    @property
+    def acts(self) -> Packing:
+        return self.code.acts
+
+    @property
+    def kept(self) -> Packing:
+        return self.code.kept
 
     @property
     def stages(self) -> int:

@@ -29,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import numpy as np
 
+from pipejax.compile.build import Build
 from pipejax.compile.packing import Packing
-from pipejax.partition.plan import human_bytes
+from pipejax.formatting import human_bytes, table
 from pipejax.trace import nbytes
 
 
@@ -60,25 +61,23 @@ class MemoryEstimate:
                  for p in parts]
         rows.append(["total", *[human_bytes(sum(s.values())) for s in self.stages],
                      human_bytes(self.total)])
-        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = [table(rows)]
         lines.append("predicted per device, before compiling (stage columns: each stage's own "
                      "trees; device: padded to the largest, what each device allocates)")
         return "\n".join(lines)
 
 
-def estimate(trainer) -> MemoryEstimate:
-    """The `MemoryEstimate` of `trainer.step`."""
-    pipe, opts = trainer.pipeline, trainer.optimizers
-    code, layout, schedule = pipe.code, pipe.layout, pipe.schedule
-    micro = nbytes(code.x_m) + nbytes(code.y_m)
+def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
+    """The `MemoryEstimate` of the training step of `build` whose optimizer
+    state is packed by `opt_state`."""
+    code, layout, schedule = build.code, build.layout, build.schedule
+    micro = nbytes(build.example) + nbytes(build.targets)
     batch = schedule.microbatches * micro  # a replica's part of the batch
     working = [nbytes(code.residuals(k, "none")) for k in code.groups.first]
 
     def parts(used, act_in: int, act_out: int, work: int) -> dict[str, int]:
         """One stage's parts; `used(packing)` is its bytes of a packing."""
-        P, S, kept = used(code.params), used(opts.packing), used(code.kept)
+        P, S, kept = used(code.params), used(opt_state), used(code.kept)
         moving = layout.input_slots * act_in + layout.grad_slots * act_out
         out = {"parameters (in + out)": 2 * P, "optimizer state (in + out)": 2 * S,
                "batch": batch}
@@ -92,7 +91,7 @@ def estimate(trainer) -> MemoryEstimate:
                         "working set or update copies": max(work, 2 * (P + S))})
         return out
 
-    acts, K = code.acts, pipe.plan.stages
+    acts, K = code.acts, build.K
     stages = tuple(parts(lambda p, k=k: p.used_bytes(k),
                          acts.used_bytes(k - 1) if k > 0 else 0,
                          acts.used_bytes(k) if k < K - 1 else 0,

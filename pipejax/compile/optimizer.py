@@ -10,36 +10,34 @@ is packed like the parameters (a `Staged`), and unpacks into ordinary optax
 states. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
 forward (and backward, given a backward horizon) on the predicted weights.
 
-On a mesh with data axes every replica runs its own copy, and a `DataRule`
-(pipejax/transforms/data_parallel.py) combines them: its `before` half on
-the packed gradients, then the stage's optimizer in the per-stage switch,
-then its `after` half on the packed update. Both halves run outside the
-switch (DESIGN.md: collectives never sit in a branch); the rules are
-element-wise, so on packed buffers they equal the rules on the stage trees.
+This is the inner part of an update; the outer part (pipejax/compile/
+outer.py: the data rule between replicas, the global-norm clip, the
+non-finite guard) runs around it, outside the switch. Which of the two
+update paths a program runs (the chain fused with its forecast in the
+switch, or the outer pieces around it) is chosen once, by `updater`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
-from jax.sharding import Mesh
 
+from pipejax.compile.build import Build
+from pipejax.compile.outer import Outer, all_finite
 from pipejax.compile.packing import Buffers, Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard
 from pipejax.compile.state import Staged
-from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.mesh import AXIS
-from pipejax.schedules import Schedule
+from pipejax.errors import ConfigError
 from pipejax.transforms import forecast, forecasts_backward, has_forecast
-from pipejax.transforms.data_parallel import DataRule, consensus_distance
+from pipejax.transforms.per_stage import Optimizer, per_stage
 
-Optimizer = Any  # optax.GradientTransformation | Callable[[StageInfo], GradientTransformation]
+Update = Callable[..., tuple]  # (p, grads, OptState, when) -> (p, OptState, skipped)
 
 
 class OptState(NamedTuple):
@@ -53,73 +51,54 @@ class OptState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class StageOptimizers:
-    """The K transforms, the parameter packing they read, their state's packing,
-    which stages forecast their weights, and the rule between R replicas."""
+    """The inner part of an update, the K transforms with the parameter
+    packing they read and their state's packing, and its outer part."""
 
     transforms: tuple[optax.GradientTransformation, ...]
     params: Packing
     packing: Packing
-    forecasting: tuple[bool, ...]
     groups: StageGroups  # stages with one transform and one parameter structure share a branch
-    rule: DataRule | None = None
-    replicas: int = 1
-    clip_norm: float | None = None  # clip by the global norm over all stages
-    skip_nonfinite: bool = False  # skip (and count) updates with non-finite gradients
+    outer: Outer
 
     @classmethod
-    def of(cls, optimizer: Optimizer, schedule: Schedule, params: Packing,
-           rule: DataRule | None = None, replicas: int = 1, clip_norm: float | None = None,
-           skip_nonfinite: bool = False) -> "StageOptimizers":
-        K = schedule.stages
-        if clip_norm is not None and not clip_norm > 0:
-            raise ConfigError(f"clip_norm={clip_norm}; the largest global gradient norm must be "
-                              "a positive number (or None for no clipping)")
-        if isinstance(optimizer, optax.GradientTransformation):
-            transforms = [optimizer] * K
-        elif callable(optimizer):
-            transforms = [optimizer(schedule.stage_info(k)) for k in range(K)]
-            bad = [k for k, t in enumerate(transforms)
-                   if not isinstance(t, optax.GradientTransformation)]
-            if bad:
-                raise ArgumentTypeError(
-                    f"the optimizer function returned {type(transforms[bad[0]]).__name__} for stage "
-                    f"{bad[0]}; it must return an optax GradientTransformation for every StageInfo")
-        else:
-            raise ArgumentTypeError(
-                f"optimizer must be an optax GradientTransformation or a function StageInfo -> "
-                f"GradientTransformation, not {type(optimizer).__name__}")
-        states = [jax.eval_shape(transforms[k].init, params.abstract_tree(k)) for k in range(K)]
-        forecasting = tuple(has_forecast(s) for s in states)
+    def of(cls, optimizer: Optimizer, build: Build, outer: Outer) -> "StageOptimizers":
+        schedule, params = build.schedule, build.code.params
+        transforms = per_stage(optimizer, [schedule.stage_info(k) for k in range(build.K)])
+        states = [jax.eval_shape(t.init, params.abstract_tree(k)) for k, t in enumerate(transforms)]
+        forecasting = [has_forecast(s) for s in states]
         if schedule.synchronous and any(forecasting):
             raise ConfigError(
                 f"stage {forecasting.index(True)}'s optimizer ends in weight_forecast, but "
                 f"schedule {schedule.name!r} is synchronous: every backward sees the weights its "
                 "forward used, so there is nothing to forecast; use an asynchronous schedule "
                 "('pb', 'pipedream') or drop the forecast")
-        groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(K)],
-                                lambda a, b: a[0] is b[0] and a[1] == b[1])
-        return cls(tuple(transforms), params, Packing.of(states), forecasting, groups, rule,
-                   replicas, clip_norm, skip_nonfinite)
+        groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(build.K)],
+                                lambda a, b: a[0] is b[0] and a[1] == b[1], build.code.share)
+        return cls(transforms, params, Packing.of(states), groups, outer)
 
-    def init_program(self, mesh: Mesh, replicated: bool) -> Callable[[Staged], tuple]:
+    @functools.cached_property
+    def forecasting(self) -> tuple[bool, ...]:
+        """Which stages' chains end in `weight_forecast`."""
+        return tuple(has_forecast(self.packing.abstract_tree(k)) for k in range(len(self.transforms)))
+
+    def init_program(self, build: Build, replicated: bool) -> Callable[[Staged], tuple]:
         """Staged params (one model when `replicated`, else R replicas) ->
         (params, optimizer state, rule state) of R replicas, each on its device."""
-        pp, sp, R = self.params, self.packing, self.replicas
+        pp, sp = self.params, self.packing
         branches = self.groups.branches(
             lambda k: lambda p: sp.pack(k, self.transforms[k].init(pp.unpack(k, p))))
 
         def body(p):
             p = local(p)
             s = self.groups.switch(branches, p)
-            rule = () if self.rule is None else (self.rule.before.init(p), self.rule.after.init(p))
-            return lead(p), lead(s), lead(rule)
+            return lead(p), lead(s), lead(self.outer.init(p))
 
-        spec = per_replica(mesh)
-        program = shard(body, mesh, (STAGED if replicated else spec,), (spec, spec, spec))
+        spec = per_replica(build.mesh)
+        program = shard(body, build.mesh, (STAGED if replicated else spec,), (spec, spec, spec))
 
         def run(params: Staged) -> tuple:
             p, s, rule = program(params.buffers)
-            return Staged(p, pp, R), Staged(s, sp, R), rule
+            return Staged(p, pp), Staged(s, sp), rule
 
         return run
 
@@ -146,73 +125,59 @@ class StageOptimizers:
 
         return self.groups.branches(branch)
 
-    @property
-    def collective(self) -> bool:
-        """Whether an update runs collectives (a data rule, the global norm)."""
-        return self.rule is not None or self.clip_norm is not None
+    def updater(self, scope: tuple[str, ...] = ()) -> Update:
+        """The update a program runs, chosen once for it: `update(p, grads,
+        s, when) -> (p, s, skipped)`, inside shard_map, this stage's update
+        of its packed params; `when` (None: always) keeps params and state
+        unchanged where false; `skipped` is 1 where the guard dropped a
+        non-finite gradient, else 0, checked over mesh axes `scope` on the
+        gradients the stage's chain would take (after the rule's `before`).
 
-    def update(self, p: Buffers, grads: Buffers, s: OptState, when: jax.Array | None = None,
-               scope: tuple[str, ...] = ()) -> tuple[Buffers, OptState, jax.Array]:
-        """Inside shard_map: this stage's update of its packed params, with the
-        data rule and the global-norm clip around it; returns (params, state,
-        skipped: 1 if the guard dropped a non-finite gradient, else 0).
-
-        `when` keeps params and state unchanged where it is false. A
-        collective update runs its collectives on every device at every call
-        and masks the result (XLA CPU deadlocks on a collective that only
-        some devices reach). The guard checks the gradients the stage's
-        optimizer would take (after the rule's average), over mesh axes `scope`.
+        Without outer collectives the chain runs in the stage switch with the
+        forecast of the next forward (one fused update). With them the outer
+        pieces run around the chain on every device at every call and mask
+        the result: XLA CPU deadlocks on a collective only some devices reach.
         """
-        if self.rule is not None:
-            before, after = s.rule
-            grads, before = self.rule.before.update(grads, before, p)
-        skipped, ok = jnp.int32(0), None
-        if self.skip_nonfinite:
-            bad = sum(jnp.sum(~jnp.isfinite(g)) for g in grads).astype(jnp.int32)
-            ok = (lax.psum(bad, scope) if scope else bad) == 0
-            skipped = ((True if when is None else when) & ~ok).astype(jnp.int32)
-            when = ok if when is None else when & ok
-        if self.clip_norm is not None:
-            grads = self._clip(grads, ok)
-        if not self.collective:
-            apply = lambda g, c: self.groups.switch(self._branches(apply=True), c[0], g, c[1])
-            p, stages, ahead = (apply(grads, (p, s.stages, s.ahead)) if when is None
-                                else run_if(when, apply, grads, (p, s.stages, s.ahead)))
-            return p, OptState(stages, (), ahead), skipped
+        update = self._around if self.outer.collective else self._fused
+        return functools.partial(update, scope=scope)
+
+    def _guard(self, grads: Buffers, when: jax.Array | None, scope: tuple[str, ...]) -> tuple:
+        """(ok, when, skipped) of the non-finite guard: ok None without it."""
+        if not self.outer.skip_nonfinite:
+            return None, when, jnp.int32(0)
+        ok = all_finite(grads, scope)
+        skipped = ((True if when is None else when) & ~ok).astype(jnp.int32)
+        return ok, ok if when is None else when & ok, skipped
+
+    def _fused(self, p: Buffers, grads: Buffers, s: OptState, when: jax.Array | None = None, *,
+               scope: tuple[str, ...]) -> tuple:
+        """The chain and the forecast in the stage switch (no outer collectives)."""
+        _, when, skipped = self._guard(grads, when, scope)
+        apply = lambda g, c: self.groups.switch(self._branches(apply=True), c[0], g, c[1])
+        p, stages, ahead = (apply(grads, (p, s.stages, s.ahead)) if when is None
+                            else run_if(when, apply, grads, (p, s.stages, s.ahead)))
+        return p, OptState(stages, (), ahead), skipped
+
+    def _around(self, p: Buffers, grads: Buffers, s: OptState, when: jax.Array | None = None, *,
+                scope: tuple[str, ...]) -> tuple:
+        """The outer pieces around the chain: the rule's `before`, the guard
+        (on the gradients the chain would take), the clip, the chain's
+        updates, the rule's `after`; masked by `when` at the end."""
+        outer = self.outer
+        grads, rule = outer.before(grads, s.rule, p)
+        ok, when, skipped = self._guard(grads, when, scope)
+        grads = outer.clip(grads, ok)
         step = lambda ops, c: self.groups.switch(self._branches(apply=False), *ops, c[1])
         if when is None:
             updates, stages = step((p, grads), (None, s.stages))
         else:
             updates, stages = run_if(when, step, (p, grads), (self.params.zeros(), s.stages))
-        rule = ()
-        if self.rule is not None:
-            updates, after = self.rule.after.update(updates, after, p)
-            rule = (before, after)
+        updates, rule = outer.after(updates, rule, p)
         new = (optax.apply_updates(p, updates), rule)
         if when is not None:
             new = jax.tree.map(lambda n, o: jnp.where(when, n, o), new, (p, s.rule))
         state = OptState(stages, new[1])
         return new[0], state._replace(ahead=self.ahead(new[0], state)), skipped
-
-    def _clip(self, grads: Buffers, ok: jax.Array | None) -> Buffers:
-        """`optax.clip_by_global_norm` over the gradients of ALL stages: the
-        squared norm is summed over the stage axis (padding holds zeros), so
-        the clip means what it means for the unpipelined model. A stage whose
-        gradient the guard drops (`ok` false) adds nothing to the norm."""
-        square = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads)
-        if ok is not None:
-            square = jnp.where(ok, square, 0.0)
-        norm = jnp.sqrt(lax.psum(square, AXIS))
-        trigger = norm < self.clip_norm
-        return tuple(lax.select(trigger, g, (g / norm.astype(g.dtype)) * self.clip_norm)
-                     for g in grads)
-
-    def consensus(self, p: Buffers) -> jax.Array | None:
-        """Inside shard_map: the spread of the replicas' weights (all stages),
-        when the rule lets them differ; else None."""
-        if self.rule is None or not self.rule.decentralized:
-            return None
-        return consensus_distance(p, self.rule.axes, over=(AXIS,))
 
     def ahead(self, p: Buffers, s: OptState) -> Buffers:
         """Inside shard_map: the forecast weights for `OptState.ahead` from

@@ -14,9 +14,8 @@ table keeps heterogeneous stages.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 from jax import lax
@@ -33,10 +32,12 @@ class StageGroups:
     first: tuple[int, ...]
 
     @classmethod
-    def by(cls, keys: Sequence[Any], same: Callable[[Any, Any], bool]) -> "StageGroups":
+    def by(cls, keys: Sequence[Any], same: Callable[[Any, Any], bool],
+           share: bool = True) -> "StageGroups":
         """Group stages whose `keys` are `same` (an equivalence relation);
-        every stage its own group inside `one_branch_per_stage()`."""
-        if not _SHARING[0]:
+        every stage its own group unless `share` (what `pipejax bench`
+        compares the shared program against)."""
+        if not share:
             return cls(tuple(range(len(keys))), tuple(range(len(keys))))
         of: list[int] = []
         first: list[int] = []
@@ -66,17 +67,3 @@ class StageGroups:
         if self.of == tuple(range(len(self.of))):
             return stage_index()
         return jnp.asarray(self.of, jnp.int32)[stage_index()]
-
-
-_SHARING = [True]
-
-
-@contextlib.contextmanager
-def one_branch_per_stage() -> Iterator[None]:
-    """Pipelines built inside compile one branch per stage, as before
-    sharing: what `pipejax bench` compares the shared program against."""
-    _SHARING[0] = False
-    try:
-        yield
-    finally:
-        _SHARING[0] = True

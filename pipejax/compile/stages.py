@@ -14,7 +14,7 @@ what it saves.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,43 +29,67 @@ from pipejax.trace import Layer, apply_layers, init_layer, layer_key, same_layer
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
 
+class Model(NamedTuple):
+    """What the user gave `pj.pipeline`: the layers, the loss of one
+    micro-batch, the remat mode, and one micro-batch of inputs and targets
+    (ShapeDtypeStructs)."""
+
+    layers: tuple[Layer, ...]
+    loss: Callable
+    remat: Remat
+    example: Any
+    targets: Any
+
+
+class Feed(NamedTuple):
+    """What an op of stage k reads besides its weights and its boundary
+    input: its micro-batch's inputs (stage 0) and targets (the last stage),
+    the micro-batch's dropout key, and the global index of the stage's first
+    layer (the stages of a group share one branch)."""
+
+    x: Any
+    y: Any
+    key: jax.Array
+    first: jax.Array
+
+
 class StageCode:
     """The layers of each stage as forward, backward and init branches.
 
     `params` packs each stage's variables, `acts` the boundary activations
     (boundary k carries stage k's output to stage k + 1), `kept` the residuals
     each stage keeps from a forward to its backward, for micro-batches shaped
-    like `x_m`, `y_m`. The last stage seeds its vjp with `seed`: 1/M when a
-    step's loss is the mean over M micro-batches, 1 when every micro-batch is
-    its own update.
+    like the model's example and targets. The last stage seeds its vjp with
+    `seed`: 1/M when a step's loss is the mean over M micro-batches, 1 when
+    every micro-batch is its own update. Stages of one structure share a
+    branch unless `share` is false (one branch per stage).
     """
 
-    def __init__(self, layers: Sequence[Layer], plan: Plan, loss: Callable, remat: Remat,
-                 seed: float, x_m: Any, y_m: Any):
-        self.layers, self.plan, self.loss, self.remat, self.seed = list(layers), plan, loss, remat, seed
+    def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True):
+        self.model, self.plan, self.seed, self.share = model, plan, seed, share
         self.K = plan.stages
-        self.groups = StageGroups.by([self._structure(k) for k in range(self.K)], _same_structure)
+        self.groups = StageGroups.by([self._structure(k) for k in range(self.K)], _same_structure,
+                                     share)
         self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(self.K)])
         self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(self.K - 1)])
-        self.x_m, self.y_m = x_m, y_m
-        kept = [self.residuals(k, remat) for k in self.groups.first]
+        kept = [self.residuals(k, model.remat) for k in self.groups.first]
         self.kept = Packing.of([kept[g] for g in self.groups.of])
 
     def residuals(self, k: int, remat: Remat) -> Any:
         """The abstract residuals stage k keeps from a forward to its backward
         under `remat` (with "none": its whole working set of one micro-batch)."""
         key = jax.eval_shape(lambda: jax.random.key(0))
-        first = jax.ShapeDtypeStruct((), jnp.int32)
-        return jax.eval_shape(lambda *args: self._vjp(k, *args, remat=remat)[1],
-                              self.params.abstract_tree(k), self._input(k), self.x_m, self.y_m,
-                              key, first)
+        feed = Feed(self.model.example, self.model.targets, key,
+                    jax.ShapeDtypeStruct((), jnp.int32))
+        return jax.eval_shape(lambda p, h, f: self._vjp(k, p, h, f, remat)[1],
+                              self.params.abstract_tree(k), self._input(k), feed)
 
     def _structure(self, k: int) -> tuple:
         """What stage k's code depends on: its role (reads the batch, ends in
         the loss) and its layers with their input and variable shapes."""
         specs = self.plan.stage_specs(k)
         return (k == 0, k == self.K - 1,
-                [(self.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs])
+                [(self.model.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs])
 
     def _first(self) -> jax.Array:
         """Inside shard_map: the global index of this stage's first layer."""
@@ -74,57 +98,61 @@ class StageCode:
     def _input(self, k: int) -> Any:
         return self.plan.stage_specs(k)[0].input if k > 0 else None
 
-    def fn(self, k: int, x_m: Any, y_m: Any, key: jax.Array, first: jax.Array,
-           remat: Remat | None = None) -> Callable:
-        """f_k(params, h): stage k's layers (of global indices first, first + 1,
-        ...: the stages of a group share this code); the last stage ends in
-        the loss. Rematerialized as `remat` says (default: the pipeline's)."""
+    def fn(self, k: int, feed: Feed, remat: Remat | None = None) -> Callable:
+        """f_k(params, h): stage k's layers (of global indices feed.first,
+        feed.first + 1, ...: the stages of a group share this code); the last
+        stage ends in the loss. Rematerialized as `remat` says (default: the
+        pipeline's)."""
         r = self.plan.ranges[k]
-        layers = self.layers[r.start:r.stop]
+        layers = self.model.layers[r.start:r.stop]
 
         def f(params, h):
-            out = apply_layers(layers, params, x_m if k == 0 else h, key, True, first=first)
-            return self.loss(out, y_m) if k == self.K - 1 else out
+            out = apply_layers(layers, params, feed.x if k == 0 else h, feed.key, True,
+                               first=feed.first)
+            return self.model.loss(out, feed.y) if k == self.K - 1 else out
 
-        remat = self.remat if remat is None else remat
+        remat = self.model.remat if remat is None else remat
         if remat == "none":
             return f
         policy = jax.checkpoint_policies.nothing_saveable if remat == "stage" else remat
         return jax.checkpoint(f, policy=policy)
 
-    def _vjp(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
-             first: jax.Array, remat: Remat | None = None):
+    def _vjp(self, k: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
         """Stage k's output (the loss on the last stage), the residuals to keep
         for its backward, and how to rebuild the vjp from them."""
-        out, vjp_fn = jax.vjp(self.fn(k, x_m, y_m, key, first, remat), params, h)
-        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((x_m, y_m)), key, first]
+        out, vjp_fn = jax.vjp(self.fn(k, feed, remat), params, h)
+        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
+                 feed.first]
         kept, recipe = residuals.split(vjp_fn, known, out)
         return out, kept, lambda kept_again: residuals.rebuild(recipe, known, kept_again)
 
-    def backward(self, k: int, params: Any, h: Any, x_m: Any, y_m: Any, key: jax.Array,
-                 first: jax.Array, kept: Sequence[Any], ct: Any):
+    def backward(self, k: int, params: Any, h: Any, feed: Feed, kept: Sequence[Any], ct: Any):
         """(param grads, input grad) of stage k from its kept residuals; `ct` is
         the output's cotangent (None on the last stage, seeded with `seed`).
 
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
-        out, _, rebuild = self._vjp(k, params, h, x_m, y_m, key, first)
+        out, _, rebuild = self._vjp(k, params, h, feed)
         ct = jnp.full(out.shape, self.seed, out.dtype) if ct is None else ct
         return rebuild(kept)(ct)
 
     # ------------------------------------------------------------- branches
+    def _feed(self, micro: tuple) -> Feed:
+        """Inside shard_map: the `Feed` of micro-batch (x_m, y_m, key) on this stage."""
+        return Feed(*micro, self._first())
+
     def forward_branches(self) -> list[Callable]:
-        """The branch of stage k's group: (params, input slot, x_m, y_m, key)
-        -> (message for stage k + 1, residuals to keep, loss); the last
+        """The branch of stage k's group: (params, input slot, (x_m, y_m,
+        key)) -> (message for stage k + 1, residuals to keep, loss); the last
         stage's message is empty and its loss is the micro-batch loss, the
         others' loss 0. Run them with `self.groups.switch`."""
         K, acts, pp, kept = self.K, self.acts, self.params, self.kept
 
         def branch(k):
-            def run(p, h, x_m, y_m, key):
+            def run(p, h, micro):
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
-                out, res, _ = self._vjp(k, pp.unpack(k, p), h_in, x_m, y_m, key, self._first())
+                out, res, _ = self._vjp(k, pp.unpack(k, p), h_in, self._feed(micro))
                 if k == K - 1:
                     return acts.zeros(), kept.pack(k, res), out.astype(jnp.float32)
                 return acts.pack(k, out), kept.pack(k, res), jnp.zeros((), jnp.float32)
@@ -134,17 +162,16 @@ class StageCode:
 
     def backward_branches(self) -> list[Callable]:
         """The branch of stage k's group: (params, input slot, gradient slot,
-        kept slot, x_m, y_m, key) -> (packed parameter gradients, message for
-        stage k − 1)."""
+        kept slot, (x_m, y_m, key)) -> (packed parameter gradients, message
+        for stage k − 1)."""
         K, acts, pp, kept = self.K, self.acts, self.params, self.kept
 
         def branch(k):
-            def run(p, h, g, r, x_m, y_m, key):
+            def run(p, h, g, r, micro):
                 h_in = acts.unpack(k - 1, h) if k > 0 else None
                 ct = None if k == K - 1 else acts.unpack(k, g)
                 res = jax.tree.leaves(kept.unpack(k, r))
-                dparams, dh = self.backward(k, pp.unpack(k, p), h_in, x_m, y_m, key,
-                                            self._first(), res, ct)
+                dparams, dh = self.backward(k, pp.unpack(k, p), h_in, self._feed(micro), res, ct)
                 return pp.pack(k, dparams), acts.pack(k - 1, dh) if k > 0 else acts.zeros()
             return run
 
@@ -158,7 +185,8 @@ class StageCode:
                 variables, first = [], self._first()
                 for i, spec in enumerate(self.plan.stage_specs(k)):
                     h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                    variables.append(init_layer(self.layers[spec.index], layer_key(key, first + i), h))
+                    variables.append(init_layer(self.model.layers[spec.index],
+                                                layer_key(key, first + i), h))
                 return self.params.pack(k, variables)
             return run
 

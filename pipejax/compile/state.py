@@ -23,16 +23,19 @@ from pipejax.errors import ArgumentTypeError
 
 @jax.tree_util.register_pytree_node_class
 class Staged:
-    """Slot buffers `[R·K, length]` plus the static `Packing` that reads them
-    and the number of replicas R (1 for a pipeline's own parameters)."""
+    """Slot buffers `[R·K, length]` plus the static `Packing` that reads them;
+    R, the replicas, is read off the buffers (1 for a pipeline's own parameters)."""
 
-    def __init__(self, buffers: Buffers, packing: Packing, replicas: int = 1):
+    def __init__(self, buffers: Buffers, packing: Packing):
         self.buffers = tuple(buffers)
         self.packing = packing
-        self.replicas = replicas
+
+    @property
+    def replicas(self) -> int:
+        return np.shape(self.buffers[0])[0] // self.packing.stages if self.buffers else 1
 
     def tree_flatten(self):
-        return self.buffers, (self.packing, self.replicas)
+        return self.buffers, (self.packing,)
 
     @classmethod
     def tree_unflatten(cls, aux, children):

@@ -21,75 +21,70 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import Mesh
 
 from pipejax.compile import microbatch
-from pipejax.compile.layout import Layout
+from pipejax.compile.build import Build
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import (REPLICATED, STAGED, lead, local, per_replica, replica_key,
                                   shard, split_over_replicas)
-from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Staged, TrainState
-from pipejax.compile.table import TableOut, metrics, run_table
-from pipejax.mesh import data_axes, replicas
-from pipejax.schedules import Schedule
+from pipejax.compile.table import TableIn, TableOut, metrics, run_table
 
 
-def _pass(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh, p: Any, x: Any,
-          y: Any, key: jax.Array) -> TableOut:
+def _pass(build: Build, p: Any, batch: tuple, key: jax.Array) -> TableOut:
     """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`."""
-    counters = (jnp.int32(0), jnp.int32(0), jnp.int32(schedule.microbatches))
-    return run_table(code, schedule, layout, p, (), layout.rings(), (local(x), local(y)),
-                     counters, replica_key(key, mesh), replica_axes=data_axes(mesh))
+    counters = (jnp.int32(0), jnp.int32(0), jnp.int32(build.M))
+    x, y = batch
+    inp = TableIn(p, (), build.layout.rings(), (local(x), local(y)), counters,
+                  replica_key(key, build.mesh))
+    return run_table(build, inp)
 
 
-def value_and_grad(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh, example: Any,
-                   targets: Any) -> Callable:
+def value_and_grad(build: Build) -> Callable:
     """`(params, batch, key) -> (mean loss over the micro-batches, its gradient)`."""
-    M, R, axes = schedule.microbatches, replicas(mesh), data_axes(mesh)
+    axes = build.axes
 
     def body(p, x, y, key):
-        out = _pass(code, schedule, layout, mesh, local(p), x, y, key)
+        out = _pass(build, local(p), (x, y), key)
         grads = lax.pmean(out.grads, axes) if axes else out.grads
         return jnp.mean(out.losses), lead(grads)
 
-    batch = split_over_replicas(mesh)
-    sharded = shard(body, mesh, (STAGED, batch, batch, REPLICATED), (REPLICATED, STAGED))
+    batch = split_over_replicas(build.mesh)
+    sharded = shard(body, build.mesh, (STAGED, batch, batch, REPLICATED), (REPLICATED, STAGED))
 
     def run(params: Staged, batch: tuple, key: jax.Array):
-        x, y = microbatch.split(batch, M, example, targets, R)
+        x, y = microbatch.split(batch, build.M, build.example, build.targets, build.R)
         loss, grads = sharded(params.buffers, x, y, key)
-        return loss, Staged(grads, code.params)
+        return loss, Staged(grads, build.code.params)
 
     return run
 
 
-def train_step(code: StageCode, schedule: Schedule, layout: Layout, mesh: Mesh,
-               opts: StageOptimizers, example: Any, targets: Any) -> Callable:
+def train_step(build: Build, opts: StageOptimizers) -> Callable:
     """`(state, batch) -> (state, metrics)`: the table, then each stage's update."""
-    M, R = schedule.microbatches, replicas(mesh)
+    M, R, outer = build.M, build.R, opts.outer
+    # The guard decides for the whole step on every device alike.
+    update = opts.updater(scope=tuple(build.mesh.axis_names))
 
     def body(p, s, rule, x, y, key):
-        out = _pass(code, schedule, layout, mesh, local(p), x, y, key)
-        # The guard decides for the whole step on every device alike.
-        finite = jnp.all(jnp.isfinite(out.losses)) if opts.skip_nonfinite else None
-        p, s, skipped = opts.update(local(p), out.grads, OptState(local(s), local(rule)),
-                                    when=finite, scope=tuple(mesh.axis_names))
+        out = _pass(build, local(p), (x, y), key)
+        finite = jnp.all(jnp.isfinite(out.losses)) if outer.skip_nonfinite else None
+        p, s, skipped = update(local(p), out.grads, OptState(local(s), local(rule)), finite)
         skipped = None if finite is None else jnp.maximum(skipped, (~finite).astype(jnp.int32))
-        return (lead(p), lead(s.stages), lead(s.rule), out.losses, out.done, opts.consensus(p),
+        return (lead(p), lead(s.stages), lead(s.rule), out.losses, out.done, outer.consensus(p),
                 skipped)
 
-    spec, batch = per_replica(mesh), split_over_replicas(mesh)
-    sharded = shard(body, mesh, (spec, spec, spec, batch, batch, REPLICATED),
+    spec, batch = per_replica(build.mesh), split_over_replicas(build.mesh)
+    sharded = shard(body, build.mesh, (spec, spec, spec, batch, batch, REPLICATED),
                     (spec, spec, spec) + (REPLICATED,) * 4)
 
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, example, targets, R)
+        x, y = microbatch.split(batch, M, build.example, build.targets, R)
         key = jax.random.fold_in(state.key, state.step)
         p, s, rule, losses, done, spread, skipped = sharded(
             state.params.buffers, state.opt_state.buffers, state.rule_state, x, y, key)
-        new = TrainState(Staged(p, code.params, R), Staged(s, opts.packing, R), state.step + 1,
-                         state.key, None, rule)
+        new = TrainState(Staged(p, build.code.params), Staged(s, opts.packing),
+                         state.step + 1, state.key, None, rule)
         ids = state.step * M + jnp.arange(M)
         return new, metrics(losses, done, ids, spread, skipped)
 

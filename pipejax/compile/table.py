@@ -1,17 +1,20 @@
 """The table interpreter: one `lax.scan` over the ticks of a schedule.
 
-At tick t, stage k runs the micro-batch of the table's forward lane, then
-that of its backward lane (each a loop of 0 or 1 trips, masked when the
-micro-batch does not exist), then all stages exchange activations forward
-and gradients backward with `lax.ppermute`, outside the stage switch
-(DESIGN.md: collectives never sit in a branch). A message carries
-(payload, micro-batch, valid); the receiver files it in ring slot
-`micro-batch mod capacity`. Synchronous tables accumulate gradients;
-asynchronous ones apply the stage's optimizer right after every backward.
-A stage whose optimizer forecasts its weights runs its forward on the
-forecast its last update made (`OptState.ahead`, carried from tick to tick)
-and its backward on a backward forecast, if it has a backward horizon.
-The program does not grow with the number of micro-batches or ticks.
+At tick t, stage k runs the tasks of the table's lanes in order, dispatched
+on their op (`Op.F`: the forward, `Op.BW`: the fused backward; each a loop
+of 0 or 1 trips, masked when the task is idle or its micro-batch does not
+exist), then all stages exchange activations forward and gradients
+backward with `lax.ppermute`, outside the stage switch (DESIGN.md:
+collectives never sit in a branch). A message carries (payload,
+micro-batch, valid); the receiver files it in ring slot `micro-batch mod
+capacity`. What a backward does with its gradient is chosen once per
+program (`_Tick.__init__`): a synchronous table sums it; an asynchronous one
+applies the stage's optimizer at once, inside the op, or, when the update
+runs collectives, right after the op's loop on every device. A stage whose
+optimizer forecasts its weights runs its forward on the forecast its last
+update made (`OptState.ahead`, carried from tick to tick) and its backward
+on a backward forecast, if it has a backward horizon. The program does not
+grow with the number of micro-batches or ticks.
 """
 
 from __future__ import annotations
@@ -23,14 +26,25 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pipejax.compile.layout import Layout
+from pipejax.compile.build import Build
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.packing import Buffers
 from pipejax.compile.spmd import run_if, stage_index
-from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Rings
+from pipejax.errors import ConfigError
 from pipejax.mesh import AXIS
-from pipejax.schedules import NONE, Schedule
+from pipejax.schedules import NONE, Op, Schedule
+
+
+class TableIn(NamedTuple):
+    """One pass over the table, inputs seen from one device (inside shard_map)."""
+
+    params: Buffers
+    opt_state: OptState | tuple  # () for a pass without optimizers
+    rings: Rings
+    data: tuple  # (x, y) rings `[slots, mb, ...]`
+    counters: tuple  # (base, start, fed): ids are base + relative id; real for start <= id < fed
+    key: jax.Array
 
 
 class TableOut(NamedTuple):
@@ -84,22 +98,65 @@ def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> 
     return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(buffers, value))
 
 
+class _Task(NamedTuple):
+    """A task of this device at this tick: its micro-batch id and whether it runs."""
+
+    g: jax.Array
+    real: jax.Array
+
+
+class _Ops(NamedTuple):
+    """What the ops of one tick hand on to the next op and to the exchange."""
+
+    p: Buffers
+    s: OptState | tuple
+    acc: Any
+    kept: Buffers
+    weights: Buffers
+
+
+def lane_plan(schedule: Schedule) -> list[tuple[int, Op, bool]]:
+    """(lane, op, mixed) for every op the executor compiles, in the order it
+    runs them; `mixed`: the lane holds other ops too, so the task's op is
+    read from the table. Each op kind sits in one lane."""
+    plan = [(lane, op, len(schedule.lane_ops(lane)) > 1)
+            for lane in range(schedule.lanes) for op in schedule.lane_ops(lane)]
+    ops = [op for _, op, _ in plan]
+    twice = {op for op in ops if ops.count(op) > 1}
+    if twice:
+        raise ConfigError(f"schedule {schedule.name!r} runs {sorted(o.name for o in twice)} in "
+                          "more than one lane; put each op kind in one lane")
+    return plan
+
+
 class _Tick:
     """The body of the scan: what stage k does at one tick."""
 
-    def __init__(self, code: StageCode, schedule: Schedule, layout: Layout, data: tuple,
-                 counters: tuple, key: jax.Array, opts: StageOptimizers | None):
-        self.code, self.layout, self.opts = code, layout, opts
-        self.K, self.sync = schedule.stages, schedule.synchronous
+    def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn):
+        self.code, self.layout, self.opts = build.code, build.layout, opts
+        self.K, self.sync = build.K, build.schedule.synchronous
+        self.plan = lane_plan(build.schedule)
         self.k = stage_index()
-        self.x, self.y = data
-        self.base, self.start, self.fed = counters
-        self.key = key
-        self.forwards, self.backwards = code.forward_branches(), code.backward_branches()
+        self.x, self.y = inp.data
+        self.base, self.start, self.fed = inp.counters
+        self.key = inp.key
+        self.forwards, self.backwards = self.code.forward_branches(), self.code.backward_branches()
+        # What a backward does with its gradient, chosen once for the program.
+        self.update = None if self.sync else opts.updater()
+        if self.sync:
+            self._take, self._after = self._accumulate, None
+        elif opts.outer.collective:
+            self._take, self._after = self._keep, self._update_after
+        else:
+            self._take, self._after = self._update_now, None
 
-    def _real(self, rel: jax.Array, g: jax.Array) -> jax.Array:
-        """An op is real if the table names one and micro-batch g was fed."""
-        return (rel != NONE) & (g >= self.start) & (g < self.fed)
+    def _task(self, cell: Any, op: Op, mixed: bool) -> _Task:
+        """A task is real if the table names `op` there and its micro-batch was fed."""
+        rel, ops = cell if mixed else (cell, None)
+        rel = rel[self.k]
+        g = self.base + rel
+        real = (rel != NONE) & (g >= self.start) & (g < self.fed)
+        return _Task(g, real & (ops[self.k] == int(op)) if mixed else real)
 
     def _inputs(self, g: jax.Array) -> tuple:
         """(x_m, y_m, key) of micro-batch g."""
@@ -107,34 +164,45 @@ class _Tick:
         pick = lambda ring: jax.tree.map(lambda a: a[slot], ring)
         return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g)
 
+    def _reads(self, rings: Rings, op: Op, g: jax.Array) -> tuple:
+        """The ring slots op reads: its input (and, backward, the output's gradient)."""
+        lay = self.layout
+        if op == Op.F:
+            return (_read(rings.inputs, g % lay.input_slots),)
+        return _read(rings.inputs, g % lay.input_slots), _read(rings.grads, g % lay.grad_slots)
+
     def __call__(self, carry: tuple, row: tuple) -> tuple:
         p, s, rings, acc = carry
-        fwd, bwd = row
-        rel_f, rel_b = fwd[self.k], bwd[self.k]
-        gf, gb = self.base + rel_f, self.base + rel_b
-        do_f, do_b = self._real(rel_f, gf), self._real(rel_b, gb)
-        lay = self.layout
+        tasks = [self._task(row[lane], op, mixed) for lane, op, mixed in self.plan]
         # Read the slots into values of their own before any buffer is
         # written, so that XLA updates the ring buffers in place.
-        h_f, h_b, g_b = lax.optimization_barrier((
-            _read(rings.inputs, gf % lay.input_slots), _read(rings.inputs, gb % lay.input_slots),
-            _read(rings.grads, gb % lay.grad_slots)))
-        p, s, kept, weights, msg_f, loss = self._forward(do_f, gf, p, s, rings, h_f)
-        p, s, acc, msg_b, skipped = self._backward(do_b, gb, p, s, acc, kept, weights, h_b, g_b)
-        rings = self._exchange(rings._replace(kept=kept, weights=weights),
-                               (msg_f, gf, do_f), (msg_b, gb, do_b))
-        last = do_f & (self.k == self.K - 1)  # a micro-batch's loss, once, on the last stage
-        return (p, s, rings, acc), (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped)
+        reads = lax.optimization_barrier(tuple(self._reads(rings, op, t.g)
+                                               for (_, op, _), t in zip(self.plan, tasks)))
+        ops = _Ops(p, s, acc, rings.kept, rings.weights)
+        messages = {}
+        loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
+        for (_, op, _), task, read in zip(self.plan, tasks, reads):
+            if op == Op.F:
+                ops, msg, loss = self._forward(task, ops, read)
+            else:
+                ops, msg, skipped = self._backward(task, ops, read)
+            messages[op] = (msg, task.g, task.real)
+        rings = self._exchange(rings._replace(kept=ops.kept, weights=ops.weights),
+                               messages[Op.F], messages[Op.BW])
+        last = messages[Op.F][2] & (self.k == self.K - 1)  # a loss, once, on the last stage
+        return ((ops.p, ops.s, rings, ops.acc),
+                (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
-    def _forward(self, do_f, gf, p, s, rings: Rings, h_f) -> tuple:
-        """Stage k's forward of micro-batch gf at its weights (or their
+    def _forward(self, task: _Task, ops: _Ops, read: tuple) -> tuple:
+        """Stage k's forward of micro-batch g at its weights (or their
         forecast): keeps its residuals (and with weight stashing the weights
-        it used) in slot gf; returns p, s, the rings and the message on.
+        it used) in slot g; returns the ops' state, the message on and the loss.
 
         The weights pass through the loop's carry, untouched: as an operand
         of the loop XLA would copy them at every tick (they live on into
         the backward), in the carry it updates them in place."""
-        slot = gf % self.layout.kept_slots
+        slot = task.g % self.layout.kept_slots
+        p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
 
         def forward(args, c):
@@ -144,42 +212,57 @@ class _Tick:
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
             return w, kept, weights, msg, loss
 
-        init = (s.ahead if ahead else p, rings.kept, rings.weights, self.code.acts.zeros(),
+        init = (s.ahead if ahead else p, ops.kept, ops.weights, self.code.acts.zeros(),
                 jnp.zeros((), jnp.float32))
-        w, kept, weights, msg, loss = run_if(do_f, forward, (h_f, *self._inputs(gf)), init)
+        w, kept, weights, msg, loss = run_if(task.real, forward,
+                                             (read[0], self._inputs(task.g)), init)
         p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
-        return p, s, kept, weights, msg, loss
+        return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
-    def _backward(self, do_b, gb, p, s, acc, kept, weights, h_b, g_b) -> tuple:
-        """Stage k's backward of micro-batch gb at the current weights (their
-        backward forecast, or the stashed ones); then the gradient is summed
-        or applied at once (for a collective update, after the loop of 0 or 1
-        trips: its collectives run on every device at every tick). Also
-        returns 1 if the guard skipped the update, else 0."""
-        slot = gb % self.layout.kept_slots
-        stashed = _read(weights, slot) if self.layout.weight_stashing else None
-        collective = not self.sync and self.opts.collective
+    def _backward(self, task: _Task, ops: _Ops, read: tuple) -> tuple:
+        """Stage k's fused backward of micro-batch g at the current weights
+        (their backward forecast, or the stashed ones), then what the program
+        does with the gradient (`_take`, and `_after` outside the loop: its
+        collectives run on every device at every tick). Returns the ops'
+        state, the message back, and 1 if the guard skipped the update."""
+        slot = task.g % self.layout.kept_slots
+        stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
-            p, s, acc, _, skipped = c
+            p, s, grads_slot, _, skipped = c
             w = stashed if stashed is not None else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
             grads, msg = self.code.groups.switch(self.backwards, w, *args)
-            if self.sync:
-                return p, s, tuple(a + d for a, d in zip(acc, grads)), msg, skipped
-            if collective:
-                return p, s, grads, msg, skipped
-            p, s, skipped = self.opts.update(p, grads, s)
-            return p, s, acc, msg, skipped
+            p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
+            return p, s, grads_slot, msg, skipped
 
-        args = (h_b, g_b, _read(kept, slot), *self._inputs(gb))
-        init = (p, s, self.code.params.zeros() if collective else acc, self.code.acts.zeros(),
-                jnp.int32(0))
-        p, s, acc, msg, skipped = run_if(do_b, backward, args, init)
-        if collective:
-            p, s, skipped = self.opts.update(p, acc, s, when=do_b)
-            acc = ()
-        return p, s, acc, msg, skipped
+        h, g = read
+        args = (h, g, _read(ops.kept, slot), self._inputs(task.g))
+        p, s, grads_slot, msg, skipped = run_if(task.real, backward, args, (
+            ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), jnp.int32(0)))
+        acc = grads_slot if self.sync else ops.acc
+        if self._after is not None:
+            p, s, skipped = self._after(p, s, grads_slot, task.real)
+        return ops._replace(p=p, s=s, acc=acc), msg, skipped
+
+    # What a backward does with its gradient `d`: the loop carries `slot`,
+    # the step's running sum (synchronous), this op's gradient (updated after
+    # the loop), or nothing (updated inside it).
+    def _slot(self, acc: Any) -> Any:
+        return acc if self.sync else self.code.params.zeros() if self._after else ()
+
+    def _accumulate(self, p, s, slot, d, skipped) -> tuple:
+        return p, s, tuple(a + b for a, b in zip(slot, d)), skipped
+
+    def _keep(self, p, s, slot, d, skipped) -> tuple:
+        return p, s, d, skipped
+
+    def _update_now(self, p, s, slot, d, skipped) -> tuple:
+        p, s, skipped = self.update(p, d, s)
+        return p, s, slot, skipped
+
+    def _update_after(self, p, s, d, real) -> tuple:
+        return self.update(p, d, s, real)
 
     def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
         """Send activations to stage k + 1 and gradients to stage k − 1; file
@@ -196,29 +279,32 @@ class _Tick:
                               grads=_file(rings.grads, mb % lay.grad_slots, got_b, vb))
 
 
-def run_table(code: StageCode, schedule: Schedule, layout: Layout, params: Buffers, opt_state: Any,
-              rings: Rings, data: tuple, counters: tuple, key: jax.Array,
-              opts: StageOptimizers | None = None,
-              replica_axes: tuple[str, ...] = ()) -> TableOut:
-    """Inside shard_map: one pass over the table.
+def _rows(schedule: Schedule) -> tuple:
+    """The scan's input per tick: for each lane its micro-batches `[ticks,
+    stages]` (int32), with the op codes when the lane mixes ops."""
+    rows = []
+    for lane in range(schedule.lanes):
+        mbs = jnp.asarray(schedule.table[:, :, lane, 1], jnp.int32)
+        mixed = len(schedule.lane_ops(lane)) > 1
+        rows.append((mbs, jnp.asarray(schedule.ops[:, :, lane], jnp.int32)) if mixed else mbs)
+    return tuple(rows)
 
-    `data` = (x, y) rings `[slots, mb, ...]`; `counters` = (base, start, fed):
-    this pass's micro-batch ids are base + relative id, and an op is real only
-    for start <= id < fed (the rest is the fill or the drain, masked).
-    `opts` are the per-stage optimizers an asynchronous table applies.
-    Losses are averaged over `replica_axes` (the mesh's data axes).
-    """
+
+def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:
+    """Inside shard_map: one pass over the table. `opts` are the per-stage
+    optimizers an asynchronous table applies; losses are averaged over the
+    mesh's data axes."""
+    schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule)  # static
-    acc = code.params.zeros() if schedule.synchronous else ()
-    xs = (jnp.asarray(schedule.fwd, jnp.int32), jnp.asarray(schedule.bwd, jnp.int32))
-    tick = _Tick(code, schedule, layout, data, counters, key, opts)
+    acc = build.code.params.zeros() if schedule.synchronous else ()
+    tick = _Tick(build, opts, inp)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
-    (p, s, rings, acc), (losses, done, skipped) = lax.scan(tick, (params, opt_state, rings, acc),
-                                                          xs)
+    (p, s, rings, acc), (losses, done, skipped) = lax.scan(
+        tick, (inp.params, inp.opt_state, inp.rings, acc), _rows(schedule))
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
-    guarded = opts is not None and opts.skip_nonfinite
-    skipped = lax.psum(jnp.sum(skipped), (*replica_axes, AXIS)) if guarded else jnp.int32(0)
-    if replica_axes:  # every replica finishes the same micro-batches
-        losses = lax.pmean(losses, replica_axes)
+    counts = opts is not None and opts.outer.skip_nonfinite
+    skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)
+    if axes:  # every replica finishes the same micro-batches
+        losses = lax.pmean(losses, axes)
     return TableOut(p, s, rings, acc, losses, done, skipped)

@@ -15,17 +15,9 @@ from typing import Sequence
 import numpy as np
 
 from pipejax.errors import ConfigError
+from pipejax.formatting import human_bytes, table
 from pipejax.partition.balance import balance, check_split
 from pipejax.trace import LayerSpec, nbytes
-
-
-def human_bytes(n: float) -> str:
-    """`n` bytes in B, KiB, MiB or GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +69,7 @@ class Plan:
                 (f"{costs[k]:.3g}", f"{100 * costs[k] / total:.1f}%")
             rows.append((str(k), f"{r.start}-{r.stop - 1}", names, cost, share,
                          human_bytes(self.param_bytes[k]), sends))
-        widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = [table(rows)]
         cost_kind = "measured seconds" if self.specs[0].seconds is not None else "fwd+bwd FLOPs"
         lines.append(f"objective {self.objective}, cost = {cost_kind}")
         unknown = [s for s in self.specs if s.cost is None]

@@ -1,11 +1,12 @@
-"""Schedules as data: per (tick, stage), the micro-batch run forward and backward."""
+"""Schedules as data: per (tick, stage, lane), a typed task (op, micro-batch, chunk)."""
 
 from typing import Callable
 
 from pipejax.errors import ConfigError
 from pipejax.schedules.asynchronous import pb, pipedream
 from pipejax.schedules.schedule import Schedule, StageInfo
-from pipejax.schedules.timeline import NONE, Timeline
+from pipejax.schedules.tasks import NONE, Op, Task
+from pipejax.schedules.timeline import Timeline
 from pipejax.schedules.synchronous import gpipe, one_f_one_b
 
 BUILDERS: dict[str, Callable[[int, int], Schedule]] = {
@@ -25,5 +26,5 @@ def make_schedule(schedule: "str | Schedule", K: int, M: int) -> Schedule:
     return BUILDERS[schedule](K, M)
 
 
-__all__ = ["NONE", "Schedule", "StageInfo", "Timeline", "gpipe", "make_schedule", "one_f_one_b",
+__all__ = ["NONE", "Op", "Schedule", "Task", "StageInfo", "Timeline", "gpipe", "make_schedule", "one_f_one_b",
            "pb", "pipedream"]

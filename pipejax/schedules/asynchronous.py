@@ -16,37 +16,41 @@ ids s·M + relative id, so fill, steady state and drain are one program
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Callable
 
 from pipejax.errors import ConfigError
-from pipejax.schedules.schedule import NONE, Schedule
+from pipejax.schedules.schedule import Schedule
+from pipejax.schedules.tasks import NONE, Op, Task, empty, put
+
+Tick = Callable[[int, int], int]  # (stage k, micro-batch g) -> global tick
 
 
-def _periodic(name: str, K: int, M: int, period: int, f_tick, b_tick) -> Schedule:
-    """Place micro-batch g's ops at global ticks f_tick(k, g), b_tick(k, g)
-    and fold them into one period, ids relative to the period's step."""
+def periodic(name: str, K: int, M: int, period: int, forward: Tick, backward: Tick) -> Schedule:
+    """One period of the steady state, folded from the global ticks of each
+    micro-batch's F (lane 0) and BW (lane 1), which must repeat every
+    `period` ticks for every M micro-batches. Micro-batch g's op at tick T
+    lands in cell T mod P (P = period) with relative id g − M·⌊T/P⌋: the
+    period ⌊T/P⌋ sees it as fed ⌊T/P⌋ steps earlier."""
     if K < 1 or M < 1:
         raise ConfigError(f"{name} needs K >= 1 stages and M >= 1 micro-batches, got K={K}, M={M}")
-    fwd = np.full((period, K), NONE, np.int64)
-    bwd = np.full((period, K), NONE, np.int64)
+    table = empty(period, K, 2)
     for k in range(K):
-        for g in range(-4 * (K + M), 4 * (K + M)):
-            for lane, tick in ((fwd, f_tick(k, g)), (bwd, b_tick(k, g))):
-                step, t = divmod(tick, period)
-                if step == 2:  # a steady-state period, far from the start
-                    rel = g - 2 * M
-                    if lane[t, k] not in (NONE, rel):
-                        raise ConfigError(f"{name}: two ops on stage {k} at tick {t}")
-                    lane[t, k] = rel
-    return Schedule(name, fwd, bwd, microbatches=M, asynchronous=True)
+        for g in range(M):
+            for lane, (op, tick) in enumerate(((Op.F, forward(k, g)), (Op.BW, backward(k, g)))):
+                steps, t = divmod(tick, period)
+                rel = g - M * steps
+                if table[t, k, lane, 1] not in (NONE, rel):
+                    raise ConfigError(f"{name}: two ops on stage {k} at tick {t}")
+                put(table, t, k, lane, Task(op, rel))
+    return Schedule(name, table, microbatches=M, asynchronous=True)
 
 
 def pipedream(K: int, M: int) -> Schedule:
-    """Asynchronous 1F1B: F(k, g) at tick 2g + k, B(k, g) at 2g + 2K − 1 − k."""
-    return _periodic("pipedream", K, M, 2 * M,
-                     lambda k, g: 2 * g + k, lambda k, g: 2 * g + 2 * K - 1 - k)
+    """Asynchronous 1F1B: F(k, g) at tick 2g + k, BW(k, g) at 2g + 2K − 1 − k."""
+    return periodic("pipedream", K, M, 2 * M,
+                    lambda k, g: 2 * g + k, lambda k, g: 2 * g + 2 * K - 1 - k)
 
 
 def pb(K: int, M: int) -> Schedule:
-    """Pipelined backpropagation: F(k, g) at tick g + k, B(k, g) at g + 2K − 2 − k."""
-    return _periodic("pb", K, M, M, lambda k, g: g + k, lambda k, g: g + 2 * K - 2 - k)
+    """Pipelined backpropagation: F(k, g) at tick g + k, BW(k, g) at g + 2K − 2 − k."""
+    return periodic("pb", K, M, M, lambda k, g: g + k, lambda k, g: g + 2 * K - 2 - k)

@@ -1,11 +1,10 @@
-"""A schedule is data: a `[ticks, stages]` table of which micro-batch each
-stage runs forward and backward at each tick.
+"""A schedule is data: a `[ticks, stages, lanes]` table of typed tasks.
 
 In the spirit of JaxPP's task lists, a `Schedule` can be printed, checked
 and measured without running a model; the executor runs any valid table.
-A cell has two lanes, a forward and a backward, each naming a micro-batch or
-`NONE`; within a tick the forward runs first (pipelined backpropagation runs
-both lanes every tick, the other schedules one). Micro-batch numbers are
+Each cell holds a `Task(op, micro-batch, chunk)` per lane (tasks.py); within
+a tick the lanes run in order (pipelined backpropagation runs a forward and
+a backward every tick, the other schedules one op). Micro-batch numbers are
 relative to the step's first micro-batch.
 
 A *synchronous* table runs micro-batches 0..M−1 from an empty pipeline to an
@@ -27,11 +26,8 @@ import numpy as np
 
 from pipejax.errors import ScheduleError
 from pipejax.schedules import pictures
-from pipejax.schedules.timeline import NONE, Timeline, ring_capacity, unroll
-
-# Event times within a tick: the forward lane, then the backward lane (with its
-# update), then the filing of the messages that arrived at the end of the tick.
-_F, _B, _END = 1, 2, 3
+from pipejax.schedules.tasks import BACKWARD, NONE, Op
+from pipejax.schedules.timeline import Timeline, lifetime, ring_capacity, unroll
 
 
 class StageInfo(NamedTuple):
@@ -46,32 +42,84 @@ class StageInfo(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
-    """`fwd[t, k]`, `bwd[t, k]`: the micro-batch stage k runs forward / backward
-    at tick t (relative to the step's first micro-batch), or `NONE`."""
+    """`table[t, k, lane]` = (op, micro-batch, chunk): the `Task` stage k runs
+    in that lane at tick t (tasks.py; build one with `tasks.empty` and
+    `tasks.put`, or `tasks.from_lanes`)."""
 
     name: str
-    fwd: np.ndarray
-    bwd: np.ndarray
+    table: np.ndarray
     microbatches: int
     asynchronous: bool = False
 
     def __post_init__(self):
-        fwd, bwd = np.asarray(self.fwd, np.int64), np.asarray(self.bwd, np.int64)
-        if fwd.ndim != 2 or fwd.shape != bwd.shape:
-            raise ScheduleError(f"schedule {self.name!r}: fwd {fwd.shape} and bwd {bwd.shape} "
-                                "must both be [ticks, stages]")
-        object.__setattr__(self, "fwd", fwd)
-        object.__setattr__(self, "bwd", bwd)
+        table = np.asarray(self.table, np.int64)
+        if table.ndim != 4 or table.shape[-1] != 3 or 0 in table.shape:
+            raise ScheduleError(f"schedule {self.name!r}: table {table.shape} must be [ticks, "
+                                "stages, lanes, (op, micro-batch, chunk)]")
+        object.__setattr__(self, "table", table)
         object.__setattr__(self, "_timelines", {})  # steps -> Timeline
+        self._check_tasks()
         self.validate()
 
     @property
     def ticks(self) -> int:
-        return self.fwd.shape[0]
+        return self.table.shape[0]
 
     @property
     def stages(self) -> int:
-        return self.fwd.shape[1]
+        return self.table.shape[1]
+
+    @property
+    def lanes(self) -> int:
+        return self.table.shape[2]
+
+    @property
+    def ops(self) -> np.ndarray:
+        """`[ticks, stages, lanes]` op codes (`Op`)."""
+        return self.table[..., 0]
+
+    def lane_ops(self, lane: int) -> tuple[Op, ...]:
+        """The ops that occur in `lane`, idle left out: what the executor compiles there."""
+        return tuple(Op(o) for o in np.unique(self.ops[:, :, lane]) if o != Op.IDLE)
+
+    def _microbatches_of(self, ops: tuple[Op, ...]) -> np.ndarray:
+        """`[ticks, stages]`: the micro-batch of the cell's task among `ops`, or NONE."""
+        mask = np.isin(self.ops, ops)
+        return np.where(mask, self.table[..., 1], NONE).max(axis=2, initial=NONE)
+
+    @property
+    def fwd(self) -> np.ndarray:
+        """`[ticks, stages]`: the micro-batch stage k runs forward at tick t, or NONE."""
+        return self._microbatches_of((Op.F,))
+
+    @property
+    def bwd(self) -> np.ndarray:
+        """`[ticks, stages]`: the micro-batch whose gradient stage k sends back at tick t."""
+        return self._microbatches_of(BACKWARD)
+
+    def _check_tasks(self) -> None:
+        """Reject unknown ops, a cell with two forwards or two backwards, and
+        what the executor does not run yet (the split backward, chunks)."""
+        ops = self.ops
+        if not np.isin(ops, [int(o) for o in Op]).all():
+            t, k, lane = np.argwhere(~np.isin(ops, [int(o) for o in Op]))[0]
+            raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k}, lane {lane} has op "
+                                f"{ops[t, k, lane]}; use one of {[o.name for o in Op]}")
+        busy = ops != Op.IDLE
+        if (self.table[..., 1][busy] == NONE).any() or (self.table[..., 1][~busy] != NONE).any():
+            raise ScheduleError(f"schedule {self.name!r}: a busy task needs a micro-batch and an "
+                                "idle one none")
+        for kind, what in (((Op.F,), "forwards"), (BACKWARD, "backwards")):
+            per_cell = np.isin(ops, kind).sum(axis=2)
+            if (per_cell > 1).any():
+                t, k = np.argwhere(per_cell > 1)[0]
+                raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} runs two "
+                                    f"{what}; a tick holds one of each")
+        split = np.isin(ops, (Op.B, Op.W))
+        if split.any() or (self.table[..., 2] != 0).any():
+            raise ScheduleError(f"schedule {self.name!r}: split backwards (B, W) and model chunks "
+                                "(virtual stages) are not run by this executor yet; use fused BW "
+                                "tasks on chunk 0")
 
     @property
     def synchronous(self) -> bool:
@@ -82,7 +130,7 @@ class Schedule:
         """Unroll `steps` steps; an asynchronous table then runs periods with no
         new input until every micro-batch fed has finished (the flush)."""
         if steps not in self._timelines:
-            self._timelines[steps] = unroll(self.name, self.fwd, self.bwd, self.microbatches,
+            self._timelines[steps] = unroll(self.name, self.table, self.microbatches,
                                            self.asynchronous, steps)
         return self._timelines[steps]
 
@@ -90,13 +138,13 @@ class Schedule:
         """Reject an impossible table, naming the tick, stage and micro-batch."""
         K, M, T = self.stages, self.microbatches, self.ticks
         where = lambda tick: f"tick {tick % T}" + (f" of step {tick // T}" if self.asynchronous else "")
-        if not self.asynchronous:
-            for lane in (self.fwd, self.bwd):
-                bad = (lane != NONE) & ((lane < 0) | (lane >= M))
-                if bad.any():
-                    t, k = np.argwhere(bad)[0]
-                    raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} names "
-                                        f"micro-batch {lane[t, k]} outside 0..{M - 1}")
+        ids = self.table[..., 1]
+        bad = (ids != NONE) & (((ids < 0) & self.synchronous) | (ids >= M))
+        if bad.any():
+            t, k, _ = np.argwhere(bad)[0]
+            span = f"0..{M - 1}" if self.synchronous else f"below {M} (negative: fed earlier)"
+            raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} names "
+                                f"micro-batch {ids[bad][0]} outside {span}")
         tl = self.timeline(3 if self.asynchronous else 1)
         F, B = tl.F, tl.B
         for k in range(1, K):
@@ -108,7 +156,7 @@ class Schedule:
                         f"{where(F[k - 1, g])})")
         for k in range(K):
             for g in range(F.shape[1]):
-                if B[k, g] < F[k, g]:
+                if tl.b_time[k, g] < tl.f_time[k, g]:
                     raise ScheduleError(
                         f"schedule {self.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
                         f"micro-batch {g} before its forward ({where(F[k, g])})")
@@ -122,7 +170,7 @@ class Schedule:
     def bubble_fraction_over(self, steps: int) -> float:
         """Idle share of the op slots (one per lane the table uses, per stage and
         tick) from the first op to the last, over `steps` steps and the flush."""
-        lanes = 2 if ((self.fwd != NONE) & (self.bwd != NONE)).any() else 1
+        lanes = int((self.ops != Op.IDLE).sum(axis=2).max())
         tl = self.timeline(steps)
         busy = tl.F.size + tl.B.size
         return 1.0 - busy / (lanes * self.stages * tl.ticks)
@@ -133,12 +181,16 @@ class Schedule:
         return self.bubble_fraction_over(1)
 
     @property
+    def lifetime(self) -> int:
+        """Periods a micro-batch stays in flight after the step that feeds it
+        (`timeline.lifetime`; 0 when synchronous)."""
+        return lifetime(self.table[..., 1], self.microbatches) if self.asynchronous else 0
+
+    @property
     def _steady_steps(self) -> int:
-        """Steps to unroll so that the middle step sees the steady state: the
-        longest life of a micro-batch spans at most 2·(K + ticks) ticks."""
-        if self.synchronous:
-            return 1
-        return 3 + 2 * -(-2 * (self.stages + self.ticks) // self.ticks)
+        """Steps to unroll so that the middle step sees the steady state:
+        a lifetime of steps before it and after it."""
+        return 2 * self.lifetime + 1
 
     def _steady(self) -> Timeline:
         return self.timeline(self._steady_steps)
@@ -149,27 +201,27 @@ class Schedule:
 
     def _live(self, write: np.ndarray, read: np.ndarray) -> int:
         """Ring-buffer capacity for values written at times `write[k, g]` and
-        last read at `read[k, g]` (times in quarter ticks)."""
+        last read at `read[k, g]` (event times, `Timeline`)."""
         return ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
 
     @property
     def input_capacity(self) -> int:
         """Slots for stage inputs: filed when they arrive, read up to the backward."""
         tl = self._steady()
-        return self._live(4 * tl.F[:-1] + _END, 4 * tl.B[1:] + _B)
+        return self._live(tl.arrival(tl.F[:-1]), tl.b_time[1:])
 
     @property
     def grad_capacity(self) -> int:
         """Slots for received output gradients: arrival to the backward."""
         tl = self._steady()
-        return self._live(4 * tl.B[1:] + _END, 4 * tl.B[:-1] + _B)
+        return self._live(tl.arrival(tl.B[1:]), tl.b_time[:-1])
 
     @property
     def residual_capacity(self) -> int:
         """Slots for what a stage keeps from its forward to its backward
         (residuals, and with weight stashing the forward's weights)."""
         tl = self._steady()
-        return self._live(4 * tl.F + _F, 4 * tl.B + _B)
+        return self._live(tl.f_time, tl.b_time)
 
     def in_flight(self, k: int) -> int:
         """Most micro-batches stage k holds at once between their forward and
@@ -183,22 +235,19 @@ class Schedule:
         """Slots for micro-batches of input and targets, a multiple of M: fed
         before their step starts, read up to the first and last stages' backward."""
         tl = self._steady()
-        read = np.maximum(4 * tl.B[0] + _B, 4 * tl.B[-1] + _B)
-        C = self._live((4 * tl.fed - 1)[None], read[None])
+        read = np.maximum(tl.b_time[0], tl.b_time[-1])
+        C = self._live((tl.unit * tl.fed - 1)[None], read[None])
         return -(-C // self.microbatches) * self.microbatches
 
     @property
     def drain_periods(self) -> int:
         """Periods with no new input after a step until every micro-batch it
         fed has finished: what a flush runs (0 when synchronous)."""
-        if self.synchronous:
-            return 0
-        last = int(self.timeline(1).B.max())  # global tick, step 0 starts at tick 0
-        return -(-(last + 1) // self.ticks) - 1
+        return self.lifetime
 
-    def _updates_between(self, k: int, g: int, start: float, stop: float) -> int:
-        """Stage k's weight updates at times in (start, stop] (quarter ticks)."""
-        when = 4 * self._steady().B[k] + _B
+    def _updates_between(self, k: int, start: float, stop: float) -> int:
+        """Stage k's weight updates at event times in (start, stop]."""
+        when = self._steady().b_time[k]
         return int(np.sum((when > start) & (when <= stop)))
 
     @property
@@ -208,7 +257,7 @@ class Schedule:
         if self.synchronous:
             return [0] * self.stages
         tl = self._steady()
-        return [max(self._updates_between(k, g, 4 * tl.F[k, g] + _F, 4 * tl.B[k, g] + _B - 1)
+        return [max(self._updates_between(k, tl.f_time[k, g], tl.b_time[k, g] - 1)
                     for g in self._steady_ids()) for k in range(self.stages)]
 
     def horizons(self, k: int) -> tuple[int, int]:
@@ -220,11 +269,11 @@ class Schedule:
         if self.synchronous:
             return 0, 0
         tl = self._steady()
-        end = lambda g: 4 * tl.B[0, g] + _B
+        end = lambda g: tl.b_time[0, g]
         # From the forward, the micro-batch's own update on stage k is not counted.
-        fwd = max(self._updates_between(k, g, 4 * tl.F[k, g] + _F, end(g)) - 1
+        fwd = max(self._updates_between(k, tl.f_time[k, g], end(g)) - 1
                   for g in self._steady_ids())
-        bwd = max(self._updates_between(k, g, 4 * tl.B[k, g] + _B, end(g)) for g in self._steady_ids())
+        bwd = max(self._updates_between(k, tl.b_time[k, g], end(g)) for g in self._steady_ids())
         return fwd, bwd
 
     def stage_info(self, k: int) -> StageInfo:

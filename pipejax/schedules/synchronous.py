@@ -10,10 +10,11 @@ Both have bubble (K−1)/(M+K−1) and 2·(M+K−1) ticks.
 
 from __future__ import annotations
 
-import numpy as np
-
 from pipejax.errors import ConfigError
-from pipejax.schedules.schedule import NONE, Schedule
+from pipejax.schedules.schedule import Schedule
+from pipejax.schedules.tasks import Op, Task, empty, put
+
+FWD, BWD = 0, 1  # the lanes: a forward, then a fused backward
 
 
 def _check(name: str, K: int, M: int) -> None:
@@ -21,19 +22,15 @@ def _check(name: str, K: int, M: int) -> None:
         raise ConfigError(f"{name} needs K >= 1 stages and M >= 1 micro-batches, got K={K}, M={M}")
 
 
-def _empty(ticks: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.full((ticks, K), NONE, np.int64), np.full((ticks, K), NONE, np.int64)
-
-
 def gpipe(K: int, M: int) -> Schedule:
-    """Fill-drain table: F(k, m) at tick m + k; B(k, m) at tick (M+K−1) + (K−1−k) + m."""
+    """Fill-drain table: F(k, m) at tick m + k; BW(k, m) at tick (M+K−1) + (K−1−k) + m."""
     _check("gpipe", K, M)
-    fwd, bwd = _empty(2 * (M + K - 1), K)
+    table = empty(2 * (M + K - 1), K, 2)
     for k in range(K):
         for m in range(M):
-            fwd[m + k, k] = m
-            bwd[(M + K - 1) + (K - 1 - k) + m, k] = m
-    return Schedule("gpipe", fwd, bwd, microbatches=M)
+            put(table, m + k, k, FWD, Task(Op.F, m))
+            put(table, (M + K - 1) + (K - 1 - k) + m, k, BWD, Task(Op.BW, m))
+    return Schedule("gpipe", table, microbatches=M)
 
 
 def one_f_one_b(K: int, M: int) -> Schedule:
@@ -50,7 +47,7 @@ def one_f_one_b(K: int, M: int) -> Schedule:
         order += [("B", m) for m in range(M - warm, M)]
         orders.append(order)
     done: dict[tuple[str, int, int], int] = {}
-    fwd, bwd = _empty(2 * (M + K - 1), K)
+    table = empty(2 * (M + K - 1), K, 2)
     nxt, t = [0] * K, 0
     while any(n < 2 * M for n in nxt):
         for k in range(K):
@@ -60,8 +57,8 @@ def one_f_one_b(K: int, M: int) -> Schedule:
             need = (("F", k - 1, m) if k > 0 else None) if op == "F" else \
                 (("B", k + 1, m) if k < K - 1 else ("F", k, m))
             if need is None or done.get(need, t) < t:
-                (fwd if op == "F" else bwd)[t, k] = m
+                put(table, t, k, *((FWD, Task(Op.F, m)) if op == "F" else (BWD, Task(Op.BW, m))))
                 done[op, k, m] = t
                 nxt[k] += 1
         t += 1
-    return Schedule("1f1b", fwd[:t], bwd[:t], microbatches=M)
+    return Schedule("1f1b", table[:t], microbatches=M)

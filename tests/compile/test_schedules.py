@@ -146,3 +146,40 @@ def test_1f1b_needs_less_memory_than_gpipe():
     # GPipe stashes all M = 16 stage inputs, 1F1B at most K = 4: the gap is at
     # least 12 inputs of 8 × 64 float32 (24 KiB) on the widest stage
     assert temp["gpipe"] - temp["1f1b"] >= 12 * 8 * 64 * 4
+
+
+def _one_lane(schedule: pj.Schedule) -> pj.Schedule:
+    """The same tasks with F and BW in one lane (each cell holds at most one)."""
+    table = schedule.table
+    merged = np.where((table[:, :, 0, 0] != pj.schedules.Op.IDLE)[..., None], table[:, :, 0],
+                      table[:, :, 1])
+    return pj.Schedule(schedule.name, merged[:, :, None], schedule.microbatches,
+                       schedule.asynchronous)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "pipedream"])
+def test_the_executor_dispatches_a_lane_of_mixed_ops(name):
+    """1F1B and PipeDream run one op per stage and tick: as one lane holding
+    both F and BW tasks (the executor reads each task's op) they train as
+    their two-lane tables, bit for bit."""
+    K, M = 3, 4
+    two = pj.schedules.make_schedule(name, K, M)
+    one = _one_lane(two)
+    assert two.lanes == 2 and one.lanes == 1 and len(one.lane_ops(0)) == 2
+    assert (one.fwd == two.fwd).all() and (one.bwd == two.bwd).all()
+    assert one.delays == two.delays and one.residual_capacity == two.residual_capacity
+    results = []
+    for schedule in (two, one):
+        pipe = pj.pipeline(heterogeneous_layers(), loss=pj.losses.cross_entropy,
+                           example=jnp.zeros((MB, 20)), stages=K, microbatches=M,
+                           schedule=schedule)
+        trainer = pipe.trainer(optax.sgd(0.05, momentum=0.9))
+        state = trainer.init(pipe.init(jax.random.key(1)), jax.random.key(2))
+        losses = []
+        for s in range(2):
+            state, m = trainer.step(state, batch(M * MB, seed=s))
+            losses.append(m["losses"])
+        state, m = trainer.flush(state)
+        results.append((losses, m["losses"], state.params.buffers))
+    for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -6,6 +6,7 @@ import pytest
 
 from pipejax.errors import ScheduleError
 from pipejax.schedules import NONE, Schedule, gpipe, make_schedule, one_f_one_b, pb, pipedream
+from pipejax.schedules.tasks import from_lanes
 
 GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
 
@@ -93,20 +94,20 @@ def test_validate_rejects_a_forward_before_its_input():
     fwd, bwd = _table([["F0", "F0"], ["B0", "."], [".", "B0"]])
     with pytest.raises(ScheduleError, match="tick 0, stage 1 runs the forward of micro-batch 0 "
                                             "before its input exists"):
-        Schedule("bad", fwd, bwd, microbatches=1)
+        Schedule("bad", from_lanes(fwd, bwd), microbatches=1)
 
 
 def test_validate_rejects_a_backward_before_the_next_stage():
     fwd, bwd = _table([["F0", "."], ["B0", "F0"], [".", "B0"]])
     with pytest.raises(ScheduleError, match="tick 1, stage 0 runs the backward of micro-batch 0 "
                                             "before stage 1 sends its gradient"):
-        Schedule("bad", fwd, bwd, microbatches=1)
+        Schedule("bad", from_lanes(fwd, bwd), microbatches=1)
 
 
 def test_validate_rejects_a_missing_or_repeated_op():
     fwd, bwd = _table([["F0"], ["F0"], ["B0"]])
     with pytest.raises(ScheduleError, match="runs the forward of micro-batch 0 2 times"):
-        Schedule("bad", fwd, bwd, microbatches=1)
+        Schedule("bad", from_lanes(fwd, bwd), microbatches=1)
 
 
 def test_user_schedule_must_fit_the_pipeline():
@@ -115,3 +116,42 @@ def test_user_schedule_must_fit_the_pipeline():
     assert make_schedule(gpipe(2, 3), 2, 3).ticks == 8
     with pytest.raises(Exception, match="unknown schedule"):
         make_schedule("zb-h1", 2, 2)
+
+
+def test_tables_are_typed_tasks_in_a_forward_and_a_backward_lane():
+    from pipejax.schedules import Op
+
+    for build in (gpipe, one_f_one_b, pipedream, pb):
+        s = build(3, 4)
+        assert s.lanes == 2 and s.lane_ops(0) == (Op.F,) and s.lane_ops(1) == (Op.BW,)
+        assert (s.table[..., 2] == 0).all()  # one chunk per device
+
+
+@pytest.mark.parametrize("K,M", [(2, 1), (3, 4), (4, 2), (5, 3)])
+def test_an_asynchronous_table_drains_in_its_lifetime(K, M):
+    for s in (pb(K, M), pipedream(K, M)):
+        ids = s.table[..., 1][s.table[..., 1] != NONE]
+        assert s.drain_periods == s.lifetime == -(ids.min() // M)
+        tl = s.timeline(1)  # the step, then the drain: every op of its micro-batches
+        assert tl.B.max() < (1 + s.lifetime) * s.ticks <= tl.B.max() + s.ticks
+
+
+def test_split_backwards_and_chunks_are_a_clear_error_until_the_executor_runs_them():
+    from pipejax.schedules.tasks import Op, Task, put
+
+    table = gpipe(2, 1).table.copy()
+    put(table, 2, 1, 1, Task(Op.B, 0))
+    with pytest.raises(ScheduleError, match="split backwards"):
+        Schedule("zb", table, microbatches=1)
+    table = gpipe(2, 1).table.copy()
+    table[0, 0, 0, 2] = 1
+    with pytest.raises(ScheduleError, match="chunks"):
+        Schedule("v", table, microbatches=1)
+
+
+def test_a_cell_holds_one_forward():
+    fwd, bwd = _table([["F0", "."], [".", "F0"], [".", "B0"], ["B0", "."]])
+    table = from_lanes(fwd, bwd)
+    table[1, 1, 1] = table[1, 1, 0]  # a second forward in the backward lane
+    with pytest.raises(ScheduleError, match="tick 1, stage 1 runs two forwards"):
+        Schedule("bad", table, microbatches=1)

@@ -1,0 +1,27 @@
+"""Evaluating a trained layer list outside the pipeline: classification accuracy."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipejax.trace import Layer, Variables, apply_layers
+
+
+def evaluator(layers: Sequence[Layer], *,
+              batch: int = 500) -> Callable[[Sequence[Variables], Any, Any], float]:
+    """`accuracy(variables, x, y)`: the share of the examples `x` whose argmax
+    prediction equals the integer label in `y`, the layers run with
+    `train=False` on one variables dict per layer (`pj.unstage(state.params)`),
+    `batch` examples at a time. The prediction is compiled once per `evaluator`."""
+    predict = jax.jit(lambda v, x: jnp.argmax(apply_layers(layers, v, x, train=False), -1))
+
+    def accuracy(variables: Sequence[Variables], x: Any, y: Any) -> float:
+        hits = sum(int(np.sum(np.asarray(predict(variables, x[i:i + batch])) == y[i:i + batch]))
+                   for i in range(0, len(x), batch))
+        return hits / len(x)
+
+    return accuracy

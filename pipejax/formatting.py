@@ -1,0 +1,25 @@
+"""Text for people: byte counts and aligned tables (plans, memory estimates, benchmarks)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def human_bytes(n: float) -> str:
+    """`n` bytes in B, KiB, MiB or GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def table(rows: Sequence[Sequence[str]], *, rstrip: bool = True) -> str:
+    """`rows` as left-aligned columns two spaces apart, the first row a header
+    underlined by dashes; `rstrip=False` keeps the padding at the end of lines."""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    if rstrip:
+        lines = [line.rstrip() for line in lines]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
