@@ -8,7 +8,7 @@ Modules, in the order data flows through them:
 - `layout`: the packings and ring-buffer slots of a compiled pipeline, and their bytes.
 - `microbatch`: a batch checked and split into micro-batches.
 - `spmd`: shard_map helpers, the stage axis, 0-or-1-trip loops.
-- `table`: the table interpreter, one scan over ticks with ppermute.
+- `table`: the table interpreter, one scan over ticks with ppermute; `metrics`: what a pass reports.
 - `optimizer`: one optax transform per stage, its state packed.
 - `synchronous`, `asynchronous`: the programs built on the interpreter.
 - `state`: the typed state a trainer carries; `guard`: the CPU dispatch guard.

@@ -32,7 +32,8 @@ from pipejax.compile.build import Build
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_key, shard
 from pipejax.compile.state import InFlight, Staged, TrainState
-from pipejax.compile.table import TableIn, finishing, metrics, run_table
+from pipejax.compile.metrics import finishing, metrics
+from pipejax.compile.table import TableIn, run_table
 
 
 def init_inflight(build: Build) -> InFlight:

@@ -28,7 +28,8 @@ from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import (REPLICATED, STAGED, lead, local, per_replica, replica_key,
                                   shard, split_over_replicas)
 from pipejax.compile.state import Staged, TrainState
-from pipejax.compile.table import TableIn, TableOut, metrics, run_table
+from pipejax.compile.metrics import metrics
+from pipejax.compile.table import TableIn, TableOut, run_table
 
 
 def _pass(build: Build, p: Any, batch: tuple, key: jax.Array) -> TableOut:

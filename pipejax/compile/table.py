@@ -23,10 +23,10 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from pipejax.compile.build import Build
+from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.packing import Buffers
 from pipejax.compile.spmd import run_if, stage_index
@@ -57,37 +57,6 @@ class TableOut(NamedTuple):
     losses: jax.Array  # [M] float32: each finished micro-batch's loss, mean over the replicas
     done: jax.Array  # [M] bool: which of them the pass finished
     skipped: jax.Array  # int32: updates the guard skipped (all stages and replicas)
-
-
-def loss_ticks(schedule: Schedule) -> np.ndarray:
-    """The ticks on which the last stage runs a forward, hence computes a
-    micro-batch's loss, ordered by that micro-batch's id."""
-    lane = schedule.fwd[:, -1]
-    ticks = np.flatnonzero(lane != NONE)
-    return ticks[np.argsort(lane[ticks], kind="stable")]
-
-
-def finishing(schedule: Schedule) -> np.ndarray:
-    """Relative ids of the M micro-batches whose loss one pass computes, in order."""
-    return schedule.fwd[loss_ticks(schedule), -1]
-
-
-def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,
-            spread: jax.Array | None = None, skipped: jax.Array | None = None) -> dict:
-    """The metrics of a step: mean loss of the finished micro-batches (NaN if
-    none), their count, and each micro-batch's loss (NaN if not finished);
-    under a decentralized data rule, the replicas' consensus distance; with
-    the non-finite guard, the updates it skipped."""
-    count = jnp.sum(done.astype(jnp.int32))
-    total = jnp.sum(jnp.where(done, losses, 0.0))
-    out = {"loss": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
-           "completed": count, "losses": jnp.where(done, losses, jnp.nan),
-           "microbatch": ids.astype(jnp.int32)}
-    if spread is not None:
-        out["consensus_distance"] = spread
-    if skipped is not None:
-        out["skipped"] = skipped
-    return out
 
 
 def _read(buffers: Buffers, i: jax.Array) -> tuple:
@@ -279,14 +248,15 @@ class _Tick:
                               grads=_file(rings.grads, mb % lay.grad_slots, got_b, vb))
 
 
-def _rows(schedule: Schedule) -> tuple:
+def _rows(schedule: Schedule, plan: list) -> tuple:
     """The scan's input per tick: for each lane its micro-batches `[ticks,
-    stages]` (int32), with the op codes when the lane mixes ops."""
+    stages]` (int32), with the op codes when the lane mixes ops (`plan`)."""
+    mixed = {lane: m for lane, _, m in plan}
     rows = []
     for lane in range(schedule.lanes):
         mbs = jnp.asarray(schedule.table[:, :, lane, 1], jnp.int32)
-        mixed = len(schedule.lane_ops(lane)) > 1
-        rows.append((mbs, jnp.asarray(schedule.ops[:, :, lane], jnp.int32)) if mixed else mbs)
+        ops = jnp.asarray(schedule.ops[:, :, lane], jnp.int32)
+        rows.append((mbs, ops) if mixed.get(lane) else mbs)
     return tuple(rows)
 
 
@@ -301,7 +271,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, acc), (losses, done, skipped) = lax.scan(
-        tick, (inp.params, inp.opt_state, inp.rings, acc), _rows(schedule))
+        tick, (inp.params, inp.opt_state, inp.rings, acc), _rows(schedule, tick.plan))
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
     skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)

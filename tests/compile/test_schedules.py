@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import pipejax as pj
-from pipejax.compile.table import finishing
+from pipejax.compile.metrics import finishing
 from pipejax.errors import ConfigError
 from tests.reference import (batch, fill_microbatches, heterogeneous_layers, rel_err,
                              sequential_value_and_grad, train_async)

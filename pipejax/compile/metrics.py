@@ -1,0 +1,41 @@
+"""What a pass over the table reports: which ticks finish a micro-batch's
+loss, and the metrics of a step (losses, counts, consensus, skipped updates)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipejax.schedules import NONE, Schedule
+
+
+def loss_ticks(schedule: Schedule) -> np.ndarray:
+    """The ticks on which the last stage runs a forward, hence computes a
+    micro-batch's loss, ordered by that micro-batch's id."""
+    lane = schedule.fwd[:, -1]
+    ticks = np.flatnonzero(lane != NONE)
+    return ticks[np.argsort(lane[ticks], kind="stable")]
+
+
+def finishing(schedule: Schedule) -> np.ndarray:
+    """Relative ids of the M micro-batches whose loss one pass computes, in order."""
+    return schedule.fwd[loss_ticks(schedule), -1]
+
+
+def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,
+            spread: jax.Array | None = None, skipped: jax.Array | None = None) -> dict:
+    """The metrics of a step: mean loss of the finished micro-batches (NaN if
+    none), their count, and each micro-batch's loss (NaN if not finished);
+    under a decentralized data rule, the replicas' consensus distance; with
+    the non-finite guard, the updates it skipped."""
+    count = jnp.sum(done.astype(jnp.int32))
+    total = jnp.sum(jnp.where(done, losses, 0.0))
+    out = {"loss": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
+           "completed": count, "losses": jnp.where(done, losses, jnp.nan),
+           "microbatch": ids.astype(jnp.int32)}
+    if spread is not None:
+        out["consensus_distance"] = spread
+    if skipped is not None:
+        out["skipped"] = skipped
+    return out
