@@ -24,7 +24,7 @@ bench: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python run_all.py && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
 		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py
 
-# The convergence tables of the staleness mitigations in the papers' regime (42 minutes on 2 cores).
+# The convergence tables of the staleness mitigations in the papers' regime (40 minutes on 2 cores).
 reproduce: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python convergence.py
 

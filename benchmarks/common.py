@@ -25,7 +25,12 @@ def environment() -> dict:
 def in_workers(fn: Callable, jobs: list, workers: int) -> list:
     """`[fn(job) for job in jobs]` in `workers` spawned processes, sharing JAX's
     persistent compilation cache (a temporary directory): programs that only
-    differ in what their state holds (`mitigation(sweep=True)`) compile once."""
+    differ in what their state holds (`mitigation(sweep=True)`) compile once.
+    Each worker runs XLA's CPU kernels on one thread (a worker per core: the
+    Eigen thread pool of the small ops of a micro-batch-1 run only contends
+    with the other workers; alone, one thread is faster too: 0.47 against
+    0.73 ms per update of the fine ResNet at K = 8, 0.59 against 0.9 with a
+    second worker beside it)."""
     import concurrent.futures
     import multiprocessing
     import os
@@ -33,13 +38,16 @@ def in_workers(fn: Callable, jobs: list, workers: int) -> list:
     import tempfile
 
     cache = tempfile.mkdtemp(prefix="pipejax-jax-cache-")
+    flags = os.environ.get("XLA_FLAGS", "")
     os.environ.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                      XLA_FLAGS=f"{flags} --xla_cpu_multi_thread_eigen=false")
     try:
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
             return list(pool.map(fn, jobs))
     finally:
+        os.environ["XLA_FLAGS"] = flags
         shutil.rmtree(cache, ignore_errors=True)
 
 

@@ -1,6 +1,8 @@
 """What a staleness mitigation costs the pipelined executor (PB, K = 4).
 
-For each mitigation, on a 16-layer MLP (width 256, micro-batch 16, M = 8):
+For each mitigation, on a 16-layer MLP (width 256, M = 8) at micro-batch 16
+and 128 (the forecast adds one pass over the weights per update, so what it
+costs falls as the work per update grows):
 the compiled step's temp bytes and argument bytes (the train state: weight
 stashing keeps a ring of weight versions), and the median step time, each
 over the same run without mitigation. A forward forecast is made by each
@@ -30,19 +32,20 @@ import numpy as np
 import pipejax as pj
 from common import save, table
 
-K, M, MB, FEATURES, ROUNDS, STEPS = 4, 8, 16, 40, 30, 3
+K, M, FEATURES, STEPS = 4, 8, 40, 3
+ROUNDS = {16: 30, 128: 10}  # micro-batch size: interleaved rounds
 
 
-def prepare(name: str):
+def prepare(name: str, mb: int):
     """(row, step): the compiled facts of the mitigation's step and a function
     that runs STEPS steps and blocks."""
     mit = pj.transforms.mitigation(name, 0.01, warmup_steps=1000 if name == "pipemare" else None)
     pipe = pj.pipeline(pj.models.mlp(depth=15, width=256, classes=10),
-                       loss=pj.losses.cross_entropy, example=jnp.zeros((MB, FEATURES)), stages=K,
+                       loss=pj.losses.cross_entropy, example=jnp.zeros((mb, FEATURES)), stages=K,
                        microbatches=M, schedule="pb", weight_stashing=mit.weight_stashing)
     trainer = pipe.trainer(mit.optimizer)
     state = trainer.init(pipe.init(jax.random.key(0)))
-    batch = (jax.random.normal(jax.random.key(1), (M * MB, FEATURES)), jnp.zeros(M * MB, jnp.int32))
+    batch = (jax.random.normal(jax.random.key(1), (M * mb, FEATURES)), jnp.zeros(M * mb, jnp.int32))
     memory = trainer.step.lower(state, batch).compile().memory_analysis()
 
     def steps():
@@ -53,16 +56,17 @@ def prepare(name: str):
 
     for _ in range(3):
         steps()
-    return {"mitigation": name, "temp_bytes": int(memory.temp_size_in_bytes),
+    return {"mitigation": name, "micro_batch": mb, "temp_bytes": int(memory.temp_size_in_bytes),
             "argument_bytes": int(memory.argument_size_in_bytes),
             "param_bytes_per_stage": pipe.layout.params.slot_bytes()}, steps
 
 
-def main() -> None:
-    prepared = [prepare(n) for n in pj.transforms.MITIGATIONS]
+def measure(mb: int) -> list[dict]:
+    """Every mitigation's row at micro-batch mb, timed in interleaved rounds."""
+    prepared = [prepare(n, mb) for n in pj.transforms.MITIGATIONS]
     times: list[list[float]] = [[] for _ in prepared]
     cpu: list[list[float]] = [[] for _ in prepared]
-    for _ in range(ROUNDS):
+    for _ in range(ROUNDS[mb]):
         for i, (_, steps) in enumerate(prepared):
             start, start_cpu = time.perf_counter(), time.process_time()
             steps()
@@ -81,8 +85,13 @@ def main() -> None:
     for r, t, c in zip(rows, times, cpu):  # the median of each round's ratio: drift cancels
         r["step_over_none"] = round(float(np.median(np.array(t) / np.array(times[0]))), 3)
         r["cpu_over_none"] = round(float(np.median(np.array(c) / np.array(cpu[0]))), 3)
+    return rows
+
+
+def main() -> None:
+    rows = [r for mb in ROUNDS for r in measure(mb)]
     print(table(rows))
-    print(f"wrote {save('forecast_cost', {'K': K, 'M': M, 'micro_batch': MB, 'rounds': ROUNDS, 'steps_per_round': STEPS, 'rows': rows})}")
+    print(f"wrote {save('forecast_cost', {'K': K, 'M': M, 'rounds': ROUNDS, 'steps_per_round': STEPS, 'rows': rows})}")
 
 
 if __name__ == "__main__":
