@@ -120,7 +120,7 @@ def test_replicas_and_a_decentralized_rule_state_resume_exactly(tmp_path):
 
 SAVER = """
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 import jax, jax.numpy as jnp, optax
 import pipejax as pj
 layers = pj.models.mlp(depth=4, width=512, classes=10)
@@ -140,7 +140,10 @@ def test_a_save_killed_midway_leaves_the_last_checkpoint_loadable(tmp_path):
     """SIGKILL while orbax writes a later checkpoint (its temporary directory
     exists): the last complete one is still the latest, and loads."""
     path = tmp_path / "ckpt"
-    env = {**os.environ, "XLA_FLAGS": ""}
+    # the test's XLA options but its own device count: both processes compute
+    # the same initial values (LLVM's optimization level changes their last bit)
+    flags = [f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
     proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE,
                             text=True, env=env)
     try:
