@@ -26,11 +26,11 @@ def in_workers(fn: Callable, jobs: list, workers: int) -> list:
     """`[fn(job) for job in jobs]` in `workers` spawned processes, sharing JAX's
     persistent compilation cache (a temporary directory): programs that only
     differ in what their state holds (`mitigation(sweep=True)`) compile once.
-    Each worker runs XLA's CPU kernels on one thread (a worker per core: the
-    Eigen thread pool of the small ops of a micro-batch-1 run only contends
-    with the other workers; alone, one thread is faster too: 0.47 against
-    0.73 ms per update of the fine ResNet at K = 8, 0.59 against 0.9 with a
-    second worker beside it)."""
+    Each worker runs XLA's CPU kernels on one thread: there is a worker per
+    core, and for the small ops of a micro-batch-1 run Eigen's thread pool
+    costs more than it gives (a fine-ResNet update at K = 8 in `pj.simulate`,
+    one process alone: 0.47–0.53 ms on one thread, 0.73–0.84 ms with the pool;
+    beside a second worker the two were within this machine's noise)."""
     import concurrent.futures
     import multiprocessing
     import os

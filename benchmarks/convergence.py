@@ -14,10 +14,10 @@ per convolution and per residual sum, as Kosson et al. pipeline it; depth
 6, width 16, the model of the issue's independent check) at K = 8, 16 and
 one layer per stage (21), and a GroupNorm VGG at K = 8. Also: the momentum
 sweep of Fig. 13 (each sample's contribution η/(1 − m)/B fixed, m varied;
-one seed; eq. 9's momentum is the main table's seed 0 at K = 8), the old regime (micro-batch 8, m = 0.9) with the distance the
-weights move during the delay, η/(1 − m)·D, and one row per model rerun
-through the real `pipe.trainer` on simulated devices next to its
-`pj.simulate` row.
+one seed; eq. 9's momentum is the main table's seed 0 at K = 8), the old
+regime (micro-batch 8, m = 0.9) with the distance the weights move during
+the delay, η/(1 − m)·D, and one row per model rerun through the real
+`pipe.trainer` on simulated devices next to its `pj.simulate` row.
 
 Every SGDM mitigation is built with `mitigation(..., sweep=True)`: one
 chain whose numbers live in the optimizer state, equal to the named chain
@@ -110,13 +110,18 @@ class Run(NamedTuple):
         return per_update * len(self.seeds) * self.epochs / self.micro_batch
 
 
+def updates_per_epoch(examples: int, mb: int) -> int:
+    """Micro-batches of an epoch: whole steps of the real trainer."""
+    return examples // (TRAINER_M * mb) * TRAINER_M
+
+
 def epochs_of(data, seed: int, epochs: int, mb: int):
     """Per epoch, the micro-batches [n, mb, ...] in a seeded shuffled order."""
     import jax.numpy as jnp
 
     for e in range(epochs):
         p = np.random.default_rng([seed, e]).permutation(len(data.x_train))
-        n = len(p) // (TRAINER_M * mb) * TRAINER_M  # whole steps of the real trainer
+        n = updates_per_epoch(len(p), mb)
         yield (jnp.asarray(data.x_train[p[:n * mb]]).reshape(n, mb, -1),
                jnp.asarray(data.y_train[p[:n * mb]]).reshape(n, mb))
 
@@ -157,7 +162,7 @@ def train(run: Run) -> list[dict]:
     layers, accuracy, data = setup(run.model)
     K = len(layers) if run.split == "finest" else run.split
     mb = run.micro_batch
-    per_epoch = len(data.x_train) // (TRAINER_M * mb) * TRAINER_M
+    per_epoch = updates_per_epoch(len(data.x_train), mb)
     rate, m, peak = run.rate_and_momentum(run.epochs * per_epoch)
     # one chain with its numbers in the state: each (model, K, consistency, micro-batch
     # size) compiles once, shared by the workers through JAX's persistent cache
