@@ -6,7 +6,10 @@ compiles its own programs, so two trainers of one pipeline are independent.
 `init` makes the whole `TrainState`, for an asynchronous schedule its
 in-flight part too; `step` and `flush` are jitted, placed so that the state
 they return is the state they take, and so run one compiled program from the
-first call on; `opt_state` unpacks each stage's optax state.
+first call on; they donate the state they take (its buffers become the new
+state's, so parameters and optimizer state are held once): a state passed
+to `step` is deleted, and reading it again raises JAX's "Array has been
+deleted"; `opt_state` unpacks each stage's optax state.
 
 On a mesh with data axes the trainer holds one replica per data index and a
 `DataRule` combines them (`rule=`, default SSGD over every data axis). The
@@ -68,7 +71,9 @@ class Trainer:
     """`init`, `step`, `flush` and `opt_state` for one optimizer on one pipeline.
 
     `step(state, (x, y)) -> (state, metrics)` and `flush(state) -> (state,
-    metrics)` are jitted (`trainer.step.lower(state, batch).compile()` works).
+    metrics)` are jitted (`trainer.step.lower(state, batch).compile()` works)
+    and donate `state`: keep the state they return, not the one passed in
+    (copy one with `jax.tree.map(jnp.copy, state)` to keep it).
     Metrics: "loss" (mean over the micro-batches the call finished; NaN if
     none), "completed" (how many), "losses" and "microbatch" (each finished
     micro-batch's loss and global id; NaN loss where one did not finish);
@@ -90,8 +95,11 @@ class Trainer:
             step = asynchronous.train_step(self.build, opts)
             flush = asynchronous.flush(self.build, opts)
         out = (self.shardings, placement(pipe.mesh, REPLICATED))
-        self.step = guarded(jax.jit(step, out_shardings=out), pipe.mesh)
-        self.flush = guarded(jax.jit(flush, out_shardings=out), pipe.mesh)
+        # The state is donated: the new one takes the old one's buffers.
+        self.step = guarded(jax.jit(step, out_shardings=out, donate_argnums=0), pipe.mesh,
+                            "trainer.step")
+        self.flush = guarded(jax.jit(flush, out_shardings=out, donate_argnums=0), pipe.mesh,
+                             "trainer.flush")
         self._init = {replicated: guarded(jax.jit(self._initial(replicated),
                                                   out_shardings=self.shardings), pipe.mesh)
                       for replicated in (True, False)}

@@ -36,7 +36,7 @@ def _flat(state):
 def test_ten_saved_and_ten_restored_steps_equal_twenty(tmp_path, schedule):
     pipe, trainer = _trainer(4, schedule)
     start = trainer.init(pipe.init(jax.random.key(0)))
-    straight, losses = start, []
+    straight, losses = jax.tree.map(jnp.copy, start), []  # a step donates its state
     for i in range(20):
         straight, m = trainer.step(straight, _batch(i))
         losses.append(float(m["loss"]))

@@ -35,6 +35,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from pipejax.errors import ArgumentTypeError
+
 DEPTH = 2  # calls in flight; XLA's CPU client deadlocks beyond 32
 _pending: collections.deque = collections.deque()
 _lock = threading.Lock()
@@ -45,7 +47,15 @@ def _witness(out: Any, devices: frozenset) -> Any:
     of one execution on a device are ready together), or all outputs."""
     spanning = [a for a in jax.tree.leaves(out)
                 if isinstance(a, jax.Array) and a.sharding.device_set >= devices]
-    return min(spanning, key=lambda a: a.size) if spanning else out
+    # The last smallest: a metric rather than a part of a donated state.
+    return min(reversed(spanning), key=lambda a: a.size) if spanning else out
+
+
+def _wait(witness: Any) -> None:
+    """Block on a witness; a part of it donated to a later call (a train
+    state) is gone, and that call is itself waited for in its turn."""
+    jax.block_until_ready([a for a in jax.tree.leaves(witness)
+                           if not (isinstance(a, jax.Array) and a.is_deleted())])
 
 
 def in_flight() -> int:
@@ -56,22 +66,40 @@ def in_flight() -> int:
 def _dispatch(fn: Callable, args: tuple, kwargs: dict, devices: frozenset) -> Any:
     with _lock:
         while len(_pending) >= DEPTH:
-            jax.block_until_ready(_pending.popleft())
+            _wait(_pending.popleft())
         out = fn(*args, **kwargs)
         _pending.append(_witness(out, devices))
     return out
 
 
+def check_live(args: Any, name: str) -> None:
+    """Raise if an argument was donated to (or deleted by) an earlier call.
+    JAX 0.10's CPU client crashes the process on a donated buffer of a
+    multi-device array instead of raising, so the check comes first."""
+    for path, a in jax.tree_util.tree_leaves_with_path(args):
+        if isinstance(a, jax.Array) and a.is_deleted():
+            what = ("state" if path[0].idx == 0 else f"argument {path[0].idx}") + \
+                jax.tree_util.keystr(path[1:])
+            raise ArgumentTypeError(
+                f"{name}: {what} was donated to an earlier call "
+                "and is deleted; pass the state the last call returned (state, metrics = "
+                f"{name}(state, ...)), or keep a copy made before with "
+                "jax.tree.map(jnp.copy, state)")
+
+
 class Guarded:
     """A jitted function (or its `Traced`, `Lowered`, `Compiled`) whose calls
-    go through the guard on a CPU mesh and straight through elsewhere."""
+    go through the guard on a CPU mesh and straight through elsewhere; with
+    a `name`, its arguments are checked for donated buffers first."""
 
     _STAGES = ("lower", "trace", "compile")
 
-    def __init__(self, fn: Any, devices: frozenset | None):
-        self._fn, self._devices = fn, devices
+    def __init__(self, fn: Any, devices: frozenset | None, name: str | None = None):
+        self._fn, self._devices, self._name = fn, devices, name
 
     def __call__(self, *args, **kwargs):
+        if self._name is not None:
+            check_live(args, self._name)
         if self._devices is None:
             return self._fn(*args, **kwargs)
         return _dispatch(self._fn, args, kwargs, self._devices)
@@ -79,14 +107,15 @@ class Guarded:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._fn, name)
         if name in self._STAGES:
-            return lambda *a, **k: Guarded(attr(*a, **k), self._devices)
+            return lambda *a, **k: Guarded(attr(*a, **k), self._devices, self._name)
         return attr
 
     def __repr__(self) -> str:
         return f"Guarded({self._fn!r})"
 
 
-def guarded(fn: Callable, mesh: Mesh) -> Guarded:
-    """`fn` (a jitted function) behind the guard when `mesh` is made of CPU devices."""
+def guarded(fn: Callable, mesh: Mesh, name: str | None = None) -> Guarded:
+    """`fn` (a jitted function) behind the guard when `mesh` is made of CPU
+    devices; `name` (a function that donates): check its arguments first."""
     devices = frozenset(np.asarray(mesh.devices).flat)
-    return Guarded(fn, devices if all(d.platform == "cpu" for d in devices) else None)
+    return Guarded(fn, devices if all(d.platform == "cpu" for d in devices) else None, name)

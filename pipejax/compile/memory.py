@@ -7,9 +7,11 @@ program allocates, and `benchmarks/run_all.py` checks it against XLA's
 
 What a step holds on one device (every device allocates the padded size of
 the largest stage: SPMD buffers have one shape):
-  - its inputs and outputs: the parameters and optimizer state (the step
-    returns new ones; no buffer is donated), the in-flight state of an
-    asynchronous pipeline (rings, data rings, stashed weights), the batch;
+  - its state, donated (the step writes the new state into the old one's
+    buffers): the parameters and optimizer state, the in-flight state of
+    an asynchronous pipeline (rings, data rings, stashed weights); the batch;
+  - a synchronous step's copy of the weights that its scan reads while the
+    donated buffers take the new ones;
   - the ring buffers of the table (stage inputs, output gradients and, in
     a synchronous step, kept residuals) as the scan carries them;
   - a synchronous step's gradient sum;
@@ -79,15 +81,14 @@ def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
         """One stage's parts; `used(packing)` is its bytes of a packing."""
         P, S, kept = used(code.params), used(opt_state), used(code.kept)
         moving = layout.input_slots * act_in + layout.grad_slots * act_out
-        out = {"parameters (in + out)": 2 * P, "optimizer state (in + out)": 2 * S,
-               "batch": batch}
+        out = {"parameters": P, "optimizer state": S, "batch": batch}
         if schedule.synchronous:
-            out.update({"rings": moving + layout.kept_slots * kept, "gradient sum": P,
-                        "working set": work})
+            out.update({"weights the scan reads": P, "rings": moving + layout.kept_slots * kept,
+                        "gradient sum": P, "working set": work})
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
-            out.update({"in-flight state (in + out)": 2 * held, "rings": moving,
+            out.update({"in-flight state": held, "rings": moving,
                         "working set or update copies": max(work, 2 * (P + S))})
         return out
 

@@ -153,7 +153,8 @@ class StageOptimizers:
                scope: tuple[str, ...]) -> tuple:
         """The chain and the forecast in the stage switch (no outer collectives)."""
         _, when, skipped = self._guard(grads, when, scope)
-        apply = lambda g, c: self.groups.switch(self._branches(apply=True), c[0], g, c[1])
+        branches = [lambda g, c, b=b: b(c[0], g, c[1]) for b in self._branches(apply=True)]
+        apply = lambda g, c: self.groups.run(branches, g, c)
         p, stages, ahead = (apply(grads, (p, s.stages, s.ahead)) if when is None
                             else run_if(when, apply, grads, (p, s.stages, s.ahead)))
         return p, OptState(stages, (), ahead), skipped

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 from jax import lax
 
-from pipejax.compile.spmd import stage_index
+from pipejax.compile.spmd import run_if, stage_index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,19 @@ class StageGroups:
         if len(branches) == 1:
             return branches[0](*operands)
         return lax.switch(self.index(), branches, *operands)
+
+    def run(self, branches: Sequence[Callable], operands: Any, carry: Any) -> Any:
+        """Inside shard_map: `branches[g](operands, carry)` for this device's
+        group g, as one loop of 0 or 1 trips per group. Unlike `switch` (a
+        conditional, whose results XLA writes to buffers of their own and
+        then copies into a donated or loop-carried state) the loops update
+        `carry` in place."""
+        if len(branches) == 1:
+            return branches[0](operands, carry)
+        index = self.index()
+        for g, branch in enumerate(branches):
+            carry = run_if(index == g, branch, operands, carry)
+        return carry
 
     def index(self) -> Any:
         """Inside shard_map: this device's group."""

@@ -54,6 +54,16 @@ def lead(tree: Any) -> Any:
     return jax.tree.map(lambda b: b[None], tree)
 
 
+def in_place(fn: Callable) -> Callable:
+    """Inside shard_map: `fn` of this device's rows, applied to the
+    stage-sharded blocks themselves (leading axis of length 1, vmapped): its
+    outputs come out in the blocks' shape. With `local` and `lead` around an
+    update instead, the reshape back to the block makes XLA fuse the update
+    twice (the new state computed once for itself and again for the new
+    weights: 6 % more bytes than plain jit on the MLP)."""
+    return jax.vmap(fn)
+
+
 def stage_index() -> jax.Array:
     """Inside shard_map: k, the index of this device's stage."""
     return lax.axis_index(AXIS)

@@ -177,6 +177,20 @@ class StageCode:
 
         return self.groups.branches(branch)
 
+    def fused(self, p: Any, h: Any, micro: tuple) -> tuple:
+        """Inside shard_map: the last stage's forward and backward of one
+        micro-batch as one vjp, for a table that runs both in one tick
+        (`Schedule.fused`): (loss, packed parameter gradients, message for
+        stage K − 2). Nothing is kept, so `remat="stage"` would only replay
+        the forward: it runs without; a checkpoint policy still applies."""
+        k, acts, pp = self.K - 1, self.acts, self.params
+        remat = "none" if self.model.remat == "stage" else self.model.remat
+        h_in = acts.unpack(k - 1, h) if k > 0 else None
+        loss, vjp_fn = jax.vjp(self.fn(k, self._feed(micro), remat), pp.unpack(k, p), h_in)
+        dparams, dh = vjp_fn(jnp.full(loss.shape, self.seed, loss.dtype))
+        return (loss.astype(jnp.float32), pp.pack(k, dparams),
+                acts.pack(k - 1, dh) if k > 0 else acts.zeros())
+
     def init_branches(self) -> list[Callable]:
         """The branch of stage k's group: key -> stage k's packed initial
         variables; layer i uses fold_in(key, i), so the values do not depend on K."""

@@ -25,8 +25,8 @@ from jax import lax
 from pipejax.compile import microbatch
 from pipejax.compile.build import Build
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.spmd import (REPLICATED, STAGED, lead, local, per_replica, replica_key,
-                                  shard, split_over_replicas)
+from pipejax.compile.spmd import (REPLICATED, STAGED, in_place, lead, local, per_replica,
+                                  replica_key, shard, split_over_replicas)
 from pipejax.compile.state import Staged, TrainState
 from pipejax.compile.metrics import metrics
 from pipejax.compile.table import TableIn, TableOut, run_table
@@ -70,10 +70,14 @@ def train_step(build: Build, opts: StageOptimizers) -> Callable:
     def body(p, s, rule, x, y, key):
         out = _pass(build, local(p), (x, y), key)
         finite = jnp.all(jnp.isfinite(out.losses)) if outer.skip_nonfinite else None
-        p, s, skipped = update(local(p), out.grads, OptState(local(s), local(rule)), finite)
-        skipped = None if finite is None else jnp.maximum(skipped, (~finite).astype(jnp.int32))
-        return (lead(p), lead(s.stages), lead(s.rule), out.losses, out.done, outer.consensus(p),
-                skipped)
+
+        def apply(p, grads, s, rule):
+            p, s, skipped = update(p, grads, OptState(s, rule), finite)
+            return p, s.stages, s.rule, skipped
+
+        p, s, rule, skipped = in_place(apply)(p, lead(out.grads), s, rule)
+        skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
+        return p, s, rule, out.losses, out.done, outer.consensus(local(p)), skipped
 
     spec, batch = per_replica(build.mesh), split_over_replicas(build.mesh)
     sharded = shard(body, build.mesh, (spec, spec, spec, batch, batch, REPLICATED),

@@ -112,6 +112,12 @@ class _Tick:
         self.forwards, self.backwards = self.code.forward_branches(), self.code.backward_branches()
         # What a backward does with its gradient, chosen once for the program.
         self.update = None if self.sync else opts.updater()
+        # Which loops a tick runs, known from the table: the forward's and
+        # the backward's (`separate`), the fused pair's (`fusion`).
+        fused, forwards = build.schedule.fused, build.schedule.fwd != NONE
+        self.fusion = bool(fused.any())
+        self.separate = bool((forwards & ~fused).any())
+        self.busy = self.sync and bool((build.schedule.ops != Op.IDLE).all())
         if self.sync:
             self._take, self._after = self._accumulate, None
         elif opts.outer.collective:
@@ -142,27 +148,39 @@ class _Tick:
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
         p, s, rings, acc = carry
-        tasks = [self._task(row[lane], op, mixed) for lane, op, mixed in self.plan]
+        tasks = {op: self._task(row[lane], op, mixed) for lane, op, mixed in self.plan}
+        runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
+        fused = None
+        if self.fusion:
+            f, b = tasks[Op.F], tasks[Op.BW]
+            fused = _Task(f.g, f.real & b.real & (f.g == b.g) & (self.k == self.K - 1))
+            runs = {Op.F: f._replace(real=f.real & ~fused.real),
+                    Op.BW: b._replace(real=b.real & ~fused.real)}
         # Read the slots into values of their own before any buffer is
         # written, so that XLA updates the ring buffers in place.
-        reads = lax.optimization_barrier(tuple(self._reads(rings, op, t.g)
-                                               for (_, op, _), t in zip(self.plan, tasks)))
+        reads = lax.optimization_barrier({op: self._reads(rings, op, t.g)
+                                          for op, t in tasks.items()})
         ops = _Ops(p, s, acc, rings.kept, rings.weights)
         messages = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
-        for (_, op, _), task, read in zip(self.plan, tasks, reads):
+        for _, op, _ in self.plan:
             if op == Op.F:
-                ops, msg, loss = self._forward(task, ops, read)
+                ops, msg, loss = self._forward(runs[op], ops, reads[op], loss)
             else:
-                ops, msg, skipped = self._backward(task, ops, read)
-            messages[op] = (msg, task.g, task.real)
+                ops, msg, loss, skipped = self._backward(runs[op], fused, ops, reads[op], loss)
+            messages[op] = (msg, tasks[op].g, tasks[op].real)
         rings = self._exchange(rings._replace(kept=ops.kept, weights=ops.weights),
                                messages[Op.F], messages[Op.BW])
-        last = messages[Op.F][2] & (self.k == self.K - 1)  # a loss, once, on the last stage
+        last = tasks[Op.F].real & (self.k == self.K - 1)  # a loss, once, on the last stage
         return ((ops.p, ops.s, rings, ops.acc),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
-    def _forward(self, task: _Task, ops: _Ops, read: tuple) -> tuple:
+    def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
+        """`run_if`, or `fn` itself when every cell of the table runs
+        (a synchronous table with no idle cell: K = 1)."""
+        return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
+
+    def _forward(self, task: _Task, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g at its weights (or their
         forecast): keeps its residuals (and with weight stashing the weights
         it used) in slot g; returns the ops' state, the message on and the loss.
@@ -170,6 +188,8 @@ class _Tick:
         The weights pass through the loop's carry, untouched: as an operand
         of the loop XLA would copy them at every tick (they live on into
         the backward), in the carry it updates them in place."""
+        if not self.separate:
+            return ops, self.code.acts.zeros(), loss
         slot = task.g % self.layout.kept_slots
         p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
@@ -181,38 +201,54 @@ class _Tick:
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
             return w, kept, weights, msg, loss
 
-        init = (s.ahead if ahead else p, ops.kept, ops.weights, self.code.acts.zeros(),
-                jnp.zeros((), jnp.float32))
-        w, kept, weights, msg, loss = run_if(task.real, forward,
-                                             (read[0], self._inputs(task.g)), init)
+        init = (s.ahead if ahead else p, ops.kept, ops.weights, self.code.acts.zeros(), loss)
+        w, kept, weights, msg, loss = self._run(task.real, forward,
+                                                (read[0], self._inputs(task.g)), init)
         p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
-    def _backward(self, task: _Task, ops: _Ops, read: tuple) -> tuple:
+    def _backward(self, task: _Task, fused: _Task | None, ops: _Ops, read: tuple,
+                  loss: jax.Array) -> tuple:
         """Stage k's fused backward of micro-batch g at the current weights
-        (their backward forecast, or the stashed ones), then what the program
-        does with the gradient (`_take`, and `_after` outside the loop: its
-        collectives run on every device at every tick). Returns the ops'
-        state, the message back, and 1 if the guard skipped the update."""
-        slot = task.g % self.layout.kept_slots
-        stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
+        (their backward forecast, or the stashed ones), or, for a pair the
+        table fuses (`fused`), the last stage's forward and backward in one
+        vjp at the forward's weights (both forecasts coincide there: no
+        update comes between, the horizons are equal and the delay 0). Then
+        what the program does with the gradient (`_take`, and `_after`
+        outside the loops: its collectives run on every device at every
+        tick). Returns the ops' state, the message back, the loss and 1 if
+        the guard skipped the update."""
+        ahead = self.opts is not None and bool(ops.s.ahead)
 
         def backward(args, c):
-            p, s, grads_slot, _, skipped = c
+            p, s, grads_slot, _, loss, skipped = c
             w = stashed if stashed is not None else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
             grads, msg = self.code.groups.switch(self.backwards, w, *args)
             p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
-            return p, s, grads_slot, msg, skipped
+            return p, s, grads_slot, msg, loss, skipped
+
+        def both(args, c):
+            p, s, grads_slot, _, _, skipped = c
+            loss, grads, msg = self.code.fused(s.ahead if ahead else p, *args)
+            p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
+            return p, s, grads_slot, msg, loss, skipped
 
         h, g = read
-        args = (h, g, _read(ops.kept, slot), self._inputs(task.g))
-        p, s, grads_slot, msg, skipped = run_if(task.real, backward, args, (
-            ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), jnp.int32(0)))
+        carry = (ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), loss, jnp.int32(0))
+        if self.separate:
+            slot = task.g % self.layout.kept_slots
+            stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
+            args = (h, g, _read(ops.kept, slot), self._inputs(task.g))
+            carry = self._run(task.real, backward, args, carry)
+        if fused is not None:
+            carry = self._run(fused.real, both, (h, self._inputs(fused.g)), carry)
+        p, s, grads_slot, msg, loss, skipped = carry
         acc = grads_slot if self.sync else ops.acc
         if self._after is not None:
-            p, s, skipped = self._after(p, s, grads_slot, task.real)
-        return ops._replace(p=p, s=s, acc=acc), msg, skipped
+            real = task.real if fused is None else task.real | fused.real
+            p, s, skipped = self._after(p, s, grads_slot, real)
+        return ops._replace(p=p, s=s, acc=acc), msg, loss, skipped
 
     # What a backward does with its gradient `d`: the loop carries `slot`,
     # the step's running sum (synchronous), this op's gradient (updated after

@@ -97,6 +97,15 @@ class Schedule:
         """`[ticks, stages]`: the micro-batch whose gradient stage k sends back at tick t."""
         return self._microbatches_of(BACKWARD)
 
+    @property
+    def fused(self) -> np.ndarray:
+        """`[ticks, stages]`: where a stage runs the forward and then the
+        backward of one micro-batch in one tick (only the last stage can: the
+        others wait for a gradient). The executor runs the pair as one vjp
+        and keeps no residuals (at K = 1, the plain micro-batched step)."""
+        f = self.fwd
+        return (f != NONE) & (f == self.bwd)
+
     def _check_tasks(self) -> None:
         """Reject unknown ops, a cell with two forwards or two backwards, and
         what the executor does not run yet (the split backward, chunks)."""
@@ -219,9 +228,13 @@ class Schedule:
     @property
     def residual_capacity(self) -> int:
         """Slots for what a stage keeps from its forward to its backward
-        (residuals, and with weight stashing the forward's weights)."""
+        (residuals, and with weight stashing the forward's weights); a fused
+        pair (`fused`) keeps nothing, a table of only fused pairs no slot."""
         tl = self._steady()
-        return self._live(tl.f_time, tl.b_time)
+        kept = tl.F != tl.B
+        if not kept.any():
+            return 0
+        return self._live(tl.f_time, np.where(kept, tl.b_time, tl.f_time - 1))
 
     def in_flight(self, k: int) -> int:
         """Most micro-batches stage k holds at once between their forward and

@@ -5,7 +5,9 @@ pipeline and applies one update, so the result equals un-pipelined training.
 - 1F1B, PipeDream-Flush (Narayanan et al. 2021): stage k runs K−k−1 warm-up
   forwards, then alternates one forward and one backward, then drains; same
   ticks and bubble as GPipe, but at most K micro-batches stashed per stage.
-Both have bubble (K−1)/(M+K−1) and 2·(M+K−1) ticks.
+Both have bubble (K−1)/(M+K−1) and 2·(M+K−1) ticks. At K = 1 both are
+micro-batched gradient accumulation: tick m runs micro-batch m's forward and
+backward, which the executor fuses into one vjp that keeps nothing.
 """
 
 from __future__ import annotations
@@ -22,9 +24,20 @@ def _check(name: str, K: int, M: int) -> None:
         raise ConfigError(f"{name} needs K >= 1 stages and M >= 1 micro-batches, got K={K}, M={M}")
 
 
+def _accumulation(name: str, M: int) -> Schedule:
+    """One stage: F(0, m) and BW(0, m) at tick m, in that order."""
+    table = empty(M, 1, 2)
+    for m in range(M):
+        put(table, m, 0, FWD, Task(Op.F, m))
+        put(table, m, 0, BWD, Task(Op.BW, m))
+    return Schedule(name, table, microbatches=M)
+
+
 def gpipe(K: int, M: int) -> Schedule:
     """Fill-drain table: F(k, m) at tick m + k; BW(k, m) at tick (M+K−1) + (K−1−k) + m."""
     _check("gpipe", K, M)
+    if K == 1:
+        return _accumulation("gpipe", M)
     table = empty(2 * (M + K - 1), K, 2)
     for k in range(K):
         for m in range(M):
@@ -38,6 +51,8 @@ def one_f_one_b(K: int, M: int) -> Schedule:
     (forward, backward) pairs, then the remaining backwards; every op runs at
     the first tick after its input (or gradient) arrived."""
     _check("1f1b", K, M)
+    if K == 1:
+        return _accumulation("1f1b", M)
     orders = []
     for k in range(K):
         warm = min(K - k - 1, M)

@@ -15,9 +15,26 @@ GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
 @pytest.mark.parametrize("K,M", GRID + [(1, 1), (3, 1), (4, 7)])
 def test_synchronous_bubble_is_gpipes(build, K, M):
     s = build(K, M)
-    assert s.synchronous and s.ticks == 2 * (M + K - 1)
+    assert s.synchronous and s.ticks == (2 * (M + K - 1) if K > 1 else M)
     assert s.bubble_fraction == pytest.approx((K - 1) / (M + K - 1), abs=1e-12)
     assert s.delays == [0] * K
+
+
+@pytest.mark.parametrize("build", [gpipe, one_f_one_b, pb])
+@pytest.mark.parametrize("K,M", [(1, 1), (1, 4), (2, 4), (4, 8)])
+def test_fused_pairs_keep_no_residuals(build, K, M):
+    """A stage that runs a micro-batch's backward in the tick of its forward
+    (always at K = 1; pipelined backpropagation's last stage) keeps nothing:
+    at K = 1 no residual slot at all."""
+    s = build(K, M)
+    fused = s.fused
+    assert not fused[:, :-1].any()
+    if K == 1:
+        assert fused[:, 0].all() and s.residual_capacity == 0
+    elif build is pb:
+        assert (fused[:, -1] == (s.fwd[:, -1] != NONE)).all() and s.residual_capacity >= 1
+    else:
+        assert not fused.any()
 
 
 def _in_flight(s):

@@ -1,0 +1,116 @@
+"""K > 1 step time and compiled memory of this checkout against a baseline, in one run.
+
+A change to the executor must not make K > 1 pipelines slower or larger. Each
+configuration (MLP 8x512, K = 4, M = 8, micro-batch 32, Adam; every schedule)
+runs in two worker processes, one importing this checkout's pipejax, one the
+baseline's (`--baseline DIR`, e.g. made by `git worktree add /tmp/base
+<commit>`); the parent alternates timed rounds between them, so the drifts
+of this shared machine hit both alike. Reported per configuration: the
+median ratio of step times (new / baseline), XLA's compiled temp bytes and
+peak bytes (argument + output − alias + temp) of each.
+
+Run: python benchmarks/against_baseline.py --baseline /tmp/base [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CONFIGS = [("gpipe", "none"), ("1f1b", "none"), ("pipedream", "none"), ("pb", "stage")]
+K, M, MB, STEPS = 4, 8, 32, 5  # STEPS: steps per timed round
+
+
+def worker(schedule: str, remat: str) -> None:
+    """Build, compile and report memory; then time `STEPS` steps per line read."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import pipejax as pj
+
+    pipe = pj.pipeline(pj.models.mlp(depth=8, width=512), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((MB, 40)), stages=K, microbatches=M, schedule=schedule,
+                       remat=remat, weight_stashing=schedule == "pipedream")
+    trainer = pipe.trainer(optax.adam(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    batch = (jax.random.normal(jax.random.key(1), (M * MB, 40)),
+             jax.random.randint(jax.random.key(2), (M * MB,), 0, 10))
+    m = trainer.step.lower(state, batch).compile().memory_analysis()
+    peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes)
+    print(json.dumps({"temp": int(m.temp_size_in_bytes), "peak": int(peak)}), flush=True)
+    for _ in range(3):
+        state, metrics = trainer.step(state, batch)
+    jax.block_until_ready(metrics["loss"])
+    for line in sys.stdin:
+        times = []
+        for _ in range(STEPS):
+            start = time.perf_counter()
+            state, metrics = trainer.step(state, batch)
+            jax.block_until_ready(metrics["loss"])
+            times.append(time.perf_counter() - start)
+        print(json.dumps(float(np.median(times))), flush=True)
+
+
+def spawn(checkout: Path, schedule: str, remat: str) -> subprocess.Popen:
+    """A worker importing `checkout`'s pipejax (run from a directory without one)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout),
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", schedule,
+                             remat], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env, cwd="/")
+
+
+def compare(baseline: Path, rounds: int) -> list[dict]:
+    here = Path(__file__).resolve().parents[1]
+    rows = []
+    for schedule, remat in CONFIGS:
+        procs = {"new": spawn(here, schedule, remat), "baseline": spawn(baseline, schedule, remat)}
+        memory = {name: json.loads(p.stdout.readline()) for name, p in procs.items()}
+        times = {name: [] for name in procs}
+        for _ in range(rounds):
+            for name, p in procs.items():
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                times[name].append(json.loads(p.stdout.readline()))
+        for p in procs.values():
+            p.stdin.close()
+            p.wait()
+        ratio = sorted(a / b for a, b in zip(times["new"], times["baseline"]))[rounds // 2]
+        rows.append({"schedule": schedule, "remat": remat,
+                     "new_ms": round(1e3 * sorted(times["new"])[rounds // 2], 2),
+                     "baseline_ms": round(1e3 * sorted(times["baseline"])[rounds // 2], 2),
+                     "time_ratio": round(ratio, 3),
+                     "new_temp": memory["new"]["temp"], "baseline_temp": memory["baseline"]["temp"],
+                     "new_peak": memory["new"]["peak"], "baseline_peak": memory["baseline"]["peak"]})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        return worker(*sys.argv[2:4])
+    sys.path.insert(0, str(Path(__file__).parent))
+    from common import save, table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, required=True, help="a checkout to compare with")
+    parser.add_argument("--rounds", type=int, default=15, help="alternated timed rounds")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    rows = compare(args.baseline, args.rounds)
+    print(table(rows))
+    print(f"wrote {save('against_baseline', {'baseline': commit, 'rows': rows})}")
+
+
+if __name__ == "__main__":
+    main()
