@@ -172,6 +172,20 @@ def _check_remat(remat: Any) -> Any:
     return remat
 
 
+def _check_dtype(dtype: Any) -> Any:
+    if dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise ConfigError(f"compute_dtype={dtype!r} is not a dtype; use jnp.bfloat16, "
+                          "jnp.float16 or None") from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ConfigError(f"compute_dtype={dtype} is not a floating-point dtype; use "
+                          "jnp.bfloat16, jnp.float16 or None")
+    return dtype
+
+
 def _check_counts(layers: Any, stages: Any, microbatches: Any) -> None:
     if not isinstance(layers, (list, tuple)):
         raise LayerError(f"layers must be a list of Flax modules or functions, not "
@@ -202,7 +216,8 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              microbatches: int, targets: Any = None, schedule: str | Schedule = "gpipe",
              partition: str | Sequence[int] = "variance", remat: Any = "stage",
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
-             weight_stashing: bool = False, share_branches: bool = True) -> Pipeline:
+             weight_stashing: bool = False, share_branches: bool = True,
+             compute_dtype: Any = None) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -232,6 +247,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       share_branches: stages of identical structure share one branch of the
         stage switch (compile time flat in depth); False compiles one branch
         per stage, what `pipejax bench` compares against.
+      compute_dtype: the dtype the stages compute in, e.g. `jnp.bfloat16`:
+        float32 weights are cast to it inside each stage (master weights,
+        gradients and optimizer state stay float32), boundary activations
+        and their gradients travel in it, the loss is float32. Layers with
+        their own Flax `dtype` keep it. Default None: as stored.
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
@@ -239,6 +259,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     """
     _check_counts(layers, stages, microbatches)
     remat = _check_remat(remat)
+    compute_dtype = _check_dtype(compute_dtype)
     table = make_schedule(schedule, stages, microbatches)
     _check_staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
@@ -251,6 +272,6 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
                      in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
                      keeps_activations=remat == "none")
     seed = 1.0 / microbatches if table.synchronous else 1.0
-    code = StageCode(Model(tuple(layers), loss, remat, example, targets), plan, seed,
-                     share_branches)
+    code = StageCode(Model(tuple(layers), loss, remat, example, targets, compute_dtype), plan,
+                     seed, share_branches)
     return Pipeline(specs, Build(table, Layout.of(code, table, weight_stashing), mesh))

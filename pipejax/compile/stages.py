@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from pipejax.compile import residuals
+from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.compile.packing import Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import stage_index
@@ -31,14 +32,16 @@ Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
 class Model(NamedTuple):
     """What the user gave `pj.pipeline`: the layers, the loss of one
-    micro-batch, the remat mode, and one micro-batch of inputs and targets
-    (ShapeDtypeStructs)."""
+    micro-batch, the remat mode, one micro-batch of inputs and targets
+    (ShapeDtypeStructs), and the dtype the stages compute in (None: as
+    stored; precision.py)."""
 
     layers: tuple[Layer, ...]
     loss: Callable
     remat: Remat
     example: Any
     targets: Any
+    compute_dtype: Any = None
 
 
 class Feed(NamedTuple):
@@ -71,18 +74,16 @@ class StageCode:
         self.groups = StageGroups.by([self._structure(k) for k in range(self.K)], _same_structure,
                                      share)
         self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(self.K)])
-        self.acts = Packing.of([plan.stage_specs(k)[-1].output for k in range(self.K - 1)])
+        self.outputs = self._outputs()
+        self.acts = Packing.of(self.outputs)
         kept = [self.residuals(k, model.remat) for k in self.groups.first]
         self.kept = Packing.of([kept[g] for g in self.groups.of])
 
     def residuals(self, k: int, remat: Remat) -> Any:
         """The abstract residuals stage k keeps from a forward to its backward
         under `remat` (with "none": its whole working set of one micro-batch)."""
-        key = jax.eval_shape(lambda: jax.random.key(0))
-        feed = Feed(self.model.example, self.model.targets, key,
-                    jax.ShapeDtypeStruct((), jnp.int32))
         return jax.eval_shape(lambda p, h, f: self._vjp(k, p, h, f, remat)[1],
-                              self.params.abstract_tree(k), self._input(k), feed)
+                              self.params.abstract_tree(k), self._input(k), self._abstract_feed())
 
     def _structure(self, k: int) -> tuple:
         """What stage k's code depends on: its role (reads the batch, ends in
@@ -96,20 +97,45 @@ class StageCode:
         return jnp.asarray([r.start for r in self.plan.ranges], jnp.int32)[stage_index()]
 
     def _input(self, k: int) -> Any:
-        return self.plan.stage_specs(k)[0].input if k > 0 else None
+        return self.outputs[k - 1] if k > 0 else None
+
+    def _outputs(self) -> list:
+        """What each stage but the last sends on, as it computes it: the traced
+        outputs, or in a compute dtype the stages' own abstract outputs."""
+        if self.model.compute_dtype is None:
+            return [self.plan.stage_specs(k)[-1].output for k in range(self.K - 1)]
+        outputs, h = [], None
+        for k in range(self.K - 1):
+            h = jax.eval_shape(lambda p, h, f, k=k: self.fn(k, f, "none")(p, h),
+                               self.params.abstract_tree(k), h, self._abstract_feed())
+            outputs.append(h)
+        return outputs
+
+    def _abstract_feed(self) -> Feed:
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return Feed(self.model.example, self.model.targets, key,
+                    jax.ShapeDtypeStruct((), jnp.int32))
 
     def fn(self, k: int, feed: Feed, remat: Remat | None = None) -> Callable:
         """f_k(params, h): stage k's layers (of global indices feed.first,
         feed.first + 1, ...: the stages of a group share this code); the last
         stage ends in the loss. Rematerialized as `remat` says (default: the
-        pipeline's)."""
+        pipeline's). In a compute dtype the weights and the batch are cast to
+        it, and the outputs back to float32 before the loss."""
         r = self.plan.ranges[k]
         layers = self.model.layers[r.start:r.stop]
+        dtype = self.model.compute_dtype
 
         def f(params, h):
-            out = apply_layers(layers, params, feed.x if k == 0 else h, feed.key, True,
-                               first=feed.first)
-            return self.model.loss(out, feed.y) if k == self.K - 1 else out
+            x = feed.x if k == 0 else h
+            if dtype is not None:
+                params = compute_weights(layers, params, dtype)
+                x = cast_floating(x, dtype) if k == 0 else x
+            out = apply_layers(layers, params, x, feed.key, True, first=feed.first)
+            if k < self.K - 1:
+                return out
+            return self.model.loss(out if dtype is None else cast_floating(out, jnp.float32),
+                                   feed.y)
 
         remat = self.model.remat if remat is None else remat
         if remat == "none":
