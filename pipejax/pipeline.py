@@ -172,6 +172,14 @@ def _check_remat(remat: Any) -> Any:
     return remat
 
 
+def _check_padding(max_padding: Any) -> float | None:
+    if max_padding is not None and not (isinstance(max_padding, (int, float))
+                                        and max_padding >= 0):
+        raise ConfigError(f"max_padding={max_padding!r}; use a fraction >= 0 (0.25: padded "
+                          "buffers at most 25% larger than the parameters) or None")
+    return max_padding
+
+
 def _check_dtype(dtype: Any) -> Any:
     if dtype is None:
         return None
@@ -217,7 +225,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              partition: str | Sequence[int] = "variance", remat: Any = "stage",
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
              weight_stashing: bool = False, share_branches: bool = True,
-             compute_dtype: Any = None) -> Pipeline:
+             compute_dtype: Any = None, max_padding: float | None = None) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -242,6 +250,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       max_bytes: the partitioner keeps every stage's parameters with their
         gradient and two optimizer moments, plus the activations it stashes for
         its micro-batches in flight (the schedule's count), within this many bytes.
+      max_padding: keep the packed parameters' padding (every device holds the
+        largest stage's slots) within this fraction of their bytes, e.g.
+        0.25, giving up as little cost balance as the partitioner can.
       weight_stashing: asynchronous schedules only: a backward uses the weights
         its forward used (PipeDream), at the memory `pipe.layout` reports.
       share_branches: stages of identical structure share one branch of the
@@ -270,7 +281,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     trace_loss(loss, specs[-1].output, targets)
     plan = make_plan(specs, stages, partition, max_bytes,
                      in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
-                     keeps_activations=remat == "none")
+                     keeps_activations=remat == "none", max_padding=_check_padding(max_padding))
     seed = 1.0 / microbatches if table.synchronous else 1.0
     code = StageCode(Model(tuple(layers), loss, remat, example, targets, compute_dtype), plan,
                      seed, share_branches)

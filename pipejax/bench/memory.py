@@ -8,6 +8,8 @@ import optax
 
 import pipejax as pj
 from pipejax.bench.machine import CLASSES, FEATURES, batch, on_devices
+from pipejax.partition.padding import padding as split_padding
+from pipejax.partition.padding import splits
 
 
 def peak_bytes(compiled) -> int:
@@ -56,7 +58,9 @@ def padding() -> list[dict]:
                                    example=jnp.zeros((8, *shape)), stages=K, microbatches=4,
                                    mesh=mesh)
             lay = pipe.layout
+            least = min(split_padding(pipe.specs, s) for s in splits(len(pipe.specs), K))
             rows.append({"model": name, "K": K, "padded_param_bytes": lay.padded_param_bytes,
                          "padding": f"{100 * lay.padding_overhead:.1f}%",
+                         "least_padding_any_split": f"{100 * least:.1f}%",
                          "branches": len(pipe.code.groups)})
     return rows

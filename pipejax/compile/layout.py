@@ -69,8 +69,7 @@ class Layout:
     @property
     def padding_overhead(self) -> float:
         """Padded over real parameter bytes, minus one (0.0 means no padding)."""
-        real = sum(self.params.used_bytes(k) for k in range(self.stages))
-        return self.padded_param_bytes / real - 1.0 if real else 0.0
+        return self.params.padding()
 
     @property
     def weight_stash_bytes(self) -> int:

@@ -128,6 +128,12 @@ class Packing:
         """Bytes of one stage's buffers (every stage holds this much)."""
         return sum(n * np.dtype(d).itemsize for (d, _), n in zip(self.slots, self.lengths))
 
+    def padding(self) -> float:
+        """Bytes of every stage's buffers over the stages' own bytes, minus
+        one (0.0: no padding)."""
+        real = sum(self.used_bytes(k) for k in range(self.stages))
+        return self.stages * self.slot_bytes() / real - 1.0 if real else 0.0
+
     def used_bytes(self, k: int) -> int:
         """Bytes of stage k's own leaves, without padding."""
         return sum(s.size * np.dtype(self.slots[s.slot][0]).itemsize for s in self.leaves[k])

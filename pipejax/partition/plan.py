@@ -17,6 +17,7 @@ import numpy as np
 from pipejax.errors import ConfigError
 from pipejax.formatting import human_bytes, table
 from pipejax.partition.balance import balance, check_split
+from pipejax.partition.padding import within_padding
 from pipejax.trace import LayerSpec, nbytes
 
 
@@ -81,7 +82,8 @@ class Plan:
 
 def make_plan(specs: Sequence[LayerSpec], stages: int,
               partition: str | Sequence[int] = "variance", max_bytes: float | None = None,
-              in_flight: Sequence[int] | None = None, keeps_activations: bool = False) -> Plan:
+              in_flight: Sequence[int] | None = None, keeps_activations: bool = False,
+              max_padding: float | None = None) -> Plan:
     """Split traced layers into `stages` contiguous stages.
 
     `partition` is "variance" (GPipe), "bottleneck" (PipeDream) or an explicit
@@ -89,6 +91,8 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     parameters with their gradient and two optimizer moments (4 copies), plus
     its input and (`keeps_activations`: remat "none") its layers' inputs for
     each of the `in_flight[k]` micro-batches stage k holds at once.
+    `max_padding` keeps the packed parameters' padding within that fraction
+    of their bytes, at the price of balance (padding.py).
     """
     specs = tuple(specs)
     if isinstance(partition, str):
@@ -103,8 +107,16 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
         split = balance([s.cost or 0.0 for s in specs], stages, partition, max_bytes,
                         memory=[4 * s.param_bytes for s in specs], inputs=inputs,
                         stash=inputs if keeps_activations else None, in_flight=in_flight)
+        if max_padding is not None:
+            if max_bytes is not None:
+                raise ConfigError("give max_bytes or max_padding, not both: each bounds the "
+                                  "bytes of every stage")
+            split = within_padding(specs, stages, partition, max_padding, split)
         objective = partition
     elif isinstance(partition, (list, tuple)):
+        if max_padding is not None:
+            raise ConfigError("max_padding chooses among splits; an explicit partition has none "
+                              "to choose: give partition='variance' or 'bottleneck'")
         split = check_split(partition, len(specs), stages)
         objective = "explicit"
     else:
