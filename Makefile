@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test plan bench reproduce reproduce-more
+.PHONY: demo test test-all plan bench reproduce reproduce-more
 
 $(BIN)/pipejax: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ plan: $(BIN)/pipejax
 
 test: $(BIN)/pipejax
 	$(BIN)/python -m pytest -q -n 2
+
+test-all: $(BIN)/pipejax  # the slow reproductions too, as CI runs them
+	$(BIN)/python -m pytest -q -n 2 --all
 
 bench: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python run_all.py && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \

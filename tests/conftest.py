@@ -16,6 +16,24 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_backend_optimization_level=0").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true",
+                     help="run the tests marked slow too (CI=true does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked slow in a local run (`make test`); CI runs them."""
+    if config.getoption("--all") or os.environ.get("CI", "").lower() in ("1", "true"):
+        return
+    skip = pytest.mark.skip(reason="slow reproduction: runs in CI and with `make test-all`")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: one cache for the session
     _CACHE = tempfile.mkdtemp(prefix="pipejax-test-jax-cache-")
     os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE,

@@ -106,6 +106,7 @@ def test_train_replicas_with_a_decentralized_rule(tmp_path, capsys):
     assert rows[-1]["replicas"] == 2
 
 
+@pytest.mark.slow
 def test_train_saves_and_resumes_into_other_stages(tmp_path, capsys):
     data, ckpt = _data(tmp_path), str(tmp_path / "ckpt")
     common = ["train", "--data", data, "--microbatches", "2", "--batch-size", "32", "--quiet",
@@ -119,6 +120,7 @@ def test_train_saves_and_resumes_into_other_stages(tmp_path, capsys):
     assert rows[-1]["steps"] == 10 and rows[0]["skipped"] == 0
 
 
+@pytest.mark.slow
 def test_bench_writes_its_tables_and_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--only", "bubbles", "padding", "--out", str(out)]) == 0

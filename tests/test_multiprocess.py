@@ -28,6 +28,7 @@ def _example():
     return module
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     out = tmp_path / "two.npz"
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "multiprocess.py"),

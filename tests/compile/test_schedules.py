@@ -47,7 +47,8 @@ def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
 
 
 @pytest.mark.parametrize("schedule", ["pb", "pipedream"])
-@pytest.mark.parametrize("K,stash", [(4, False), (4, True), (8, True)])
+@pytest.mark.parametrize("K,stash", [(4, False), (4, True),
+                                     pytest.param(8, True, marks=pytest.mark.slow)])
 def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash):
     pipe, state, losses, ref, ref_losses = train_async(schedule, K, 2, stash)[:5]
     assert pipe.schedule.delays[0] == (2 * (K - 1) if schedule == "pb" else K - 1)
@@ -157,7 +158,7 @@ def _one_lane(schedule: pj.Schedule) -> pj.Schedule:
                        schedule.asynchronous)
 
 
-@pytest.mark.parametrize("name", ["1f1b", "pipedream"])
+@pytest.mark.parametrize("name", [pytest.param("1f1b", marks=pytest.mark.slow), "pipedream"])
 def test_the_executor_dispatches_a_lane_of_mixed_ops(name):
     """1F1B and PipeDream run one op per stage and tick: as one lane holding
     both F and BW tasks (the executor reads each task's op) they train as

@@ -28,7 +28,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+SLOW = {"resnet-2d", "resnet-fine", "transformer", "residual_lstm"}  # 10-17 s each
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in sorted(CASES)])
 def test_model_pipelines_exactly(name):
     build, shape = CASES[name]
     layers = build()
