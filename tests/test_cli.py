@@ -27,6 +27,14 @@ def test_plan_prints_partition_and_timeline(tmp_path, capsys):
     assert "no accelerator found; simulating 4 CPU devices" in captured.err
 
 
+def test_train_in_bf16_with_bounded_padding(tmp_path, capsys):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
+                 "--batch-size", "32", "--steps", "5", "--quiet", "--compute-dtype", "bfloat16",
+                 "--max-padding", "2.0", "--out", str(tmp_path / "bf16")]) == 0
+    rows = [json.loads(r) for r in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
+    assert np.isfinite(rows[-1]["loss"])
+
+
 def test_train_learns_and_writes_metrics(tmp_path, capsys):
     code = main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
                  "--batch-size", "32", "--steps", "60", "--lr", "3e-3", "--quiet",

@@ -2,7 +2,8 @@
 
 Sections (each a table, all in one JSON with the machine and versions):
   overhead   1-stage pipelined step over a plain `jax.jit` of the same model
-             and optimizer (micro-batched by a `lax.scan`, and whole-batch);
+             and optimizer (micro-batched by a `lax.scan`, and whole-batch):
+             step time and XLA's bytes accessed, an MLP and a Transformer;
   bubbles    idle share of each schedule's table over n steps (and the
              flush) against the closed form;
   memory     compiled peak bytes of one device (`memory_analysis()`:
@@ -11,7 +12,8 @@ Sections (each a table, all in one JSON with the machine and versions):
              mode, against `trainer.memory()`'s prediction;
   compile    compile time of the training step against micro-batches,
              stages, and depth (shared branches against one per stage);
-  padding    padded over real bytes of the packed parameter buffers;
+  padding    padded over real bytes of the packed parameter buffers, and
+             the least padding any split reaches (`max_padding`);
   gpu        (on a GPU) a Transformer of 8 blocks, width 1024, at K = 1:
              step time, examples/s and model FLOP utilisation (model FLOPs:
              forward + backward of every layer; peak: the device's dense

@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
         q.add_argument("--remat", default="stage", choices=["none", "stage"])
+        q.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float16"],
+                       help="the dtype the stages compute in (float32 master weights)")
+        q.add_argument("--max-padding", type=float, default=None, metavar="F",
+                       help="keep the packed parameters' padding within this fraction")
         q.add_argument("--replicas", type=int, default=1,
                        help="pipeline replicas (data parallelism); --batch-size is split over them")
         q.add_argument("--nodes", type=int, default=1,

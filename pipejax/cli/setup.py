@@ -66,7 +66,8 @@ def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool
                        example=jnp.zeros((mb, *example_shape), jnp.float32),
                        stages=args.stages, microbatches=args.microbatches,
                        schedule=args.schedule, partition=partition, remat=args.remat, mesh=mesh,
-                       weight_stashing=weight_stashing)
+                       weight_stashing=weight_stashing, compute_dtype=args.compute_dtype,
+                       max_padding=args.max_padding)
     return layers, pipe
 
 
