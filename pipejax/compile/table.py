@@ -13,7 +13,11 @@ applies the stage's optimizer at once, inside the op, or, when the update
 runs collectives, right after the op's loop on every device. A stage whose
 optimizer forecasts its weights runs its forward on the forecast its last
 update made (`OptState.ahead`, carried from tick to tick) and its backward
-on a backward forecast, if it has a backward horizon. The program does not
+on a backward forecast, if it has a backward horizon. Where the table
+runs a micro-batch's forward and backward on the last stage in one tick
+(`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that
+keeps nothing, as a plain micro-batched jit does; a synchronous table
+without idle cells runs its ops without the loops. The program does not
 grow with the number of micro-batches or ticks.
 """
 
