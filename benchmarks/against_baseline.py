@@ -1,13 +1,14 @@
-"""K > 1 step time and compiled memory of this checkout against a baseline, in one run.
+"""Step time, bytes accessed and compiled memory of this checkout against a baseline, in one run.
 
-A change to the executor must not make K > 1 pipelines slower or larger. Each
-configuration (MLP 8x512, K = 4, M = 8, micro-batch 32, Adam; every schedule)
-runs in two worker processes, one importing this checkout's pipejax, one the
+A change to the executor must not make pipelines slower or larger. Each
+configuration (MLP 8x512, K = 4, M = 8, micro-batch 32, Adam, every
+schedule; and K = 1, M = 4: the MLP at micro-batch 64 and a Transformer
+4x256 at micro-batch 8) runs in two worker processes, one importing this checkout's pipejax, one the
 baseline's (`--baseline DIR`, e.g. made by `git worktree add /tmp/base
 <commit>`); the parent alternates timed rounds between them, so the drifts
 of this shared machine hit both alike. Reported per configuration: the
-median ratio of step times (new / baseline), XLA's compiled temp bytes and
-peak bytes (argument + output − alias + temp) of each.
+median ratio of step times (new / baseline), XLA's bytes accessed, its
+compiled temp bytes and peak bytes (argument + output − alias + temp).
 
 Run: python benchmarks/against_baseline.py --baseline /tmp/base [--rounds 15]
 """
@@ -21,11 +22,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONFIGS = [("gpipe", "none"), ("1f1b", "none"), ("pipedream", "none"), ("pb", "stage")]
-K, M, MB, STEPS = 4, 8, 32, 5  # STEPS: steps per timed round
+# (model, K, M, micro-batch, schedule, remat)
+CONFIGS = [("mlp", 4, 8, 32, "gpipe", "none"), ("mlp", 4, 8, 32, "1f1b", "none"),
+           ("mlp", 4, 8, 32, "pipedream", "none"), ("mlp", 4, 8, 32, "pb", "stage"),
+           ("mlp", 1, 4, 64, "gpipe", "none"), ("transformer", 1, 4, 8, "gpipe", "none")]
+STEPS = 5  # steps per timed round
 
 
-def worker(schedule: str, remat: str) -> None:
+def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str) -> None:
     """Build, compile and report memory; then time `STEPS` steps per line read."""
     import time
 
@@ -36,17 +40,22 @@ def worker(schedule: str, remat: str) -> None:
 
     import pipejax as pj
 
-    pipe = pj.pipeline(pj.models.mlp(depth=8, width=512), loss=pj.losses.cross_entropy,
-                       example=jnp.zeros((MB, 40)), stages=K, microbatches=M, schedule=schedule,
-                       remat=remat, weight_stashing=schedule == "pipedream")
+    layers, features = ((pj.models.mlp(depth=8, width=512), 40) if model == "mlp" else
+                        (pj.models.transformer(layers=4, dim=256, heads=4, patch=4), 256))
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, features)),
+                       stages=K, microbatches=M, schedule=schedule, remat=remat,
+                       weight_stashing=schedule == "pipedream")
     trainer = pipe.trainer(optax.adam(1e-3))
     state = trainer.init(pipe.init(jax.random.key(0)))
-    batch = (jax.random.normal(jax.random.key(1), (M * MB, 40)),
+    batch = (jax.random.normal(jax.random.key(1), (M * MB, features)),
              jax.random.randint(jax.random.key(2), (M * MB,), 0, 10))
-    m = trainer.step.lower(state, batch).compile().memory_analysis()
+    compiled = trainer.step.lower(state, batch).compile()
+    m, cost = compiled.memory_analysis(), compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
             + m.temp_size_in_bytes)
-    print(json.dumps({"temp": int(m.temp_size_in_bytes), "peak": int(peak)}), flush=True)
+    print(json.dumps({"temp": int(m.temp_size_in_bytes), "peak": int(peak),
+                      "accessed": int(cost.get("bytes accessed", 0))}), flush=True)
     for _ in range(3):
         state, metrics = trainer.step(state, batch)
     jax.block_until_ready(metrics["loss"])
@@ -60,20 +69,20 @@ def worker(schedule: str, remat: str) -> None:
         print(json.dumps(float(np.median(times))), flush=True)
 
 
-def spawn(checkout: Path, schedule: str, remat: str) -> subprocess.Popen:
+def spawn(checkout: Path, config: tuple) -> subprocess.Popen:
     """A worker importing `checkout`'s pipejax (run from a directory without one)."""
     env = dict(os.environ, PYTHONPATH=str(checkout),
                XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", schedule,
-                             remat], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
+                             *map(str, config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=env, cwd="/")
 
 
 def compare(baseline: Path, rounds: int) -> list[dict]:
     here = Path(__file__).resolve().parents[1]
     rows = []
-    for schedule, remat in CONFIGS:
-        procs = {"new": spawn(here, schedule, remat), "baseline": spawn(baseline, schedule, remat)}
+    for config in CONFIGS:
+        procs = {"new": spawn(here, config), "baseline": spawn(baseline, config)}
         memory = {name: json.loads(p.stdout.readline()) for name, p in procs.items()}
         times = {name: [] for name in procs}
         for _ in range(rounds):
@@ -85,10 +94,13 @@ def compare(baseline: Path, rounds: int) -> list[dict]:
             p.stdin.close()
             p.wait()
         ratio = sorted(a / b for a, b in zip(times["new"], times["baseline"]))[rounds // 2]
-        rows.append({"schedule": schedule, "remat": remat,
+        model, K, M, MB, schedule, remat = config
+        rows.append({"model": model, "K": K, "M": M, "schedule": schedule, "remat": remat,
                      "new_ms": round(1e3 * sorted(times["new"])[rounds // 2], 2),
                      "baseline_ms": round(1e3 * sorted(times["baseline"])[rounds // 2], 2),
                      "time_ratio": round(ratio, 3),
+                     "accessed_ratio": round(memory["new"]["accessed"]
+                                             / memory["baseline"]["accessed"], 3),
                      "new_temp": memory["new"]["temp"], "baseline_temp": memory["baseline"]["temp"],
                      "new_peak": memory["new"]["peak"], "baseline_peak": memory["baseline"]["peak"]})
         print(rows[-1], flush=True)
@@ -97,7 +109,8 @@ def compare(baseline: Path, rounds: int) -> list[dict]:
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        return worker(*sys.argv[2:4])
+        model, K, M, MB, schedule, remat = sys.argv[2:8]
+        return worker(model, int(K), int(M), int(MB), schedule, remat)
     sys.path.insert(0, str(Path(__file__).parent))
     from common import save, table
 
