@@ -39,6 +39,8 @@ def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str) -> No
     import optax
 
     import pipejax as pj
+    from pipejax.bench import peak_bytes
+    from pipejax.bench.speed import cost
 
     layers, features = ((pj.models.mlp(depth=8, width=512), 40) if model == "mlp" else
                         (pj.models.transformer(layers=4, dim=256, heads=4, patch=4), 256))
@@ -50,12 +52,9 @@ def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str) -> No
     batch = (jax.random.normal(jax.random.key(1), (M * MB, features)),
              jax.random.randint(jax.random.key(2), (M * MB,), 0, 10))
     compiled = trainer.step.lower(state, batch).compile()
-    m, cost = compiled.memory_analysis(), compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    peak = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-            + m.temp_size_in_bytes)
-    print(json.dumps({"temp": int(m.temp_size_in_bytes), "peak": int(peak),
-                      "accessed": int(cost.get("bytes accessed", 0))}), flush=True)
+    print(json.dumps({"temp": int(compiled.memory_analysis().temp_size_in_bytes),
+                      "peak": peak_bytes(compiled),
+                      "accessed": int(cost(compiled).get("bytes accessed", 0))}), flush=True)
     for _ in range(3):
         state, metrics = trainer.step(state, batch)
     jax.block_until_ready(metrics["loss"])
@@ -73,8 +72,8 @@ def spawn(checkout: Path, config: tuple) -> subprocess.Popen:
     """A worker importing `checkout`'s pipejax (run from a directory without one)."""
     env = dict(os.environ, PYTHONPATH=str(checkout),
                XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
-                             *map(str, config)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", *map(str, config)]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=env, cwd="/")
 
 
@@ -101,8 +100,8 @@ def compare(baseline: Path, rounds: int) -> list[dict]:
                      "time_ratio": round(ratio, 3),
                      "accessed_ratio": round(memory["new"]["accessed"]
                                              / memory["baseline"]["accessed"], 3),
-                     "new_temp": memory["new"]["temp"], "baseline_temp": memory["baseline"]["temp"],
-                     "new_peak": memory["new"]["peak"], "baseline_peak": memory["baseline"]["peak"]})
+                     **{f"{name}_{part}": memory[name][part]
+                        for part in ("temp", "peak") for name in ("new", "baseline")}})
         print(rows[-1], flush=True)
     return rows
 

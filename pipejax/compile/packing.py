@@ -107,7 +107,8 @@ class Packing:
                 continue
             flat, n = jnp.ravel(x).astype(dtype), shape[0]
             out[spec.slot] = flat if spec.size == n else jnp.pad(flat, (0, n - spec.size))
-        return tuple(jnp.zeros(shape, d) if b is None else b for b, (d, shape) in zip(out, self.slots))
+        return tuple(jnp.zeros(shape, d) if b is None else b
+                     for b, (d, shape) in zip(out, self.slots))
 
     def unpack(self, k: int, buffers: Buffers) -> Any:
         """Stage k's tree from its slot buffers (a reshape when the leaf fills its slot)."""

@@ -160,8 +160,11 @@ class StageCode:
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
         out, _, rebuild = self._vjp(k, params, h, feed)
-        ct = jnp.full(out.shape, self.seed, out.dtype) if ct is None else ct
-        return rebuild(kept)(ct)
+        return rebuild(kept)(self._seed(out) if ct is None else ct)
+
+    def _seed(self, loss: jax.Array) -> jax.Array:
+        """The last stage's output cotangent: `seed` (1/M or 1)."""
+        return jnp.full(loss.shape, self.seed, loss.dtype)
 
     # ------------------------------------------------------------- branches
     def _feed(self, micro: tuple) -> Feed:
@@ -213,7 +216,7 @@ class StageCode:
         remat = "none" if self.model.remat == "stage" else self.model.remat
         h_in = acts.unpack(k - 1, h) if k > 0 else None
         loss, vjp_fn = jax.vjp(self.fn(k, self._feed(micro), remat), pp.unpack(k, p), h_in)
-        dparams, dh = vjp_fn(jnp.full(loss.shape, self.seed, loss.dtype))
+        dparams, dh = vjp_fn(self._seed(loss))
         return (loss.astype(jnp.float32), pp.pack(k, dparams),
                 acts.pack(k - 1, dh) if k > 0 else acts.zeros())
 

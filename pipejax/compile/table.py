@@ -30,14 +30,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from pipejax.compile.build import Build
+from pipejax.compile.lanes import lane_plan, lane_rows
 from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.packing import Buffers
 from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.state import Rings
-from pipejax.errors import ConfigError
 from pipejax.mesh import AXIS
-from pipejax.schedules import NONE, Op, Schedule
+from pipejax.schedules import NONE, Op
 
 
 class TableIn(NamedTuple):
@@ -86,20 +86,6 @@ class _Ops(NamedTuple):
     acc: Any
     kept: Buffers
     weights: Buffers
-
-
-def lane_plan(schedule: Schedule) -> list[tuple[int, Op, bool]]:
-    """(lane, op, mixed) for every op the executor compiles, in the order it
-    runs them; `mixed`: the lane holds other ops too, so the task's op is
-    read from the table. Each op kind sits in one lane."""
-    plan = [(lane, op, len(schedule.lane_ops(lane)) > 1)
-            for lane in range(schedule.lanes) for op in schedule.lane_ops(lane)]
-    ops = [op for _, op, _ in plan]
-    twice = {op for op in ops if ops.count(op) > 1}
-    if twice:
-        raise ConfigError(f"schedule {schedule.name!r} runs {sorted(o.name for o in twice)} in "
-                          "more than one lane; put each op kind in one lane")
-    return plan
 
 
 class _Tick:
@@ -223,6 +209,9 @@ class _Tick:
         tick). Returns the ops' state, the message back, the loss and 1 if
         the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
+        if self.separate:  # a slot exists: the table keeps residuals
+            slot = task.g % self.layout.kept_slots
+            stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
             p, s, grads_slot, _, loss, skipped = c
@@ -241,8 +230,6 @@ class _Tick:
         h, g = read
         carry = (ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), loss, jnp.int32(0))
         if self.separate:
-            slot = task.g % self.layout.kept_slots
-            stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
             args = (h, g, _read(ops.kept, slot), self._inputs(task.g))
             carry = self._run(task.real, backward, args, carry)
         if fused is not None:
@@ -288,18 +275,6 @@ class _Tick:
                               grads=_file(rings.grads, mb % lay.grad_slots, got_b, vb))
 
 
-def _rows(schedule: Schedule, plan: list) -> tuple:
-    """The scan's input per tick: for each lane its micro-batches `[ticks,
-    stages]` (int32), with the op codes when the lane mixes ops (`plan`)."""
-    mixed = {lane: m for lane, _, m in plan}
-    rows = []
-    for lane in range(schedule.lanes):
-        mbs = jnp.asarray(schedule.table[:, :, lane, 1], jnp.int32)
-        ops = jnp.asarray(schedule.ops[:, :, lane], jnp.int32)
-        rows.append((mbs, ops) if mixed.get(lane) else mbs)
-    return tuple(rows)
-
-
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:
     """Inside shard_map: one pass over the table. `opts` are the per-stage
     optimizers an asynchronous table applies; losses are averaged over the
@@ -311,7 +286,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, acc), (losses, done, skipped) = lax.scan(
-        tick, (inp.params, inp.opt_state, inp.rings, acc), _rows(schedule, tick.plan))
+        tick, (inp.params, inp.opt_state, inp.rings, acc), lane_rows(schedule, tick.plan))
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
     skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)

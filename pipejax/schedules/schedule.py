@@ -26,6 +26,7 @@ import numpy as np
 
 from pipejax.errors import ScheduleError
 from pipejax.schedules import pictures
+from pipejax.schedules.checks import check_order, check_tasks
 from pipejax.schedules.tasks import BACKWARD, NONE, Op
 from pipejax.schedules.timeline import Timeline, lifetime, ring_capacity, unroll
 
@@ -58,7 +59,7 @@ class Schedule:
                                 "stages, lanes, (op, micro-batch, chunk)]")
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "_timelines", {})  # steps -> Timeline
-        self._check_tasks()
+        check_tasks(self)
         self.validate()
 
     @property
@@ -106,30 +107,6 @@ class Schedule:
         f = self.fwd
         return (f != NONE) & (f == self.bwd)
 
-    def _check_tasks(self) -> None:
-        """Reject unknown ops, a cell with two forwards or two backwards, and
-        what the executor does not run yet (the split backward, chunks)."""
-        ops = self.ops
-        if not np.isin(ops, [int(o) for o in Op]).all():
-            t, k, lane = np.argwhere(~np.isin(ops, [int(o) for o in Op]))[0]
-            raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k}, lane {lane} has op "
-                                f"{ops[t, k, lane]}; use one of {[o.name for o in Op]}")
-        busy = ops != Op.IDLE
-        if (self.table[..., 1][busy] == NONE).any() or (self.table[..., 1][~busy] != NONE).any():
-            raise ScheduleError(f"schedule {self.name!r}: a busy task needs a micro-batch and an "
-                                "idle one none")
-        for kind, what in (((Op.F,), "forwards"), (BACKWARD, "backwards")):
-            per_cell = np.isin(ops, kind).sum(axis=2)
-            if (per_cell > 1).any():
-                t, k = np.argwhere(per_cell > 1)[0]
-                raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} runs two "
-                                    f"{what}; a tick holds one of each")
-        split = np.isin(ops, (Op.B, Op.W))
-        if split.any() or (self.table[..., 2] != 0).any():
-            raise ScheduleError(f"schedule {self.name!r}: split backwards (B, W) and model chunks "
-                                "(virtual stages) are not run by this executor yet; use fused BW "
-                                "tasks on chunk 0")
-
     @property
     def synchronous(self) -> bool:
         return not self.asynchronous
@@ -144,36 +121,9 @@ class Schedule:
         return self._timelines[steps]
 
     def validate(self) -> None:
-        """Reject an impossible table, naming the tick, stage and micro-batch."""
-        K, M, T = self.stages, self.microbatches, self.ticks
-        where = lambda tick: f"tick {tick % T}" + (f" of step {tick // T}" if self.asynchronous else "")
-        ids = self.table[..., 1]
-        bad = (ids != NONE) & (((ids < 0) & self.synchronous) | (ids >= M))
-        if bad.any():
-            t, k, _ = np.argwhere(bad)[0]
-            span = f"0..{M - 1}" if self.synchronous else f"below {M} (negative: fed earlier)"
-            raise ScheduleError(f"schedule {self.name!r}: tick {t}, stage {k} names "
-                                f"micro-batch {ids[bad][0]} outside {span}")
-        tl = self.timeline(3 if self.asynchronous else 1)
-        F, B = tl.F, tl.B
-        for k in range(1, K):
-            for g in range(F.shape[1]):
-                if F[k, g] <= F[k - 1, g]:
-                    raise ScheduleError(
-                        f"schedule {self.name!r}: {where(F[k, g])}, stage {k} runs the forward of "
-                        f"micro-batch {g} before its input exists (stage {k - 1} sends it at "
-                        f"{where(F[k - 1, g])})")
-        for k in range(K):
-            for g in range(F.shape[1]):
-                if tl.b_time[k, g] < tl.f_time[k, g]:
-                    raise ScheduleError(
-                        f"schedule {self.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
-                        f"micro-batch {g} before its forward ({where(F[k, g])})")
-                if k < K - 1 and B[k, g] <= B[k + 1, g]:
-                    raise ScheduleError(
-                        f"schedule {self.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
-                        f"micro-batch {g} before stage {k + 1} sends its gradient "
-                        f"({where(B[k + 1, g])})")
+        """Reject an impossible table, naming the tick, stage and micro-batch
+        (checks.py)."""
+        check_order(self)
 
     # --------------------------------------------------------- derived facts
     def bubble_fraction_over(self, steps: int) -> float:
