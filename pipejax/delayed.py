@@ -25,6 +25,7 @@ from jax import lax
 from pipejax.errors import ConfigError
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
+from pipejax.nnx_layer import layer_list
 from pipejax.trace import Layer, apply_layer, apply_layers, init_layer, layer_key
 from pipejax.transforms import forecast, has_forecast
 from pipejax.transforms.per_stage import per_stage
@@ -185,8 +186,9 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
       sim.run(state, xs, ys)` with micro-batches stacked `[n, mb, ...]`
       (n updates), `sim.params(state)`.
     """
+    layers = layer_list(layers)
     counts = _split(split, len(layers))
     starts = np.cumsum([0, *counts])
     ranges = tuple(range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]))
     infos = tuple(_stage_infos(delays, len(counts)))
-    return Simulation(tuple(layers), loss, ranges, infos, per_stage(optimizer, infos), consistent)
+    return Simulation(layers, loss, ranges, infos, per_stage(optimizer, infos), consistent)

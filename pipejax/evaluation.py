@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipejax.nnx_layer import layer_list
 from pipejax.trace import Layer, Variables, apply_layers
 
 
@@ -16,7 +17,9 @@ def evaluator(layers: Sequence[Layer], *,
     """`accuracy(variables, x, y)`: the share of the examples `x` whose argmax
     prediction equals the integer label in `y`, the layers run with
     `train=False` on one variables dict per layer (`pj.unstage(state.params)`),
-    `batch` examples at a time. The prediction is compiled once per `evaluator`."""
+    `batch` examples at a time. The prediction is compiled once per `evaluator`.
+    NNX modules run in `.eval()` mode on copies: `layers` are not written."""
+    layers = layer_list(layers)
     predict = jax.jit(lambda v, x: jnp.argmax(apply_layers(layers, v, x, train=False), -1))
 
     def accuracy(variables: Sequence[Variables], x: Any, y: Any) -> float:

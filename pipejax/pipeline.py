@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from pipejax.compile import StageCode, Staged, guarded, synchronous
+from pipejax.compile import StageCode, Staged, guarded, synchronous, unstage
 from pipejax.compile.build import Build
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import Model
@@ -26,6 +26,7 @@ from pipejax.errors import ArgumentTypeError, ConfigError, LayerError
 from pipejax.mesh import stage_mesh
 from pipejax.partition import Plan, make_plan
 from pipejax.schedules import Schedule, make_schedule
+from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.trace import Layer, LayerSpec, trace, trace_loss
 
 REMATS = ("none", "stage")
@@ -90,10 +91,28 @@ class Pipeline:
         return [s for s in self.specs if s.random]
 
     # ---------------------------------------------------------------- params
-    def init(self, key: jax.Array) -> Staged:
-        """Parameters, each stage's on its own device; layer i is initialized
-        by Flax with fold_in(key, i), so the values do not depend on K."""
-        return Staged(self._init(key), self.code.params)
+    def init(self, key: jax.Array | None = None) -> Staged:
+        """Parameters, each stage's on its own device. A linen layer i is
+        initialized by Flax with fold_in(key, i), so the values do not depend
+        on K; an NNX layer arrives initialized: its current parameters (as
+        `nnx.state(layer, nnx.Param)` gives them now) are placed on its stage.
+        `key` may be left out when no linen layer has parameters. To start an
+        NNX model from another key, build its modules again with
+        `nnx.Rngs(key)`."""
+        given = {i for i, layer in enumerate(self.layers) if isinstance(layer, NnxLayer)}
+        made = [s.index for s in self.specs if s.index not in given and s.param_bytes]
+        if made and key is None:
+            names = ", ".join(f"{i} ({self.specs[i].name})" for i in made[:4])
+            raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
+                              "e.g. jax.random.key(0)")
+        key = jax.random.key(0) if key is None else key
+        if not given:
+            return Staged(self._init(key), self.code.params)
+        # NNX values are staged from the host, not baked into a program as constants.
+        made = unstage(Staged(self._init(key), self.code.params)) if made else None
+        return self.stage([self.layers[i].values() if i in given
+                           else made[i] if made is not None else {}
+                           for i in range(len(self.layers))])
 
     def stage(self, variables: Sequence[dict]) -> Staged:
         """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
@@ -194,10 +213,7 @@ def _check_dtype(dtype: Any) -> Any:
     return dtype
 
 
-def _check_counts(layers: Any, stages: Any, microbatches: Any) -> None:
-    if not isinstance(layers, (list, tuple)):
-        raise LayerError(f"layers must be a list of Flax modules or functions, not "
-                         f"{type(layers).__name__}; a model is a list so it can be split")
+def _check_counts(layers: tuple, stages: Any, microbatches: Any) -> None:
     if len(layers) == 0:
         raise LayerError("the layer list is empty; give at least one layer")
     if not isinstance(stages, (int, np.integer)) or stages < 1:
@@ -268,6 +284,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
+    layers = layer_list(layers)
     _check_counts(layers, stages, microbatches)
     remat = _check_remat(remat)
     compute_dtype = _check_dtype(compute_dtype)

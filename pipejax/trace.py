@@ -7,8 +7,10 @@ shapes, and its cost: forward+backward FLOPs from XLA's `cost_analysis()` of
 that layer alone (GPipe §2 partitions by such estimates), parameter bytes and
 output activation bytes; `cost="time"` measures each layer instead.
 
-A layer is a Flax linen module (`layer.init` / `layer.apply`) or a plain
-function of one array (`nn.relu`, `jnp.tanh`, a flatten lambda).
+A layer is a Flax linen module (`layer.init` / `layer.apply`), a Flax NNX
+module (split once into an `NnxLayer`, nnx_layer.py) or a plain function of
+one array (`nn.relu`, `jnp.tanh`, a flatten lambda); `layer_list` turns a
+user's list (or `nnx.Sequential`) into these.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError, LayerError
+from pipejax.nnx_layer import NnxLayer, describe, layer_list
 
-Layer = Any  # a flax.linen.Module or a callable of one array
-Variables = dict  # what `layer.apply` takes; {} for a plain function
+Layer = Any  # a flax.linen.Module, an NnxLayer or a callable of one array
+Variables = Any  # linen: what `layer.apply` takes; NNX: an nnx.State of its Params; {}: a function
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +40,7 @@ class LayerSpec:
     name: str
     input: jax.ShapeDtypeStruct
     output: Any  # pytree of jax.ShapeDtypeStruct
-    variables: Any  # pytree of jax.ShapeDtypeStruct, {} for a plain function
+    variables: Any  # pytree of jax.ShapeDtypeStruct (an nnx.State for NNX), {} for a function
     flops: float | None  # forward + backward operations by XLA's cost analysis; None if none
     param_bytes: int
     activation_bytes: int  # bytes of the output, one micro-batch
@@ -54,6 +57,8 @@ def layer_name(layer: Layer) -> str:
     """A short readable name: the module class, or the function's name."""
     if isinstance(layer, nn.Module):
         return type(layer).__name__
+    if isinstance(layer, NnxLayer):
+        return layer.name
     name = getattr(layer, "__name__", None) or type(layer).__name__
     return "lambda" if name == "<lambda>" else name
 
@@ -79,6 +84,8 @@ def same_layer(a: Layer, b: Layer) -> bool:
     Distinct function objects count as different, even with equal code."""
     if a is b:
         return True
+    if isinstance(a, NnxLayer) and isinstance(b, NnxLayer):
+        return a.same(b)
     if not (isinstance(a, nn.Module) and type(a) is type(b)):
         return False
     try:
@@ -94,7 +101,10 @@ def shapes(tree: Any) -> tuple:
 
 
 def init_layer(layer: Layer, key: jax.Array, h: Any) -> Variables:
-    """Initial variables of one layer for input `h` ({} for a function)."""
+    """Initial variables of one layer for input `h` ({} for a function); an
+    NNX layer arrives initialized: its current parameters."""
+    if isinstance(layer, NnxLayer):
+        return layer.values()
     if not isinstance(layer, nn.Module):
         return {}
     variables = layer.init({"params": key, "dropout": key}, h, **_call_kwargs(layer, False))
@@ -103,7 +113,10 @@ def init_layer(layer: Layer, key: jax.Array, h: Any) -> Variables:
 
 def apply_layer(layer: Layer, variables: Variables, h: Any, key: jax.Array | None = None,
                 train: bool = True) -> Any:
-    """Run one layer. `key` feeds the 'dropout' stream when training."""
+    """Run one layer. `key` feeds the 'dropout' stream when training (an NNX
+    layer's streams, by `stream_keys`)."""
+    if isinstance(layer, NnxLayer):
+        return layer.apply(variables, h, key, train)
     if not isinstance(layer, nn.Module):
         return layer(h)
     rngs = {"dropout": key} if (train and key is not None) else None
@@ -118,8 +131,9 @@ def layer_key(key: jax.Array, index: int) -> jax.Array:
 def apply_layers(layers: Sequence[Layer], variables: Sequence[Variables], h: Any,
                  key: jax.Array | None = None, train: bool = True, first: int = 0) -> Any:
     """Run a contiguous run of layers sequentially; `first` is the global index
-    of `layers[0]`, so keys match however the list is split into stages."""
-    for i, (layer, v) in enumerate(zip(layers, variables)):
+    of `layers[0]`, so keys match however the list is split into stages.
+    `layers` may be the user's list (NNX modules are split here)."""
+    for i, (layer, v) in enumerate(zip(layer_list(layers), variables)):
         k = None if key is None else layer_key(key, first + i)
         h = apply_layer(layer, v, h, k, train)
     return h
@@ -133,6 +147,18 @@ def nbytes(tree: Any) -> int:
 
 def _describe(tree: Any) -> str:
     return ", ".join(f"{x.dtype}{list(x.shape)}" for x in jax.tree.leaves(tree))
+
+
+def _check_writes(i: int, layer: NnxLayer, variables: Any, h: Any, key: Any) -> None:
+    """Reject an NNX layer whose training forward writes a variable: the
+    pipeline would drop the write (a stateless stage), a silent wrong answer."""
+    written = layer.written(variables, h, key)
+    if written:
+        raise LayerError(
+            f"layer {i} ({layer.name}) writes {', '.join(written)} in its forward (BatchNorm "
+            "statistics, a cache, sown intermediates?); pipelines train stateless layers only: "
+            "use nnx.GroupNorm or nnx.LayerNorm, or fix the statistics "
+            "(nnx.BatchNorm(..., use_running_average=True) only reads them)")
 
 
 def _fwd_bwd(layer: Layer) -> Callable:
@@ -216,6 +242,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     """
     if cost not in ("flops", "time"):
         raise ConfigError(f"unknown cost {cost!r}; use 'flops' or 'time'")
+    layers = layer_list(layers)
     key = jax.random.key(0) if key is None else key
     key_struct = jax.eval_shape(lambda: key)
     h = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), example)
@@ -223,13 +250,16 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     costs: list[tuple[Layer, tuple, float | None, float | None]] = []  # measured once per kind
     for i, layer in enumerate(layers):
         name = layer_name(layer)
-        if not (isinstance(layer, nn.Module) or callable(layer)):
+        if not (isinstance(layer, (nn.Module, NnxLayer)) or callable(layer)):
             raise LayerError(f"layer {i} ({name}) is neither a Flax module nor a callable; "
-                             "a layer list holds flax.linen modules or functions of one array")
+                             "a layer list holds Flax modules (linen or NNX) or functions of "
+                             "one array")
         def failed(err: Exception) -> LayerError:
             produced = "the example" if i == 0 else f"layer {i - 1} ({specs[-1].name})"
+            holds = (f" (its parameters: {describe(layer.abstract)})"
+                     if isinstance(layer, NnxLayer) else "")
             return LayerError(
-                f"layer {i} ({name}) cannot take input {_describe(h)} produced by {produced}: "
+                f"layer {i} ({name}){holds} cannot take input {_describe(h)} produced by {produced}: "
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
                 "check the shapes of this layer and the layer before it")
 
@@ -237,7 +267,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
             variables = jax.eval_shape(lambda k, x: init_layer(layer, k, x), key_struct, h)
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named
             raise failed(err) from None
-        extra = sorted(set(variables) - {"params"})
+        extra = [] if isinstance(layer, NnxLayer) else sorted(set(variables) - {"params"})
         if extra:
             raise LayerError(
                 f"layer {i} ({name}) keeps mutable collections {extra} (BatchNorm statistics?); "
@@ -247,6 +277,8 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
                                         return_shape=True)(variables, h, key_struct)
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named
             raise failed(err) from None
+        if isinstance(layer, NnxLayer):
+            _check_writes(i, layer, variables, h, key_struct)
         kind = shapes(h)
         known = next((c for c in costs if c[1] == kind and same_layer(c[0], layer)), None)
         if known is None:  # equal layers on equal shapes cost the same: measure one

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,6 +36,67 @@ def _heterogeneous() -> tuple:
         nn.Dense(24), nn.relu,
         nn.Dense(10),
     )
+
+
+def nnx_heterogeneous_layers() -> list:
+    """`heterogeneous_layers` written in Flax NNX: Linear, activations, a Conv
+    over a 1-D signal with reshape/flatten, LayerNorm, Dropout (its own
+    random stream) and Linear layers of other widths. The same module objects
+    each time (never write into them: build your own for `into=`)."""
+    return list(_nnx_heterogeneous())
+
+
+@functools.cache
+def _nnx_heterogeneous() -> tuple:
+    r = nnx.Rngs(params=0, dropout=1)
+    return (
+        nnx.Linear(20, 32, rngs=r), nnx.relu,
+        lambda x: x.reshape(x.shape[0], 16, 2),
+        nnx.Conv(2, 4, (3,), rngs=r), jnp.tanh,
+        lambda x: x.reshape(x.shape[0], -1),
+        nnx.LayerNorm(64, rngs=r), nnx.Linear(64, 48, rngs=r), nnx.gelu,
+        nnx.Dropout(0.25, rngs=r),
+        nnx.Linear(48, 24, rngs=r), nnx.relu,
+        nnx.Linear(24, 10, rngs=r),
+    )
+
+
+def nnx_sequential_loss(modules, params, x, y, M, key, loss=pj.losses.cross_entropy):
+    """The NNX model run layer after layer on one device, written with Flax's
+    own API and not pipejax's: module i is `nnx.merge`d with `params[i]` (an
+    nnx.State; {} for a function) and, on micro-batch m, its random streams
+    reseeded with fold_in(fold_in(fold_in(key, m), i), crc32(stream name)),
+    the keys pipejax documents. The mean over the M micro-batch losses."""
+    parts = [nnx.split(m, nnx.Param, ...) if isinstance(m, nnx.Module) else None
+             for m in modules]
+    split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
+    total = jnp.zeros(())
+    for m, (xm, ym) in enumerate(zip(split(x), split(y))):
+        h = xm
+        for i, (module, part) in enumerate(zip(modules, parts)):
+            if part is None:
+                h = module(h)
+                continue
+            graphdef, _, rest = part
+            layer = nnx.merge(graphdef, params[i], rest, copy=True)
+            streams = {v.tag for _, v in nnx.to_flat_state(nnx.state(layer, nnx.RngKey))}
+            layer_key = jax.random.fold_in(jax.random.fold_in(key, m), i)
+            if streams:
+                nnx.reseed(layer, **{s: jax.random.fold_in(
+                    layer_key, zlib.crc32(s.encode()) & 0x7FFFFFFF) for s in streams})
+            h = layer(h)
+        total = total + loss(h, ym)
+    return total / M
+
+
+def nnx_sequential_value_and_grad(modules, M, loss=pj.losses.cross_entropy):
+    """jit(value_and_grad(nnx_sequential_loss)) of (params, x, y, key), compiled
+    once per (module objects, M, loss) in a test process."""
+    key = ("nnx", tuple(map(id, modules)), M, loss)
+    if key not in _COMPILED:
+        _COMPILED[key] = (list(modules), jax.jit(jax.value_and_grad(
+            lambda p, x, y, k: nnx_sequential_loss(modules, p, x, y, M, k, loss))))
+    return _COMPILED[key][1]
 
 
 def sequential_loss(layers, variables, x, y, M, key, loss=pj.losses.cross_entropy):

@@ -24,6 +24,7 @@ from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.compile.packing import Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import stage_index
+from pipejax.nnx_layer import NnxLayer
 from pipejax.partition import Plan
 from pipejax.trace import Layer, apply_layers, init_layer, layer_key, same_layer, shapes
 
@@ -222,14 +223,20 @@ class StageCode:
 
     def init_branches(self) -> list[Callable]:
         """The branch of stage k's group: key -> stage k's packed initial
-        variables; layer i uses fold_in(key, i), so the values do not depend on K."""
+        variables; layer i uses fold_in(key, i), so the values do not depend on K.
+        An NNX layer's slots are zeros here: its values are staged from the
+        host (`Pipeline.init`), not compiled into the program as constants."""
         def branch(k):
             def run(key):
                 variables, first = [], self._first()
                 for i, spec in enumerate(self.plan.stage_specs(k)):
+                    layer = self.model.layers[spec.index]
+                    if isinstance(layer, NnxLayer):
+                        variables.append(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                      spec.variables))
+                        continue
                     h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                    variables.append(init_layer(self.model.layers[spec.index],
-                                                layer_key(key, first + i), h))
+                    variables.append(init_layer(layer, layer_key(key, first + i), h))
                 return self.params.pack(k, variables)
             return run
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipejax.compile.packing import Buffers, Packing
 from pipejax.errors import ArgumentTypeError
+from pipejax.nnx_layer import write_into
 
 
 @jax.tree_util.register_pytree_node_class
@@ -108,17 +109,26 @@ class TrainState(NamedTuple):
     rule_state: Any = ()  # the data-parallel rule's (before, after) states, [R·K, ...] leaves
 
 
-def unstage(params: Staged | TrainState, replica: int | str = "mean") -> list[dict]:
-    """One Flax variables dict per layer ({} for a plain function), in layer order.
+def unstage(params: Staged | TrainState, replica: int | str = "mean",
+            into: Any = None) -> list[Any]:
+    """One variables tree per layer, in layer order: a Flax variables dict for
+    a linen layer, an `nnx.State` of its parameters for an NNX layer, {} for
+    a plain function.
 
     The result does not depend on how many stages the pipeline had, so it is
     the form to checkpoint, evaluate or re-stage with `pipe.stage`. Of a
     trainer's R replicas it gives their mean (the model decentralized rules
     converge to; exactly each replica's weights under SSGD), or `replica` r.
+    With `into=` the layer list the pipeline was given (a list or an
+    `nnx.Sequential`), each NNX module there is updated in place with its
+    values (`nnx.update`), ready to evaluate or to save with orbax.
     """
     if isinstance(params, TrainState):
         params = params.params
     if not isinstance(params, Staged):
         raise ArgumentTypeError(f"unstage expects the Staged parameters of a pipeline (pipe.init, "
                                 f"grads, state.params), not {type(params).__name__}")
-    return [layer for stage in params.per_stage(replica) for layer in stage]
+    values = [layer for stage in params.per_stage(replica) for layer in stage]
+    if into is not None:
+        write_into(values, into)
+    return values
