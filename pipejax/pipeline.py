@@ -24,7 +24,7 @@ from pipejax.compile.stages import Model
 from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
 from pipejax.errors import ArgumentTypeError, ConfigError, LayerError
 from pipejax.mesh import stage_mesh
-from pipejax.partition import Plan, make_plan
+from pipejax.partition import make_plan
 from pipejax.schedules import Schedule, make_schedule
 from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.trace import Layer, LayerSpec, trace, trace_loss

@@ -10,6 +10,19 @@ import jax.numpy as jnp
 import numpy as np
 
 
+SELU_DROP = -1.7580993408473766  # −λ·α of SELU: the value AlphaDropout drops to
+
+
+def alpha_dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+    """Dropout that keeps SELU's zero mean and unit variance (Klambauer et al.
+    2017): dropped units take SELU's saturation value, then an affine map
+    restores the moments."""
+    keep = 1.0 - rate
+    a = (keep * (1 + rate * SELU_DROP ** 2)) ** -0.5
+    b = -a * SELU_DROP * rate
+    return a * jnp.where(jax.random.bernoulli(key, keep, x.shape), x, SELU_DROP) + b
+
+
 def add_channel(x: jax.Array) -> jax.Array:
     """[B, L] signal -> [B, L, 1], the layout of a 1-D convolution."""
     return x[..., None]
@@ -34,7 +47,7 @@ class MaxPool(nn.Module):
         return nn.max_pool(x, (2,) * self.dims, strides=(2,) * self.dims)
 
 
-def _patches(x: jax.Array, window: Sequence[int], strides: Sequence[int]) -> jax.Array:
+def patches(x: jax.Array, window: Sequence[int], strides: Sequence[int]) -> jax.Array:
     """[B, *spatial, C] -> [B, *out, prod(window)·C]: every window of a 'SAME'
     convolution, window offsets major and channels minor (the order of a
     kernel [*window, C, F] reshaped to [prod(window)·C, F])."""
@@ -69,7 +82,7 @@ class Conv(nn.Module):
                    else tuple(self.strides))
         kernel = self.param("kernel", nn.initializers.lecun_normal(),
                             (*window, x.shape[-1], self.features))
-        y = _patches(x, window, strides) @ kernel.reshape(-1, self.features)
+        y = patches(x, window, strides) @ kernel.reshape(-1, self.features)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,))
         return y

@@ -11,9 +11,14 @@ block, layers pass the pair (branch, shortcut) on.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import flax.linen as nn
 import jax
+from flax import nnx
 
+from pipejax.models import nnx_modules
+from pipejax.models.builder import Builder
 from pipejax.models.common import Conv, add_channel, global_avg_pool
 
 
@@ -92,22 +97,30 @@ class Head(nn.Module):
 
 
 def resnet(depth: int = 6, width: int = 32, groups: int = 8, classes: int = 10,
-           dims: int = 1, fine: bool = False) -> list:
+           dims: int = 1, fine: bool = False, *, api: str = "linen",
+           inputs: int | Sequence[int] | None = None, rngs: nnx.Rngs | None = None) -> list:
     """A stem convolution, `depth` pre-activation blocks (width doubling and
     stride 2 at each third of the depth), and a head. `dims=1` takes signals
     [B, L]; `dims=2` takes images [B, H, W, C]. `fine=True` makes each block
-    three layers (two convolutions and the sum), as Kosson et al. pipeline it."""
-    layers: list = [add_channel] if dims == 1 else []
-    layers.append(Conv(width, (3,) * dims, use_bias=False))
+    three layers (two convolutions and the sum), as Kosson et al. pipeline it.
+    `api="nnx"` builds NNX modules for `inputs` (models/builder.py)."""
+    N = nnx_modules
+    b = Builder("resnet", api, inputs, rngs)
+    if dims == 1:
+        b.add(add_channel)
+    b.add(Conv(width, (3,) * dims, use_bias=False),
+          lambda f, r: N.Conv(f, width, (3,) * dims, use_bias=False, rngs=r))
     features = width
     for i in range(depth):
         down = i > 0 and i % max(1, depth // 3) == 0
         features = features * 2 if down else features
-        strides = 2 if down else 1
+        n, strides = features, 2 if down else 1
         if fine:
-            layers += [ResidualFork(features, groups, strides, dims),
-                       ResidualConv(features, groups, dims), residual_sum]
+            b.add(ResidualFork(n, groups, strides, dims),
+                  lambda f, r: N.ResidualFork(f, n, groups, strides, dims, rngs=r))
+            b.add(ResidualConv(n, groups, dims), lambda f, r: N.ResidualConv(n, groups, dims, rngs=r))
+            b.add(residual_sum)
         else:
-            layers.append(PreActBlock(features, groups, strides, dims))
-    layers.append(Head(classes, groups))
-    return layers
+            b.add(PreActBlock(n, groups, strides, dims),
+                  lambda f, r: N.PreActBlock(f, n, groups, strides, dims, rngs=r))
+    return b.add(Head(classes, groups), lambda f, r: N.Head(f, classes, groups, rngs=r)).layers

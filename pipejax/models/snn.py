@@ -3,13 +3,14 @@ Dense layers with LeCun-normal initialization and SELU, optional AlphaDropout.""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import flax.linen as nn
-import jax
-import jax.numpy as jnp
+from flax import nnx
 
-from pipejax.models.common import flatten
-
-_ALPHA = -1.7580993408473766  # −λ·α of SELU: the value AlphaDropout drops to
+from pipejax.models import nnx_modules
+from pipejax.models.builder import Builder
+from pipejax.models.common import alpha_dropout, flatten
 
 
 class AlphaDropout(nn.Module):
@@ -23,20 +24,20 @@ class AlphaDropout(nn.Module):
         deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
         if deterministic or self.rate == 0.0:
             return x
-        keep = 1.0 - self.rate
-        a = (keep * (1 + self.rate * _ALPHA ** 2)) ** -0.5
-        b = -a * _ALPHA * self.rate
-        mask = jax.random.bernoulli(self.make_rng("dropout"), keep, x.shape)
-        return a * jnp.where(mask, x, _ALPHA) + b
+        return alpha_dropout(x, self.rate, self.make_rng("dropout"))
 
 
-def snn(depth: int = 32, width: int = 64, classes: int = 10, dropout: float = 0.0) -> list:
-    """`depth` [Dense(LeCun normal), SELU(, AlphaDropout)] layers, then Dense(classes)."""
+def snn(depth: int = 32, width: int = 64, classes: int = 10, dropout: float = 0.0, *,
+        api: str = "linen", inputs: int | Sequence[int] | None = None,
+        rngs: nnx.Rngs | None = None) -> list:
+    """`depth` [Dense(LeCun normal), SELU(, AlphaDropout)] layers, then
+    Dense(classes); `api="nnx"` builds NNX modules for `inputs` (models/builder.py)."""
     init = nn.initializers.lecun_normal()
-    layers: list = [flatten]
+    dense = lambda n: (nn.Dense(n, kernel_init=init),
+                       lambda f, r: nnx.Linear(f, n, kernel_init=init, rngs=r))
+    b = Builder("snn", api, inputs, rngs).add(flatten)
     for _ in range(depth):
-        layers += [nn.Dense(width, kernel_init=init), nn.selu]
+        b.add(*dense(width)).add(nn.selu)
         if dropout > 0:
-            layers.append(AlphaDropout(dropout))
-    layers.append(nn.Dense(classes, kernel_init=init))
-    return layers
+            b.add(AlphaDropout(dropout), lambda f, r: nnx_modules.AlphaDropout(dropout, rngs=r))
+    return b.add(*dense(classes)).layers

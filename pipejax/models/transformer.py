@@ -4,8 +4,13 @@ blocks (one block is one layer), are mean-pooled and classified."""
 
 from __future__ import annotations
 
-import flax.linen as nn
+from typing import Sequence
 
+import flax.linen as nn
+from flax import nnx
+
+from pipejax.models import nnx_modules
+from pipejax.models.builder import Builder
 from pipejax.models.common import global_avg_pool
 
 
@@ -60,7 +65,14 @@ class Classifier(nn.Module):
 
 
 def transformer(layers: int = 4, dim: int = 64, heads: int = 4, classes: int = 10,
-                patch: int = 4, dropout: float = 0.0) -> list:
-    """Signals [B, L] cut into L / `patch` patches of `patch` samples."""
-    return [Patches(patch), Embed(dim)] + \
-        [EncoderBlock(dim, heads, dropout=dropout) for _ in range(layers)] + [Classifier(classes)]
+                patch: int = 4, dropout: float = 0.0, *, api: str = "linen",
+                inputs: int | Sequence[int] | None = None, rngs: nnx.Rngs | None = None) -> list:
+    """Signals [B, L] cut into L / `patch` patches of `patch` samples;
+    `api="nnx"` builds NNX modules for `inputs` (models/builder.py)."""
+    N = nnx_modules
+    b = Builder("transformer", api, inputs, rngs).add(Patches(patch), lambda f, r: N.Patches(patch))
+    b.add(Embed(dim), lambda f, r: N.Embed(b.shape[0], f, dim, rngs=r))
+    for _ in range(layers):
+        b.add(EncoderBlock(dim, heads, dropout=dropout),
+              lambda f, r: N.EncoderBlock(dim, heads, dropout=dropout, rngs=r))
+    return b.add(Classifier(classes), lambda f, r: N.Classifier(f, classes, rngs=r)).layers

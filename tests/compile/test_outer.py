@@ -1,6 +1,5 @@
 """The outer pieces of an update, each alone on packed buffers inside shard_map."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
