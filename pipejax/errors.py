@@ -39,3 +39,9 @@ class ArgumentTypeError(PipejaxError, TypeError):
 
 class CheckpointError(PipejaxError, ValueError):
     """A checkpoint is missing or does not fit the trainer it is restored into."""
+
+
+class OptimizerError(ArgumentTypeError, ConfigError):
+    """The optimizer given is not an optax transformation nor a function
+    StageInfo -> transformation (a name, a class, a factory left uncalled):
+    a setting of the wrong kind, so both an ArgumentTypeError and a ConfigError."""

@@ -1,13 +1,19 @@
 """The command line: `pipejax plan` and a short `pipejax train`."""
 
+import base64
 import json
+import re
+import types
 
 import flax.serialization
+import jax
+import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from pipejax.cli import main
+from pipejax.cli.train import StepCompiles
 
 
 def _data(tmp_path):
@@ -23,7 +29,9 @@ def _data(tmp_path):
 def test_plan_prints_partition_and_timeline(tmp_path, capsys):
     assert main(["plan", "--data", _data(tmp_path), "--stages", "4", "--microbatches", "4"]) == 0
     captured = capsys.readouterr()
-    assert "padding" in captured.out and "stage 3" in captured.out and "bubble=0.429" in captured.out
+    assert "padding" in captured.out and "stage 3" in captured.out
+    assert "(synchronous, one step, fill and drain)" in captured.out
+    assert "fill/drain bubble=0.429" in captured.out  # (K-1)/(M+K-1) = 3/7
     assert "no accelerator found; simulating 4 CPU devices" in captured.err
 
 
@@ -43,8 +51,10 @@ def test_train_learns_and_writes_metrics(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "test accuracy" in out
+    assert "predicted per device, before compiling" in out.split("trainer.step compiled in")[0]
+    assert out.count("trainer.step compiled in") == 1 and "recompiled" not in out
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["test_accuracy"] > 0.8 and last["steps"] == 60
+    assert last["test_accuracy"] > 0.8 and last["steps"] == 60 and last["compile_seconds"] > 0
     assert (tmp_path / "run" / "metrics.csv").read_text().startswith("epoch,loss,step")
     assert plt.imread(tmp_path / "run" / "curve.png").shape[:2] == (350, 600)  # 6 x 3.5 in, 100 dpi
     params = flax.serialization.msgpack_restore((tmp_path / "run" / "params.msgpack").read_bytes())
@@ -66,6 +76,8 @@ def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
                  "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "F0B-6" in out and "delays D_k [6, 4, 2, 0]" in out
+    # one steady-state period: no idle slot; one step from empty to empty: 2(K-1)/(M+2(K-1))
+    assert "steady-state bubble=0.000 (fill/drain bubble=0.600 over one step)" in out
     assert plt.imread(png).shape[:2] == (360, 600)  # K = 4 rows: 0.6 * 4 + 1.2 in, 100 dpi
 
 
@@ -85,6 +97,44 @@ def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams
     assert summary["lr"] == pytest.approx(0.1 / 16 * (1 - 0.9 ** (1 / 16)) / 0.1)
     assert (summary["batch_size"], summary["update_size"], summary["updates"],
             summary["reference"], summary["decay_at"]) == (16, 8, 80, [0.1, 0.9, 128], [0.5])
+
+
+def test_train_writes_a_self_contained_report(tmp_path, capsys):
+    """The report of an NNX model's run (its parameters saved as pure dicts)."""
+    run = tmp_path / "run"
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
+                 "--batch-size", "32", "--steps", "4", "--eval-every", "2", "--schedule", "1f1b",
+                 "--api", "nnx", "--quiet", "--out", str(run)]) == 0
+    assert f"report          {run / 'report.html'}" in capsys.readouterr().out
+    page = (run / "report.html").read_text()
+    summary = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    for text in ("pipejax train: mlp, 1f1b, K=2 stages, M=2 micro-batches",
+                 f"test accuracy {100 * summary['test_accuracy']:.2f} %",
+                 "<th>remat</th><td>stage</td>", "<th>batch_size</th><td>32</td>",
+                 "<th>api</th><td>nnx</td>",
+                 "objective variance",  # the plan
+                 "predicted per device, before compiling"):  # the memory table
+        assert text in page
+    assert page.count('src="data:image/png;base64,') == 2  # curves and schedule, inlined
+    assert not re.findall(r'(?:src|href)="(?!data:)', page)  # no external asset
+    for png in ("curve.png", "schedule.png"):
+        assert base64.b64encode((run / png).read_bytes()).decode() in page
+    params = flax.serialization.msgpack_restore((run / "params.msgpack").read_bytes())
+    assert params["1"]["kernel"].shape == (12, 256)  # layer 1: the first nnx.Linear
+
+
+def test_a_step_that_compiles_again_is_announced():
+    """A cache miss names the argument that changed; same shapes compile once."""
+    said = []
+    trainer = types.SimpleNamespace(step=jax.jit(lambda s, b: (s + b[0].sum(), {})))
+    step = StepCompiles(trainer, said.append)
+    state = jnp.float32(0)
+    for i, n in enumerate([4, 4, 3]):
+        state, _ = step(state, (np.ones(n, np.float32),), i + 1)
+    assert said[0].startswith("trainer.step compiled in") and step.seconds > 0
+    assert len(said) == 2 and re.fullmatch(r"step 3 recompiled trainer.step in \d+\.\d s: the "
+                                           r"batch\[0\] is float32\[3\], at the first step "
+                                           r"float32\[4\]", said[1])
 
 
 @pytest.mark.parametrize("flags, message", [

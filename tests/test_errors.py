@@ -246,3 +246,33 @@ def test_every_raised_error_is_a_pipejax_error():
               for path in root.rglob("*.py")
               for name in re.findall(r"raise ([A-Z]\w*)\(", path.read_text())}
     assert raised and {r for r in raised if r[1] not in ours} == set()
+
+
+def test_an_optimizer_of_the_wrong_kind_says_what_to_pass():
+    """A name, an optax factory given uncalled (alone, in a partial, or the
+    user's own, which would take the StageInfo for its learning rate and fail
+    only inside the step) and a class: each named, with what to pass."""
+    import functools
+
+    def my_sgd(learning_rate, momentum=0.9):
+        return optax.sgd(learning_rate, momentum)
+
+    pipe = build()
+    cases = [
+        ("adam", r"^pipe.trainer got str 'adam': pass optax.adam\(1e-3\); the optimizer must be"),
+        (optax.adam, r"^pipe.trainer got the function adam that makes one transform \(optax.adam\)"
+                     r", not the transform itself: call it, optax.adam\(learning_rate\), e.g. "
+                     r"optax.adam\(1e-3\)$"),
+        (functools.partial(optax.adam, b1=0.8), r"got the function adam .*\(functools.partial"
+                                                r"\(optax.adam, ...\)\).*: call it$"),
+        (my_sgd, r"got the function my_sgd that makes one transform \(.*my_sgd\).*call it"),
+        (optax.GradientTransformation, r"^pipe.trainer got the class GradientTransformation "
+                                       r"\(pass an instance, not the class\): the optimizer must"),
+        (optax.inject_hyperparams(optax.adam), r"got the function adam .*: call it, "
+                                               r"optax.adam\(learning_rate\)"),
+    ]
+    for optimizer, message in cases:  # a ConfigError and an ArgumentTypeError (a TypeError)
+        with pytest.raises(pj.errors.OptimizerError, match=message) as caught:
+            pipe.trainer(optimizer)
+        assert isinstance(caught.value, ConfigError) and isinstance(caught.value, TypeError)
+    assert pipe.trainer(lambda info: optax.sgd(0.1 / (1 + info.delay))).optimizers  # still fine

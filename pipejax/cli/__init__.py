@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(q):
         q.add_argument("--model", default="mlp", choices=sorted(MODEL_DEFAULTS))
+        q.add_argument("--api", default="linen", choices=["linen", "nnx"],
+                       help="the model's Flax API: linen modules or their NNX twins")
         q.add_argument("--data", default="mnist1d", help="mnist1d | digits | path to a .npz file")
         q.add_argument("--stages", type=int, default=4)
         q.add_argument("--microbatches", type=int, default=4)
@@ -86,7 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--eval-every", type=int, default=0, help="steps between test evaluations")
     train.add_argument("--out", type=Path, default=None,
-                       help="write metrics.jsonl, metrics.csv, curve.png, params.msgpack here")
+                       help="write report.html (one self-contained page: curves, schedule, plan, "
+                            "memory, settings), metrics.jsonl, metrics.csv, curve.png, "
+                            "schedule.png, params.msgpack here")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--resume", type=Path, default=None, metavar="DIR",
                        help="checkpoint directory: continue from its latest checkpoint if it "

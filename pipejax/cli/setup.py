@@ -37,18 +37,26 @@ def setup_devices(stages: int, replicas: int = 1, nodes: int = 1):
     return pj.make_mesh(stages, replicas, nodes, jax.devices("cpu"))
 
 
-def build_layers(name: str, example_shape: tuple, classes: int) -> list:
-    """The named model for examples of `example_shape` (signals [L] or images [H, W, C])."""
+def build_layers(name: str, example_shape: tuple, classes: int, api: str = "linen",
+                 seed: int = 0) -> list:
+    """The named model for examples of `example_shape` (signals [L] or images
+    [H, W, C]), in Flax linen or NNX (built from nnx.Rngs(seed))."""
+    import numpy as np
+    from flax import nnx
+
     import pipejax as pj
     from pipejax.models.common import flatten
 
     kwargs, _ = MODEL_DEFAULTS[name]
     image = len(example_shape) == 3
-    if name in ("resnet", "vgg"):
-        return pj.models.MODELS[name](**kwargs, classes=classes, dims=2 if image else 1)
-    layers = pj.models.MODELS[name](**kwargs, classes=classes)
     # The MLP, and the sequence models on images, read flat vectors (the SNN flattens itself).
     needs_flat = name == "mlp" or (image and name != "snn")
+    if name in ("resnet", "vgg"):
+        kwargs, needs_flat = {**kwargs, "dims": 2 if image else 1}, False
+    inputs = (int(np.prod(example_shape)),) if needs_flat else tuple(example_shape)
+    if api == "nnx":
+        kwargs = {**kwargs, "api": "nnx", "inputs": inputs, "rngs": nnx.Rngs(seed)}
+    layers = pj.models.MODELS[name](**kwargs, classes=classes)
     return [flatten] + layers if needs_flat else layers
 
 
@@ -60,7 +68,7 @@ def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool
     partition = args.partition
     if partition not in ("variance", "bottleneck"):
         partition = [int(n) for n in partition.split(",")]
-    layers = build_layers(args.model, example_shape, classes)
+    layers = build_layers(args.model, example_shape, classes, args.api, getattr(args, "seed", 0))
     mb = args.batch_size // (args.microbatches * args.replicas)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                        example=jnp.zeros((mb, *example_shape), jnp.float32),

@@ -1,4 +1,10 @@
-"""`pipejax train`: train a model with a pipelined step; metrics, curve and parameters out."""
+"""`pipejax train`: train a model with a pipelined step; metrics, curve,
+parameters and a report out.
+
+Before the first step it prints the predicted memory per device and the
+time `trainer.step` takes to compile; a later step that compiles again
+(jax.monitoring's XLA compile event) is announced with what changed.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,80 @@ import csv
 import json
 import time
 from pathlib import Path
+from typing import Any, Callable
 
+import jax
+
+from pipejax.cli.report import write_report
 from pipejax.cli.setup import (MODEL_DEFAULTS, describe_optimizer, make_optimizer, make_pipeline,
                               resolve_batch_size, setup_devices)
+
+XLA_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event, in seconds
+
+
+def _signature(tree: Any) -> list[tuple[str, str]]:
+    """(path, "dtype[shape] sharding") of every array of `tree`: what jit's cache keys on."""
+    return [(jax.tree_util.keystr(path), f"{a.dtype}[{','.join(map(str, a.shape))}]"
+             + (f" {a.sharding.spec}" if hasattr(getattr(a, "sharding", None), "spec") else ""))
+            for path, a in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _change(name: str, now: list[tuple[str, str]], first: list[tuple[str, str]]) -> str | None:
+    """The first array of `now` that differs from `first`, named, or None."""
+    if len(now) != len(first):
+        return f"the {name} holds {len(now)} arrays, at the first step {len(first)}"
+    return next((f"the {name}{p} is {a}, at the first step {b}"
+                 for (p, a), (_, b) in zip(now, first) if a != b), None)
+
+
+def _compiling(call: Callable[[], Any]) -> tuple[Any, list[float]]:
+    """`call()`, and the seconds of each XLA compilation it ran (jax.monitoring's events)."""
+    seconds: list[float] = []
+
+    def listen(event: str, duration: float, **_) -> None:
+        if event == XLA_COMPILE:
+            seconds.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        return call(), seconds
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+class StepCompiles:
+    """`trainer.step`, its compilations told: the first made ahead of the
+    first step and timed (trace, lower, XLA compile), any later one (an XLA
+    compilation during a step) announced by `say` with the argument that
+    changed since the first step."""
+
+    def __init__(self, trainer, say: Callable[[str], Any]):
+        self.trainer, self.say = trainer, say
+        self.seconds: float | None = None  # the first compilation's; None before the first step
+        self._first: tuple = ()  # the signatures of the first step's batch and state
+
+    def __call__(self, state, batch, step: int) -> tuple:
+        """`trainer.step(state, batch)` as the run's `step`-th step."""
+        if self.seconds is None:
+            start = time.perf_counter()
+            self.trainer.step.lower(state, batch).compile()
+            self.seconds = time.perf_counter() - start
+            self._first = _signature(batch), _signature(state)
+            self.say(f"trainer.step compiled in {self.seconds:.1f} s")
+        out, seconds = _compiling(lambda: self.trainer.step(state, batch))
+        if seconds:
+            why = (_change("batch", _signature(batch), self._first[0])
+                   or _change("state", _signature(state), self._first[1])
+                   or "the batch and state are shaped and placed as at the first step")
+            self.say(f"step {step} recompiled trainer.step in {sum(seconds):.1f} s: {why}")
+        return out
 
 
 def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> None:
     """metrics.jsonl (last line: the summary), metrics.csv, curve.png, params.msgpack."""
     import flax.serialization
     import matplotlib
+    from flax import nnx
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -44,14 +115,16 @@ def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> Non
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=100)
     plt.close(fig)
+    pure = lambda v: nnx.to_pure_dict(v) if isinstance(v, nnx.State) else v  # NNX layers' States
     (out / "params.msgpack").write_bytes(flax.serialization.msgpack_serialize(
-        {str(i): v for i, v in enumerate(variables)}))
+        {str(i): pure(v) for i, v in enumerate(variables)}))
 
 
 def _loop(args, trainer, state, data, total: int, accuracy):
     """Steps `state.step` to `total` over shuffled epochs (a resumed run goes
     on with the batch it would have had next), then a flush; returns the
-    state, the metric rows and the seconds it took."""
+    state, the metric rows, the seconds it took and those of the first
+    compilation (None if no step ran)."""
     import pipejax as pj
     from tqdm import tqdm
 
@@ -60,6 +133,7 @@ def _loop(args, trainer, state, data, total: int, accuracy):
     per_epoch = len(data.x_train) // args.batch_size
     epoch, skip = divmod(step, per_epoch)
     bar = tqdm(total=total, initial=step, unit="step", disable=args.quiet, dynamic_ncols=True)
+    step_once = StepCompiles(trainer, bar.write if jax.process_index() == 0 else lambda _: None)
     while step < total:
         for x, y in pj.data.batches(data.x_train, data.y_train, args.batch_size, args.seed, epoch):
             if skip:
@@ -67,7 +141,7 @@ def _loop(args, trainer, state, data, total: int, accuracy):
                 continue
             if step == total:
                 break
-            state, metrics = trainer.step(state, (x, y))
+            state, metrics = step_once(state, (x, y), step + 1)
             step += 1
             if args.save_every and step % args.save_every == 0:
                 pj.save(args.resume, trainer, state)
@@ -90,7 +164,7 @@ def _loop(args, trainer, state, data, total: int, accuracy):
     state, _ = trainer.flush(state)  # an asynchronous pipeline finishes what is in flight
     if args.resume is not None:
         pj.save(args.resume, trainer, state)
-    return state, rows, time.perf_counter() - start
+    return state, rows, time.perf_counter() - start, step_once.seconds
 
 
 def _rule(args):
@@ -138,11 +212,13 @@ def train(args) -> int:
         args, lr, (total * per_step, per_epoch * per_step),
         args.batch_size // (1 if synchronous else args.microbatches), synchronous)
     layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh, stash)
+    trainer = pipe.trainer(optimizer, _rule(args), clip_norm=args.clip,
+                           skip_nonfinite=args.skip_nonfinite)
+    memory = str(trainer.memory())
     if jax.process_index() == 0:
         print(pipe, flush=True)
         print(f"optimizer: {describe_optimizer(settings)}", flush=True)
-    trainer = pipe.trainer(optimizer, _rule(args), clip_norm=args.clip,
-                           skip_nonfinite=args.skip_nonfinite)
+        print(memory, flush=True)
     if args.resume is not None and pj.checkpoint.latest(args.resume) is not None:
         state = pj.restore(args.resume, trainer)
         if jax.process_index() == 0:
@@ -151,13 +227,16 @@ def train(args) -> int:
         state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
     accuracy = pj.evaluator(layers)
     first = int(state.step)
-    state, rows, seconds = _loop(args, trainer, state, data, total, accuracy)
+    state, rows, seconds, compile_seconds = _loop(args, trainer, state, data, total, accuracy)
     variables = pj.unstage(state)  # gathered from every process; the replicas' mean
     summary = {"test_accuracy": accuracy(variables, data.x_test, data.y_test),
                "train_accuracy": accuracy(variables, data.x_train, data.y_train),
-               "steps": total, "seconds": round(seconds, 1),
+               "steps": total, "epochs": round(total / per_epoch, 2),
+               "seconds": round(seconds, 1),
+               "compile_seconds": None if compile_seconds is None else round(compile_seconds, 2),
                "examples_per_s": round((total - first) * args.batch_size / seconds, 1),
-               "model": args.model, "schedule": args.schedule, "stages": args.stages,
+               "model": args.model, "api": args.api, "schedule": args.schedule,
+               "stages": args.stages,
                "split": list(pipe.plan.split), "batch_size": args.batch_size,
                "microbatches": args.microbatches, **settings,
                "mitigation": args.mitigation or "none", "form": args.form,
@@ -170,6 +249,9 @@ def train(args) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         _write_outputs(args.out, rows, summary, variables)
+        pipe.schedule.plot(str(args.out / "schedule.png"))
+        flags = {k: v for k, v in vars(args).items() if k != "command"}
+        write_report(args.out, summary, flags, str(pipe), memory)
     print(f"\n{'test accuracy':<16}{100 * summary['test_accuracy']:.2f}%\n"
           f"{'train accuracy':<16}{100 * summary['train_accuracy']:.2f}%\n"
           f"{'steps':<16}{total} in {seconds:.0f} s ({summary['examples_per_s']:.0f} examples/s)\n"
@@ -177,5 +259,6 @@ def train(args) -> int:
           f"{args.microbatches} micro-batches, mitigation {summary['mitigation']}"
           + (f"\n{'replicas':<16}{args.replicas}, rule {summary['rule']}" if args.replicas > 1
              else "")
-          + (f", {jax.process_count()} processes" if jax.process_count() > 1 else ""))
+          + (f", {jax.process_count()} processes" if jax.process_count() > 1 else "")
+          + (f"\n{'report':<16}{args.out / 'report.html'}" if args.out else ""))
     return 0

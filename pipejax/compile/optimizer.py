@@ -63,7 +63,8 @@ class StageOptimizers:
     @classmethod
     def of(cls, optimizer: Optimizer, build: Build, outer: Outer) -> "StageOptimizers":
         schedule, params = build.schedule, build.code.params
-        transforms = per_stage(optimizer, [schedule.stage_info(k) for k in range(build.K)])
+        transforms = per_stage(optimizer, [schedule.stage_info(k) for k in range(build.K)],
+                               "pipe.trainer")
         states = [jax.eval_shape(t.init, params.abstract_tree(k)) for k, t in enumerate(transforms)]
         forecasting = [has_forecast(s) for s in states]
         if schedule.synchronous and any(forecasting):

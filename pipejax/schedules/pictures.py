@@ -1,4 +1,10 @@
-"""Pictures of a schedule table: a text Gantt chart and a PNG timeline."""
+"""Pictures of a schedule table: a text Gantt chart and a PNG timeline.
+
+A synchronous table is a whole step, fill and drain included, so its
+picture shows the fill/drain bubble; an asynchronous table is one period of
+the steady state, so its picture shows that period's own bubble, and the
+fill/drain bubble of one step from an empty pipeline to an empty one apart.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,22 @@ def _cell(schedule: Schedule, t: int, k: int) -> str:
     return "".join(p + str(v) for p, v in (("F", f), ("B", b)) if v != NONE) or "."
 
 
+def _shows(schedule: Schedule) -> str:
+    """What the table pictures: one steady-state period or one whole step."""
+    return "one steady-state period" if schedule.asynchronous else "one step, fill and drain"
+
+
+def _bubbles(schedule: Schedule) -> str:
+    """The bubble of what the picture shows, named: the steady-state bubble of
+    an asynchronous period (read off the table drawn), then the fill/drain
+    bubble of one step from an empty pipeline to an empty one; a synchronous
+    step's fill/drain bubble."""
+    fill_drain = f"fill/drain bubble={schedule.bubble_fraction:.3f}"
+    if schedule.synchronous:
+        return fill_drain
+    return f"steady-state bubble={schedule.table_bubble_fraction:.3f} ({fill_drain} over one step)"
+
+
 def render(schedule: Schedule) -> str:
     """Text Gantt chart: one row per stage, one column per tick."""
     width = max(4, *(len(_cell(schedule, t, k)) + 1 for t in range(schedule.ticks)
@@ -23,9 +45,9 @@ def render(schedule: Schedule) -> str:
     for k in range(schedule.stages):
         rows.append(f"stage {k} " + "".join(_cell(schedule, t, k).rjust(width)
                                              for t in range(schedule.ticks)))
-    kind = "asynchronous, one period" if schedule.asynchronous else "synchronous"
-    rows.append(f"{schedule.name} ({kind}): K={schedule.stages} M={schedule.microbatches} "
-                f"ticks={schedule.ticks} bubble={schedule.bubble_fraction:.3f} "
+    kind = "asynchronous" if schedule.asynchronous else "synchronous"
+    rows.append(f"{schedule.name} ({kind}, {_shows(schedule)}): K={schedule.stages} "
+                f"M={schedule.microbatches} ticks={schedule.ticks} {_bubbles(schedule)} "
                 f"delays={schedule.delays}")
     return "\n".join(rows)
 
@@ -53,8 +75,8 @@ def plot(schedule: Schedule, path: str) -> None:
     ax.set_xlim(0, T), ax.set_ylim(K, 0)
     ax.set_xlabel("tick"), ax.set_yticks([k + 0.5 for k in range(K)])
     ax.set_yticklabels([f"stage {k}" for k in range(K)])
-    ax.set_title(f"{schedule.name}: K={K} M={schedule.microbatches}, bubble {schedule.bubble_fraction:.3f} "
-                 "(blue forward, orange backward)")
+    ax.set_title(f"{schedule.name}: K={K} M={schedule.microbatches}, {_shows(schedule)} (blue "
+                 f"forward, orange backward)\n{_bubbles(schedule)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -126,18 +126,32 @@ class Schedule:
         check_order(self)
 
     # --------------------------------------------------------- derived facts
+    @property
+    def _slots(self) -> int:
+        """Op slots per stage and tick: the most ops one cell of the table runs."""
+        return int((self.ops != Op.IDLE).sum(axis=2).max())
+
     def bubble_fraction_over(self, steps: int) -> float:
         """Idle share of the op slots (one per lane the table uses, per stage and
         tick) from the first op to the last, over `steps` steps and the flush."""
-        lanes = int((self.ops != Op.IDLE).sum(axis=2).max())
         tl = self.timeline(steps)
         busy = tl.F.size + tl.B.size
-        return 1.0 - busy / (lanes * self.stages * tl.ticks)
+        return 1.0 - busy / (self._slots * self.stages * tl.ticks)
 
     @property
     def bubble_fraction(self) -> float:
-        """Idle share of the op slots over one step (and, if asynchronous, its flush)."""
+        """Idle share of the op slots over one step (and, if asynchronous, its
+        flush): the fill/drain bubble, (K−1)/(M+K−1) for GPipe."""
         return self.bubble_fraction_over(1)
+
+    @property
+    def table_bubble_fraction(self) -> float:
+        """Idle share of the op slots of the table as drawn (`render`, `plot`):
+        asynchronous, one period of the steady state, where the ops of earlier
+        and later steps take the slots that fill and drain leave idle (0 for pb
+        and pipedream); synchronous, the whole step, `bubble_fraction`."""
+        busy = int((self.ops != Op.IDLE).sum())
+        return 1.0 - busy / (self._slots * self.stages * self.ticks)
 
     @property
     def lifetime(self) -> int:

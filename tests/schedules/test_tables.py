@@ -172,3 +172,31 @@ def test_a_cell_holds_one_forward():
     table[1, 1, 1] = table[1, 1, 0]  # a second forward in the backward lane
     with pytest.raises(ScheduleError, match="tick 1, stage 1 runs two forwards"):
         Schedule("bad", table, microbatches=1)
+
+
+@pytest.mark.parametrize("K,M", GRID)
+def test_the_drawn_table_of_an_asynchronous_schedule_has_no_bubble(K, M):
+    """One steady-state period of PB and PipeDream keeps every stage busy in
+    every slot (Kosson et al. 2020, §2); a synchronous table is the whole step."""
+    assert pb(K, M).table_bubble_fraction == 0 and pipedream(K, M).table_bubble_fraction == 0
+    for build in (gpipe, one_f_one_b):
+        assert build(K, M).table_bubble_fraction == pytest.approx((K - 1) / (M + K - 1))
+
+
+def test_pictures_name_the_bubble_they_show(monkeypatch, tmp_path):
+    """PB's picture is one steady-state period: its bubble, 0, and apart the
+    fill/drain bubble of one step, 2(K-1)/(M+2(K-1)) = 6/10 at K = M = 4;
+    GPipe's picture is the step with its fill/drain bubble (K-1)/(M+K-1) = 3/7."""
+    import matplotlib.axes
+
+    titles = []
+    set_title = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda ax, text, **kw: titles.append(text) or set_title(ax, text, **kw))
+    pb(4, 4).plot(str(tmp_path / "pb.png"))
+    gpipe(4, 4).plot(str(tmp_path / "gpipe.png"))
+    async_text = "steady-state bubble=0.000 (fill/drain bubble=0.600 over one step)"
+    assert async_text in pb(4, 4).render() and async_text in titles[0]
+    assert "one steady-state period" in titles[0]
+    for text in (gpipe(4, 4).render(), titles[1]):
+        assert "fill/drain bubble=0.429" in text and "steady-state" not in text
