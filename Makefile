@@ -25,7 +25,8 @@ test-all: $(BIN)/pipejax  # the slow reproductions too, as CI runs them
 
 bench: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python run_all.py && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
-		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py
+		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py \
+		&& ../$(BIN)/python nnx_twins.py
 
 # The convergence tables of the staleness mitigations in the papers' regime (40 minutes on 2 cores).
 reproduce: $(BIN)/pipejax

@@ -1,6 +1,7 @@
 """pipejax: compile a list of Flax layers into one pipelined, jitted training step."""
 
-from pipejax import checkpoint, data, distributed, errors, losses, models, partition, schedules, transforms
+from pipejax import (checkpoint, data, distributed, errors, losses, models, nnx_layer, partition,
+                     schedules, transforms)
 from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
 from pipejax.mesh import make_mesh, simulate_devices
@@ -13,7 +14,7 @@ from pipejax.trainer import Trainer
 
 __all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Schedule", "StageInfo", "Staged",
            "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data", "distributed",
-           "errors", "evaluator", "losses",
+           "errors", "evaluator", "losses", "nnx_layer",
            "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules", "simulate",
            "simulate_devices",
            "trace", "transforms", "unstage"]

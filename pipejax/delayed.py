@@ -171,7 +171,8 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
     """Single-device training with each stage's gradient delayed as in a pipeline.
 
     Args:
-      layers: the model, a list of Flax modules or functions (as for `pj.pipeline`).
+      layers: the model, a list of Flax modules (linen or NNX) or functions, as
+        for `pj.pipeline`.
       loss: `loss(outputs, targets)` of one micro-batch.
       optimizer: an optax transform, or a function `StageInfo -> transform`
         (e.g. `pj.transforms.mitigation(...).optimizer`).

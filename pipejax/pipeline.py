@@ -245,7 +245,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
-      layers: the model, a list of Flax linen modules or functions of one array.
+      layers: the model, a list of Flax linen modules, Flax NNX modules (their
+        current values are the initial parameters; nnx_layer.py) or functions of
+        one array; or an `nnx.Sequential` / `nnx.List`.
       loss: `loss(outputs, targets)` of ONE micro-batch, returning its mean.
       example: ONE micro-batch of inputs (its shape and dtype matter, not its values).
       stages: K, pipeline stages, one device each.
