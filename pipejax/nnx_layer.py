@@ -199,7 +199,7 @@ def layer_list(layers: Any) -> tuple:
 
 def write_into(values: Sequence[Any], into: Any) -> None:
     """`nnx.update` each NNX module of `into` (a list, `nnx.Sequential` or
-    `nnx.List` of the layers a pipeline was given) with its entry of
+    `nnx.List` of the layers a pipeline was given, or `pipe.layers`) with its entry of
     `values` (one per layer, as `pj.unstage` returns them).
 
     Raises:
@@ -213,6 +213,7 @@ def write_into(values: Sequence[Any], into: Any) -> None:
         raise LayerError(f"unstage(..., into=...) takes the layer list the pipeline was given "
                          f"({len(values)} layers), got {got}")
     for i, (module, v) in enumerate(zip(modules, values)):
+        module = module.module if isinstance(module, NnxLayer) else module  # pipe.layers
         if not is_module(module):
             continue
         mine, theirs = _abstract(nnx.state(module, nnx.Param)), _abstract(v)

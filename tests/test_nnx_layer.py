@@ -118,9 +118,10 @@ def test_given_values_train_and_come_back_into_the_modules():
     state = trainer.init(params, jax.random.key(0))
     for s in range(3):
         state, _ = trainer.step(state, batch(2 * MB, seed=s))
-    values = pj.unstage(state, into=model)
+    values = pj.unstage(state, into=pipe.layers)  # pipe.layers: the same modules, split
     trained = nnx.state(model, nnx.Param)
     assert rel_err(trained, given) > 1e-3  # the modules hold the trained values now
+    assert rel_err(pj.unstage(state, into=model), values) == 0
     x, _ = batch(8)
     model.eval()
     np.testing.assert_allclose(model(x), pj.apply_layers(model, values, x, train=False),
