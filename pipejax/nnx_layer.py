@@ -52,8 +52,10 @@ class NnxLayer:
 
     def __init__(self, module: nnx.Module):
         self.module = module
-        self.graphdef, params, self.rngs, self.constants = nnx.split(
-            module, nnx.Param, nnx.RngState, ...)
+        self.graphdef, params, rngs, constants = nnx.split(module, nnx.Param, nnx.RngState, ...)
+        # nnx.split hands out the module's own Variables: keep new ones holding
+        # today's values, so a later nnx.update of the module changes nothing here.
+        self.rngs, self.constants = _copy(rngs), _copy(constants)
         self.streams = tuple(sorted({v.tag for _, v in nnx.to_flat_state(self.rngs)
                                      if isinstance(v, nnx.RngKey)}))
         self.abstract = _abstract(params)
@@ -84,7 +86,9 @@ class NnxLayer:
         user's module and its variables are never written)."""
         module = nnx.merge(self.graphdef, params, self.rngs, constants, copy=True)
         if train and key is not None and self.streams:
-            nnx.reseed(module, **stream_keys(key, self.streams))
+            # match_shape: a stream split over a scan of layers (nnx.split_rngs) gets
+            # one key per layer, drawn from its stream's key.
+            nnx.reseed(module, policy="match_shape", **stream_keys(key, self.streams))
         if not train:
             module.eval()
         return module
@@ -102,14 +106,14 @@ class NnxLayer:
         before = (params, self.constants)
         closed, after = jax.make_jaxpr(run, return_shape=True)(*before, h, key)
         if jax.tree.structure(after) != jax.tree.structure(before):
-            new = {_path(p) for p, _ in nnx.to_flat_state(after[1])} - {
-                _path(p) for p, _ in nnx.to_flat_state(self.constants)}
-            return [f"{_kind(after[1], p)} {p}" for p in sorted(new)]
-        ins = closed.jaxpr.invars[:len(jax.tree.leaves(before))]
-        outs = closed.jaxpr.outvars
-        flat = [*nnx.to_flat_state(params), *nnx.to_flat_state(self.constants)]
-        return [f"{type(v).__name__} {_path(p)}" for (p, v), i, o in zip(flat, ins, outs)
-                if o is not i]
+            paths = lambda states: {f"{type(v).__name__} {_path(p)}" for state in states
+                                    for p, v in nnx.to_flat_state(state)}
+            return sorted(paths(after) - paths(before)) or ["variables (their structure changes)"]
+        # One name per leaf, in the order the jaxpr takes and returns them.
+        names = [f"{type(v).__name__} {_path(p)}" for state in before
+                 for p, v in nnx.to_flat_state(state) for _ in jax.tree.leaves(v)]
+        ins = closed.jaxpr.invars[:len(names)]
+        return sorted({name for name, i, o in zip(names, ins, closed.jaxpr.outvars) if o is not i})
 
     def same(self, other: "NnxLayer") -> bool:
         """Whether two NNX layers are one function of (parameters, input):
@@ -126,16 +130,17 @@ class NnxLayer:
                                                    consts(other.constants))))
 
 
+def _copy(state: nnx.State) -> nnx.State:
+    """The same values in new Variables."""
+    return jax.tree.map(lambda a: a, state)
+
+
 def _abstract(tree: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
 
 
 def _path(path: tuple) -> str:
     return ".".join(str(p) for p in path)
-
-
-def _kind(state: nnx.State, path: str) -> str:
-    return next(type(v).__name__ for p, v in nnx.to_flat_state(state) if _path(p) == path)
 
 
 def is_module(layer: Any) -> bool:
@@ -176,7 +181,8 @@ def layer_list(layers: Any) -> tuple:
             continue
         name = type(layer).__name__
         for path, node in nnx.iter_graph(layer):
-            if not isinstance(node, (nnx.Variable, nnx.Module)):
+            # Random streams may be shared: they are reseeded at every call, never trained.
+            if not isinstance(node, (nnx.Variable, nnx.Module)) or isinstance(node, nnx.RngState):
                 continue
             j = owner.setdefault(id(node), i)
             if j != i:

@@ -82,7 +82,7 @@ def nnx_sequential_loss(modules, params, x, y, M, key, loss=pj.losses.cross_entr
             streams = {v.tag for _, v in nnx.to_flat_state(nnx.state(layer, nnx.RngKey))}
             layer_key = jax.random.fold_in(jax.random.fold_in(key, m), i)
             if streams:
-                nnx.reseed(layer, **{s: jax.random.fold_in(
+                nnx.reseed(layer, policy="match_shape", **{s: jax.random.fold_in(
                     layer_key, zlib.crc32(s.encode()) & 0x7FFFFFFF) for s in streams})
             h = layer(h)
         total = total + loss(h, ym)

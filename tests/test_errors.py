@@ -264,12 +264,14 @@ def test_an_optimizer_of_the_wrong_kind_says_what_to_pass():
                      r", not the transform itself: call it, optax.adam\(learning_rate\), e.g. "
                      r"optax.adam\(1e-3\)$"),
         (functools.partial(optax.adam, b1=0.8), r"got the function adam .*\(functools.partial"
-                                                r"\(optax.adam, ...\)\).*: call it$"),
+                                                r"\(optax.adam, ...\)\).*: call it with its hyper"
+                                                r"-parameters, e.g. f\(learning_rate=1e-3\)"),
         (my_sgd, r"got the function my_sgd that makes one transform \(.*my_sgd\).*call it"),
         (optax.GradientTransformation, r"^pipe.trainer got the class GradientTransformation "
                                        r"\(pass an instance, not the class\): the optimizer must"),
-        (optax.inject_hyperparams(optax.adam), r"got the function adam .*: call it, "
-                                               r"optax.adam\(learning_rate\)"),
+        (optax.inject_hyperparams(optax.adam), r"got the function adam that makes one transform "
+                                               r"\(a wrapper of optax.adam\).*: call it with its "
+                                               r"hyper-parameters"),
     ]
     for optimizer, message in cases:  # a ConfigError and an ArgumentTypeError (a TypeError)
         with pytest.raises(pj.errors.OptimizerError, match=message) as caught:

@@ -121,7 +121,9 @@ def test_given_values_train_and_come_back_into_the_modules():
     values = pj.unstage(state, into=pipe.layers)  # pipe.layers: the same modules, split
     trained = nnx.state(model, nnx.Param)
     assert rel_err(trained, given) > 1e-3  # the modules hold the trained values now
-    assert rel_err(pj.unstage(state, into=model), values) == 0
+    fresh = nnx.Sequential(*_mlp(seed=8, dropout=0.1))
+    pj.unstage(state, into=fresh)  # another model of the same structure
+    assert rel_err(nnx.state(fresh, nnx.Param), trained) == 0
     x, _ = batch(8)
     model.eval()
     np.testing.assert_allclose(model(x), pj.apply_layers(model, values, x, train=False),
@@ -160,6 +162,62 @@ def test_fixed_batchnorm_statistics_are_constants():
     assert rel_err(loss, ref_loss) < 1e-5 and rel_err(pj.unstage(grads), ref_grads) < 1e-5
 
 
+def test_constants_are_taken_when_the_pipeline_is_built():
+    """A later nnx.update of a module's statistics changes neither the
+    pipeline nor which stages share a branch (the values are copied)."""
+    r = nnx.Rngs(0)
+    a, b = (nnx.BatchNorm(16, use_running_average=True, rngs=r) for _ in range(2))
+    nnx.update(b, nnx.state(a))  # b shares a's statistics arrays
+    layers = [nnx.Linear(20, 16, rngs=r), a, nnx.Linear(16, 16, rngs=r), b,
+              nnx.Linear(16, 10, rngs=r)]
+    pipe = _pipe(layers, 3, 2, partition=[2, 2, 1])
+    reference = jax.tree.map(np.array, nnx.state(b, nnx.BatchStat))
+    nnx.update(b, nnx.State({"mean": nnx.BatchStat(jnp.full(16, 5.0))}))
+    params, xy = pipe.init(), batch(2 * MB)
+    loss, grads = pipe.value_and_grad(params, xy)
+    nnx.update(b, reference)
+    ref_loss, ref_grads = nnx_sequential_value_and_grad(layers, 2)(pj.unstage(params), *xy,
+                                                                    jax.random.key(0))
+    assert rel_err(loss, ref_loss) < 1e-5 and rel_err(pj.unstage(grads), ref_grads) < 1e-5
+
+
+def test_a_scanned_stack_with_split_streams_and_a_shared_rngs():
+    """A layer that scans over vmapped blocks (nnx.split_rngs: one dropout key
+    per block), beside layers that keep one nnx.Rngs between them."""
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.linear, self.dropout = nnx.Linear(16, 16, rngs=rngs), nnx.Dropout(0.3, rngs=rngs)
+
+        def __call__(self, x):
+            return x + self.dropout(nnx.relu(self.linear(x)))
+
+    class Stack(nnx.Module):
+        def __init__(self, rngs):
+            make = nnx.split_rngs(splits=3)(nnx.vmap(Block, in_axes=0, out_axes=0))
+            self.blocks = make(rngs)
+
+        def __call__(self, x):
+            return nnx.scan(lambda h, block: (block(h), None), in_axes=(nnx.Carry, 0))(
+                x, self.blocks)[0]
+
+    class Noise(nnx.Module):
+        def __init__(self, rngs):
+            self.rngs = rngs  # the same Rngs in two layers: harmless, reseeded at each call
+
+        def __call__(self, x):
+            return x + 0.1 * jax.random.normal(self.rngs.noise(), x.shape)
+
+    r = nnx.Rngs(params=0, dropout=1, noise=2)
+    layers = [nnx.Linear(20, 16, rngs=r), Noise(r), Stack(r), Noise(r), nnx.Linear(16, 10, rngs=r)]
+    pipe = _pipe(layers, 2, 2)
+    assert [s.index for s in pipe.random_layers] == [1, 2, 3]
+    params, xy, key = pipe.init(), batch(2 * MB), jax.random.key(3)
+    loss, grads = pipe.value_and_grad(params, xy, key)
+    ref_loss, ref_grads = nnx_sequential_value_and_grad(layers, 2)(pj.unstage(params), *xy, key)
+    assert rel_err(loss, ref_loss) < 1e-5 and rel_err(pj.unstage(grads), ref_grads) < 1e-5
+    assert abs(float(pipe.value_and_grad(params, xy, jax.random.key(4))[0]) - float(loss)) > 1e-3
+
+
 # ------------------------------------------------------------------ bad input
 def test_batchnorm_that_writes_its_statistics_is_an_error():
     layers = [nnx.Linear(20, 16, rngs=nnx.Rngs(0)), nnx.BatchNorm(16, rngs=nnx.Rngs(0)),
@@ -167,6 +225,16 @@ def test_batchnorm_that_writes_its_statistics_is_an_error():
     with pytest.raises(LayerError, match=r"layer 1 \(BatchNorm\) writes BatchStat mean, "
                                          r"BatchStat var in its forward.*nnx.GroupNorm"):
         _pipe(layers, 2, 2)
+
+
+def test_a_parameter_made_in_the_forward_is_an_error():
+    class Lazy(nnx.Module):
+        def __call__(self, x):
+            self.w = nnx.Param(jnp.ones((x.shape[-1], 10)))  # would be redrawn, never trained
+            return x @ self.w[...]
+
+    with pytest.raises(LayerError, match=r"layer 0 \(Lazy\) writes Param w in its forward"):
+        _pipe([Lazy()], 1, 1)
 
 
 def test_first_layer_that_cannot_take_the_batch_names_its_shapes():

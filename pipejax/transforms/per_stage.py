@@ -60,11 +60,16 @@ def _check_kind(optimizer: Any, caller: str) -> None:
         raise OptimizerError(f"{caller} got {type(optimizer).__name__} {optimizer!r:.60}: "
                                 + (f"pass optax.{optimizer}(1e-3); " if named else "") + _KINDS)
     if _takes_learning_rate(optimizer):
-        name, short = _name(optimizer), getattr(_unwrapped(optimizer), "__name__", "")
-        call = "" if isinstance(optimizer, functools.partial) else \
-            f", {name}(learning_rate), e.g. {name}(1e-3)"
+        inner = _unwrapped(optimizer)
+        name, short = _name(optimizer), getattr(inner, "__name__", "")
+        if isinstance(optimizer, functools.partial) or hasattr(inner, "__wrapped__"):
+            # a partial, or a wrapper such as optax.inject_hyperparams(optax.adam)
+            name = name if inner is not optimizer else f"a wrapper of {name}"
+            call = " with its hyper-parameters, e.g. f(learning_rate=1e-3) for the f you passed"
+        else:
+            call = f", {name}(learning_rate), e.g. {name}(1e-3)"
         raise OptimizerError(f"{caller} got the function {short} that makes one transform "
-                                f"({name}), not the transform itself: call it{call}")
+                             f"({name}), not the transform itself: call it{call}")
     if _module(optimizer) == "optax":
         raise OptimizerError(f"{caller} got the optax function {_name(optimizer)}: {_KINDS}")
 
