@@ -23,9 +23,9 @@ import optax
 from jax import lax
 
 from pipejax.errors import ConfigError
+from pipejax.nnx_layer import layer_list
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
-from pipejax.nnx_layer import layer_list
 from pipejax.trace import Layer, apply_layer, apply_layers, init_layer, layer_key
 from pipejax.transforms import forecast, has_forecast
 from pipejax.transforms.per_stage import per_stage

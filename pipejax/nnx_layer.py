@@ -124,10 +124,9 @@ class NnxLayer:
             same_code = self.graphdef == other.graphdef and self.streams == other.streams
         except Exception:  # noqa: BLE001 - static fields that do not compare: not provably equal
             return False
-        consts = lambda s: jax.tree.leaves(s)
-        return bool(same_code and len(consts(self.constants)) == len(consts(other.constants))
-                    and all(a is b for a, b in zip(consts(self.constants),
-                                                   consts(other.constants))))
+        mine, theirs = jax.tree.leaves(self.constants), jax.tree.leaves(other.constants)
+        return bool(same_code and len(mine) == len(theirs)
+                    and all(a is b for a, b in zip(mine, theirs)))
 
 
 def _copy(state: nnx.State) -> nnx.State:
@@ -143,8 +142,10 @@ def _path(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def is_module(layer: Any) -> bool:
-    return isinstance(layer, nnx.Module)
+def _items(layers: Any) -> list | None:
+    """The entries of a list, tuple, `nnx.Sequential` or `nnx.List`; None for anything else."""
+    layers = layers.layers if isinstance(layers, nnx.Sequential) else layers
+    return list(layers) if isinstance(layers, (list, tuple, nnx.List)) else None
 
 
 def layer_list(layers: Any) -> tuple:
@@ -157,17 +158,15 @@ def layer_list(layers: Any) -> tuple:
         or shares variables with another layer (the same module twice, tied
         weights): a pipeline places each layer's parameters on one stage.
     """
-    if isinstance(layers, nnx.Sequential):
-        layers = layers.layers
-    if isinstance(layers, nnx.List):
-        layers = list(layers)
-    if not isinstance(layers, (list, tuple)):
+    items = _items(layers)
+    if items is None:
         raise LayerError(f"layers must be a list of Flax modules or functions (or an "
                          f"nnx.Sequential), not {type(layers).__name__}; a model is a list so it "
                          "can be split")
+    layers = items
     out, owner = [], {}
     for i, layer in enumerate(layers):
-        if is_module(layer) and id(layer) in owner:
+        if isinstance(layer, nnx.Module) and id(layer) in owner:
             j = owner[id(layer)]
             raise LayerError(
                 f"layers {j} and {i} ({type(layer).__name__}) are one module object: its "
@@ -176,7 +175,7 @@ def layer_list(layers: Any) -> tuple:
         if isinstance(layer, type) and issubclass(layer, (nnx.Module,)):
             raise LayerError(f"layer {i} is the class {layer.__name__}, not a module; give an "
                              f"instance, e.g. {layer.__name__}(..., rngs=nnx.Rngs(0))")
-        if not is_module(layer):
+        if not isinstance(layer, nnx.Module):
             out.append(layer)
             continue
         name = type(layer).__name__
@@ -212,15 +211,14 @@ def write_into(values: Sequence[Any], into: Any) -> None:
       LayerError: when `into` has another number of layers, or an NNX
         module whose parameters differ in structure or shape from its values.
     """
-    modules = into.layers if isinstance(into, nnx.Sequential) else into
-    modules = list(modules) if isinstance(modules, (list, tuple, nnx.List)) else None
+    modules = _items(into)
     if modules is None or len(modules) != len(values):
         got = "not a list" if modules is None else f"{len(modules)} layers"
         raise LayerError(f"unstage(..., into=...) takes the layer list the pipeline was given "
                          f"({len(values)} layers), got {got}")
     for i, (module, v) in enumerate(zip(modules, values)):
         module = module.module if isinstance(module, NnxLayer) else module  # pipe.layers
-        if not is_module(module):
+        if not isinstance(module, nnx.Module):
             continue
         mine, theirs = _abstract(nnx.state(module, nnx.Param)), _abstract(v)
         if jax.tree.structure(mine) != jax.tree.structure(theirs) or mine != theirs:

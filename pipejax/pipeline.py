@@ -17,20 +17,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from pipejax import settings
 from pipejax.compile import StageCode, Staged, guarded, synchronous, unstage
 from pipejax.compile.build import Build
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import Model
 from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
-from pipejax.errors import ArgumentTypeError, ConfigError, LayerError
+from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.mesh import stage_mesh
+from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.partition import make_plan
 from pipejax.schedules import Schedule, make_schedule
-from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.trace import Layer, LayerSpec, trace, trace_loss
-
-REMATS = ("none", "stage")
-
 
 def _struct(tree: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), tree)
@@ -99,20 +97,18 @@ class Pipeline:
         `key` may be left out when no linen layer has parameters. To start an
         NNX model from another key, build its modules again with
         `nnx.Rngs(key)`."""
-        given = {i for i, layer in enumerate(self.layers) if isinstance(layer, NnxLayer)}
-        made = [s.index for s in self.specs if s.index not in given and s.param_bytes]
-        if made and key is None:
-            names = ", ".join(f"{i} ({self.specs[i].name})" for i in made[:4])
+        linen = [s for s in self.specs
+                 if s.param_bytes and not isinstance(self.layers[s.index], NnxLayer)]
+        if linen and key is None:
+            names = ", ".join(f"{s.index} ({s.name})" for s in linen[:4])
             raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
                               "e.g. jax.random.key(0)")
-        key = jax.random.key(0) if key is None else key
-        if not given:
-            return Staged(self._init(key), self.code.params)
-        # NNX values are staged from the host, not baked into a program as constants.
-        made = unstage(Staged(self._init(key), self.code.params)) if made else None
-        return self.stage([self.layers[i].values() if i in given
-                           else made[i] if made is not None else {}
-                           for i in range(len(self.layers))])
+        params = Staged(self._init(jax.random.key(0) if key is None else key), self.code.params)
+        if not any(isinstance(layer, NnxLayer) for layer in self.layers):
+            return params
+        # The NNX values are staged from the host, not compiled into the program as constants.
+        return self.stage([layer.values() if isinstance(layer, NnxLayer) else v
+                           for layer, v in zip(self.layers, unstage(params))])
 
     def stage(self, variables: Sequence[dict]) -> Staged:
         """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
@@ -181,61 +177,6 @@ class Pipeline:
         return f"{self.plan}\n{self.layout}"
 
 
-def _check_remat(remat: Any) -> Any:
-    if isinstance(remat, str):
-        if remat not in REMATS:
-            raise ConfigError(f"unknown remat {remat!r}; use 'none', 'stage' or a "
-                              "jax.checkpoint policy such as jax.checkpoint_policies.dots_saveable")
-    elif not callable(remat):
-        raise ConfigError(f"remat must be 'none', 'stage' or a jax.checkpoint policy, not {remat!r}")
-    return remat
-
-
-def _check_padding(max_padding: Any) -> float | None:
-    if max_padding is not None and not (isinstance(max_padding, (int, float))
-                                        and max_padding >= 0):
-        raise ConfigError(f"max_padding={max_padding!r}; use a fraction >= 0 (0.25: padded "
-                          "buffers at most 25% larger than the parameters) or None")
-    return max_padding
-
-
-def _check_dtype(dtype: Any) -> Any:
-    if dtype is None:
-        return None
-    try:
-        dtype = jnp.dtype(dtype)
-    except TypeError:
-        raise ConfigError(f"compute_dtype={dtype!r} is not a dtype; use jnp.bfloat16, "
-                          "jnp.float16 or None") from None
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ConfigError(f"compute_dtype={dtype} is not a floating-point dtype; use "
-                          "jnp.bfloat16, jnp.float16 or None")
-    return dtype
-
-
-def _check_counts(layers: tuple, stages: Any, microbatches: Any) -> None:
-    if len(layers) == 0:
-        raise LayerError("the layer list is empty; give at least one layer")
-    if not isinstance(stages, (int, np.integer)) or stages < 1:
-        raise ConfigError(f"stages={stages!r}; a pipeline needs at least 1 stage")
-    if stages > len(layers):
-        raise ConfigError(f"stages={stages} > {len(layers)} layers; every stage needs a layer, "
-                          "use fewer stages or split the model into more layers")
-    if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
-        raise ConfigError(f"microbatches={microbatches!r}; use at least 1")
-
-
-def _check_staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
-    if weight_stashing and schedule.synchronous:
-        raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
-                          f"{schedule.name!r} every backward already uses its forward's weights")
-    if schedule.asynchronous and not weight_stashing and remat != "stage":
-        raise ConfigError(
-            f"remat={remat!r} keeps residuals computed with the forward's weights, but the "
-            f"backward of {schedule.name!r} uses the current weights (the exact vjp at "
-            "(backward weights, stashed input)); use remat='stage' or weight_stashing=True")
-
-
 def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: int,
              microbatches: int, targets: Any = None, schedule: str | Schedule = "gpipe",
              partition: str | Sequence[int] = "variance", remat: Any = "stage",
@@ -287,11 +228,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
     layers = layer_list(layers)
-    _check_counts(layers, stages, microbatches)
-    remat = _check_remat(remat)
-    compute_dtype = _check_dtype(compute_dtype)
+    settings.check_counts(layers, stages, microbatches)
+    remat = settings.check_remat(remat)
+    compute_dtype = settings.check_dtype(compute_dtype)
     table = make_schedule(schedule, stages, microbatches)
-    _check_staleness(table, remat, weight_stashing)
+    settings.check_staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
     example = _struct(example)
     mb = jax.tree.leaves(example)[0].shape[0]
@@ -300,7 +241,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     trace_loss(loss, specs[-1].output, targets)
     plan = make_plan(specs, stages, partition, max_bytes,
                      in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
-                     keeps_activations=remat == "none", max_padding=_check_padding(max_padding))
+                     keeps_activations=remat == "none", max_padding=settings.check_padding(max_padding))
     seed = 1.0 / microbatches if table.synchronous else 1.0
     code = StageCode(Model(tuple(layers), loss, remat, example, targets, compute_dtype), plan,
                      seed, share_branches)
