@@ -4,27 +4,49 @@ from typing import Callable
 
 from pipejax.errors import ConfigError
 from pipejax.schedules.asynchronous import pb, pipedream
+from pipejax.schedules.interleaved import gpipe_virtual, interleaved
 from pipejax.schedules.schedule import Schedule, StageInfo
+from pipejax.schedules.synchronous import gpipe, one_f_one_b
 from pipejax.schedules.tasks import NONE, Op, Task
 from pipejax.schedules.timeline import Timeline
-from pipejax.schedules.synchronous import gpipe, one_f_one_b
+from pipejax.schedules.zero_bubble import zb_h1, zb_h2
 
-BUILDERS: dict[str, Callable[[int, int], Schedule]] = {
-    "gpipe": gpipe, "1f1b": one_f_one_b, "pipedream": pipedream, "pb": pb}
+# name -> (K, M, v) -> table; v = 1 only where the value is None for v > 1.
+BUILDERS: dict[str, tuple[Callable[[int, int], Schedule], Callable[..., Schedule] | None]] = {
+    "gpipe": (gpipe, gpipe_virtual), "1f1b": (one_f_one_b, None),
+    "interleaved": (lambda K, M: interleaved(K, M, 1), interleaved),
+    "zb-h1": (zb_h1, zb_h1), "zb-h2": (zb_h2, zb_h2), "pipedream": (pipedream, None),
+    "pb": (pb, None)}
+
+_NO_VIRTUAL = {
+    "1f1b": "1F1B over virtual stages is 'interleaved'",
+    "pipedream": "asynchronous tables run one chunk per device: each stage updates its weights "
+                 "after every backward, and with v chunks a device would hold v optimizer stages "
+                 "with delays of their own, while the per-stage optimizers are one per device",
+    "pb": "asynchronous tables run one chunk per device (see 'pipedream')"}
 
 
-def make_schedule(schedule: "str | Schedule", K: int, M: int) -> Schedule:
-    """A schedule by name, or a user-built `Schedule` checked against K and M."""
+def make_schedule(schedule: "str | Schedule", K: int, M: int, v: int = 1) -> Schedule:
+    """A schedule by name for K devices, M micro-batches and v chunks per
+    device, or a user-built `Schedule` checked against them."""
     if isinstance(schedule, Schedule):
-        if (schedule.stages, schedule.microbatches) != (K, M):
+        if (schedule.stages, schedule.microbatches, schedule.virtual) != (K, M, v):
             raise ConfigError(f"schedule {schedule.name!r} is built for K={schedule.stages}, "
-                              f"M={schedule.microbatches} but the pipeline has K={K}, M={M}")
+                              f"M={schedule.microbatches}, virtual={schedule.virtual} but the "
+                              f"pipeline has K={K}, M={M}, virtual={v}")
         return schedule
     if schedule not in BUILDERS:
         raise ConfigError(f"unknown schedule {schedule!r}; use one of {sorted(BUILDERS)} "
                           "or a pipejax.schedules.Schedule")
-    return BUILDERS[schedule](K, M)
+    plain, virtual = BUILDERS[schedule]
+    if v == 1:
+        return plain(K, M)
+    if virtual is None:
+        raise ConfigError(f"schedule {schedule!r} does not run virtual={v}: {_NO_VIRTUAL[schedule]}; "
+                          f"use virtual=1, or one of "
+                          f"{sorted(n for n, (_, b) in BUILDERS.items() if b is not None)}")
+    return virtual(K, M, v)
 
 
-__all__ = ["NONE", "Op", "Schedule", "Task", "StageInfo", "Timeline", "gpipe", "make_schedule", "one_f_one_b",
-           "pb", "pipedream"]
+__all__ = ["NONE", "Op", "Schedule", "Task", "StageInfo", "Timeline", "gpipe", "gpipe_virtual",
+           "interleaved", "make_schedule", "one_f_one_b", "pb", "pipedream", "zb_h1", "zb_h2"]

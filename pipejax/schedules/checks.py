@@ -1,9 +1,10 @@
 """What makes a schedule table valid, checked when a `Schedule` is made.
 
 `check_tasks` rejects cells the executor cannot run (unknown ops, two
-forwards or two backwards in one cell, split backwards and chunks not yet
-run); `check_order` rejects impossible orders (an op before its input or
-gradient exists, a backward before its forward), naming the tick, stage and
+forwards, two input gradients or two weight gradients in one cell, a
+negative chunk, chunks in an asynchronous table); `check_order` rejects
+impossible orders (an op before its input or gradient exists, a backward
+before its forward, a W before its B), naming the tick, stage and
 micro-batch.
 """
 
@@ -14,15 +15,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipejax.errors import ScheduleError
-from pipejax.schedules.tasks import BACKWARD, NONE, Op
+from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
 
 if TYPE_CHECKING:
     from pipejax.schedules.schedule import Schedule
 
 
 def check_tasks(schedule: Schedule) -> None:
-    """Reject unknown ops, a cell with two forwards or two backwards, and
-    what the executor does not run yet (the split backward, chunks)."""
+    """Reject unknown ops, a cell with two ops of one kind, negative chunks,
+    and chunks in an asynchronous table."""
     ops = schedule.ops
     if not np.isin(ops, [int(o) for o in Op]).all():
         t, k, lane = np.argwhere(~np.isin(ops, [int(o) for o in Op]))[0]
@@ -32,17 +33,24 @@ def check_tasks(schedule: Schedule) -> None:
     if (ids[busy] == NONE).any() or (ids[~busy] != NONE).any():
         raise ScheduleError(f"schedule {schedule.name!r}: a busy task needs a micro-batch and an "
                             "idle one none")
-    for kind, what in (((Op.F,), "forwards"), (BACKWARD, "backwards")):
+    for kind, what in (((Op.F,), "forwards"), (BACKWARD, "input gradients (B, BW)"),
+                       (WEIGHTS, "weight gradients (W, BW)")):
         per_cell = np.isin(ops, kind).sum(axis=2)
         if (per_cell > 1).any():
             t, k = np.argwhere(per_cell > 1)[0]
             raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k} runs two "
                                 f"{what}; a tick holds one of each")
-    split = np.isin(ops, (Op.B, Op.W))
-    if split.any() or (schedule.table[..., 2] != 0).any():
-        raise ScheduleError(f"schedule {schedule.name!r}: split backwards (B, W) and model chunks "
-                            "(virtual stages) are not run by this executor yet; use fused BW "
-                            "tasks on chunk 0")
+    chunks = schedule.table[..., 2]
+    if (chunks < 0).any():
+        t, k, lane = np.argwhere(chunks < 0)[0]
+        raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k}, lane {lane} names "
+                            f"chunk {chunks[t, k, lane]}; chunks count from 0")
+    if schedule.asynchronous and (chunks != 0).any():
+        raise ScheduleError(
+            f"schedule {schedule.name!r}: an asynchronous table with virtual stages is not run: "
+            "each stage updates its weights after every backward, and with v chunks a device "
+            "would hold v optimizer stages with delays of their own, while the per-stage "
+            "optimizers are one per device; use virtual=1 with 'pb' and 'pipedream'")
 
 
 def check_order(schedule: Schedule) -> None:
@@ -59,21 +67,28 @@ def check_order(schedule: Schedule) -> None:
                             f"micro-batch {ids[bad][0]} outside {span}")
     tl = schedule.timeline(3 if schedule.asynchronous else 1)
     F, B = tl.F, tl.B
-    for k in range(1, K):
+    S = F.shape[0]
+    name = lambda j: f"stage {j}" if S == K else f"virtual stage {j} (device {j % K}, chunk {j // K})"
+    for j in range(1, S):
         for g in range(F.shape[1]):
-            if F[k, g] <= F[k - 1, g]:
+            if F[j, g] <= F[j - 1, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(F[k, g])}, stage {k} runs the forward of "
-                    f"micro-batch {g} before its input exists (stage {k - 1} sends it at "
-                    f"{where(F[k - 1, g])})")
-    for k in range(K):
+                    f"schedule {schedule.name!r}: {where(F[j, g])}, {name(j)} runs the forward of "
+                    f"micro-batch {g} before its input exists ({name(j - 1)} sends it at "
+                    f"{where(F[j - 1, g])})")
+    for j in range(S):
         for g in range(F.shape[1]):
-            if tl.b_time[k, g] < tl.f_time[k, g]:
+            if tl.b_time[j, g] < tl.f_time[j, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
-                    f"micro-batch {g} before its forward ({where(F[k, g])})")
-            if k < K - 1 and B[k, g] <= B[k + 1, g]:
+                    f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the backward of "
+                    f"micro-batch {g} before its forward ({where(F[j, g])})")
+            if tl.w_time[j, g] < tl.b_time[j, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(B[k, g])}, stage {k} runs the backward of "
-                    f"micro-batch {g} before stage {k + 1} sends its gradient "
-                    f"({where(B[k + 1, g])})")
+                    f"schedule {schedule.name!r}: {where(tl.W[j, g])}, {name(j)} runs the weight "
+                    f"gradient (W) of micro-batch {g} before its input gradient (B, "
+                    f"{where(B[j, g])})")
+            if j < S - 1 and B[j, g] <= B[j + 1, g]:
+                raise ScheduleError(
+                    f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the backward of "
+                    f"micro-batch {g} before {name(j + 1)} sends its gradient "
+                    f"({where(B[j + 1, g])})")

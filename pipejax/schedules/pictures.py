@@ -10,15 +10,39 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipejax.schedules.timeline import NONE
+from pipejax.schedules.tasks import Op
 
 if TYPE_CHECKING:
     from pipejax.schedules.schedule import Schedule
 
 
+_LETTER = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "B"}
+_COLOR = {Op.F: "#4c9be8", Op.B: "#f08a4b", Op.W: "#5cb85c", Op.BW: "#f08a4b"}
+
+
+def _tasks(schedule: Schedule, t: int, k: int) -> list[tuple[Op, str]]:
+    """The ops of a cell in lane order, each with its label: the micro-batch,
+    and with virtual stages its chunk after a dot (3.1: micro-batch 3, chunk 1)."""
+    out = []
+    for op, m, c in schedule.table[t, k]:
+        if op != Op.IDLE:
+            out.append((Op(op), f"{m}.{c}" if schedule.virtual > 1 else str(m)))
+    return out
+
+
 def _cell(schedule: Schedule, t: int, k: int) -> str:
-    f, b = schedule.fwd[t, k], schedule.bwd[t, k]
-    return "".join(p + str(v) for p, v in (("F", f), ("B", b)) if v != NONE) or "."
+    return "".join(_LETTER[op] + label for op, label in _tasks(schedule, t, k)) or "."
+
+
+def _legend(schedule: Schedule) -> str:
+    """What the colours and letters mean, for the ops the table runs."""
+    ops = {Op(o) for o in schedule.ops.flat if o != Op.IDLE}
+    names = {Op.F: "F forward", Op.B: "B input gradient", Op.W: "W weight gradient",
+             Op.BW: "B whole backward"}
+    colors = {Op.F: "blue", Op.B: "orange", Op.W: "green", Op.BW: "orange"}
+    parts = [f"{colors[o]} {names[o]}" for o in Op if o in ops and not (o == Op.BW and Op.B in ops)]
+    chunks = "; m.c = micro-batch m on chunk c, darker = later chunk" if schedule.virtual > 1 else ""
+    return ", ".join(parts) + chunks
 
 
 def _shows(schedule: Schedule) -> str:
@@ -46,9 +70,11 @@ def render(schedule: Schedule) -> str:
         rows.append(f"stage {k} " + "".join(_cell(schedule, t, k).rjust(width)
                                              for t in range(schedule.ticks)))
     kind = "asynchronous" if schedule.asynchronous else "synchronous"
-    rows.append(f"{schedule.name} ({kind}, {_shows(schedule)}): K={schedule.stages} "
+    virtual = f" v={schedule.virtual}" if schedule.virtual > 1 else ""
+    rows.append(f"{schedule.name} ({kind}, {_shows(schedule)}): K={schedule.stages}{virtual} "
                 f"M={schedule.microbatches} ticks={schedule.ticks} {_bubbles(schedule)} "
                 f"delays={schedule.delays}")
+    rows.append(f"  {_legend(schedule)}")
     return "\n".join(rows)
 
 
@@ -60,23 +86,26 @@ def plot(schedule: Schedule, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    K, T = schedule.stages, schedule.ticks
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * T), 0.6 * K + 1.2))
+    K, T, v = schedule.stages, schedule.ticks, schedule.virtual
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * T), 0.6 * K + 1.4))
     for t in range(T):
         for k in range(K):
-            f, b = schedule.fwd[t, k], schedule.bwd[t, k]
-            parts = [(c, v) for c, v in (("#4c9be8", f), ("#f08a4b", b)) if v != NONE]
+            parts = _tasks(schedule, t, k)
             if not parts:
                 ax.add_patch(plt.Rectangle((t, k), 1, 1, color="#eeeeee", ec="white"))
-            for i, (color, v) in enumerate(parts):
-                h = 1 / len(parts)
-                ax.add_patch(plt.Rectangle((t, k + i * h), 1, h, color=color, ec="white"))
-                ax.text(t + 0.5, k + (i + 0.5) * h, str(v), ha="center", va="center", fontsize=7)
+            for i, (op, label) in enumerate(parts):
+                h, c = 1 / len(parts), int(label.split(".")[1]) if v > 1 else 0
+                shade = 1.0 - 0.45 * c / max(v - 1, 1)  # later chunks darker
+                rgb = [min(1.0, x * shade) for x in matplotlib.colors.to_rgb(_COLOR[op])]
+                ax.add_patch(plt.Rectangle((t, k + i * h), 1, h, color=rgb, ec="white"))
+                ax.text(t + 0.5, k + (i + 0.5) * h, label, ha="center", va="center",
+                        fontsize=7 if v == 1 else 5.5)
     ax.set_xlim(0, T), ax.set_ylim(K, 0)
     ax.set_xlabel("tick"), ax.set_yticks([k + 0.5 for k in range(K)])
     ax.set_yticklabels([f"stage {k}" for k in range(K)])
-    ax.set_title(f"{schedule.name}: K={K} M={schedule.microbatches}, {_shows(schedule)} (blue "
-                 f"forward, orange backward)\n{_bubbles(schedule)}", fontsize=9)
+    virtual = f" v={v}" if v > 1 else ""
+    ax.set_title(f"{schedule.name}: K={K}{virtual} M={schedule.microbatches}, {_shows(schedule)}\n"
+                 f"{_legend(schedule)}\n{_bubbles(schedule)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -31,6 +31,9 @@ from pipejax.schedules.tasks import BACKWARD, NONE, Op
 from pipejax.schedules.timeline import Timeline, lifetime, ring_capacity, unroll
 
 
+_NEVER = np.iinfo(np.int64).max // 2  # the write time of a value no op reads
+
+
 class StageInfo(NamedTuple):
     """What a per-stage optimizer may depend on: its place and its staleness."""
 
@@ -83,29 +86,36 @@ class Schedule:
         """The ops that occur in `lane`, idle left out: what the executor compiles there."""
         return tuple(Op(o) for o in np.unique(self.ops[:, :, lane]) if o != Op.IDLE)
 
-    def _microbatches_of(self, ops: tuple[Op, ...]) -> np.ndarray:
-        """`[ticks, stages]`: the micro-batch of the cell's task among `ops`, or NONE."""
+    @property
+    def virtual(self) -> int:
+        """v: model chunks per device (virtual stages c·K + k on device k)."""
+        return int(self.table[..., 2].max()) + 1
+
+    def _cells(self, ops: tuple[Op, ...], field: int = 1) -> np.ndarray:
+        """`[ticks, stages]`: the micro-batch (`field` 1) or chunk (2) of the
+        cell's task among `ops`, or NONE."""
         mask = np.isin(self.ops, ops)
-        return np.where(mask, self.table[..., 1], NONE).max(axis=2, initial=NONE)
+        return np.where(mask, self.table[..., field], NONE).max(axis=2, initial=NONE)
 
     @property
     def fwd(self) -> np.ndarray:
         """`[ticks, stages]`: the micro-batch stage k runs forward at tick t, or NONE."""
-        return self._microbatches_of((Op.F,))
+        return self._cells((Op.F,))
 
     @property
     def bwd(self) -> np.ndarray:
         """`[ticks, stages]`: the micro-batch whose gradient stage k sends back at tick t."""
-        return self._microbatches_of(BACKWARD)
+        return self._cells(BACKWARD)
 
     @property
     def fused(self) -> np.ndarray:
-        """`[ticks, stages]`: where a stage runs the forward and then the
-        backward of one micro-batch in one tick (only the last stage can: the
-        others wait for a gradient). The executor runs the pair as one vjp
-        and keeps no residuals (at K = 1, the plain micro-batched step)."""
-        f = self.fwd
-        return (f != NONE) & (f == self.bwd)
+        """`[ticks, stages]`: where a stage runs the forward and then the fused
+        backward (BW) of one micro-batch on one chunk in one tick (only the
+        last virtual stage can: the others wait for a gradient). The
+        executor runs the pair as one vjp and keeps no residuals (at K = 1,
+        the plain micro-batched step)."""
+        f, c = self.fwd, self._cells((Op.F,), 2)
+        return (f != NONE) & (f == self._cells((Op.BW,))) & (c == self._cells((Op.BW,), 2))
 
     @property
     def synchronous(self) -> bool:
@@ -135,8 +145,7 @@ class Schedule:
         """Idle share of the op slots (one per lane the table uses, per stage and
         tick) from the first op to the last, over `steps` steps and the flush."""
         tl = self.timeline(steps)
-        busy = tl.F.size + tl.B.size
-        return 1.0 - busy / (self._slots * self.stages * tl.ticks)
+        return 1.0 - tl.ops / (self._slots * self.stages * tl.ticks)
 
     @property
     def bubble_fraction(self) -> float:
@@ -173,21 +182,37 @@ class Schedule:
         return range(M * (S // 2), M * (S // 2 + 1)) if self.asynchronous else range(M)
 
     def _live(self, write: np.ndarray, read: np.ndarray) -> int:
-        """Ring-buffer capacity for values written at times `write[k, g]` and
-        last read at `read[k, g]` (event times, `Timeline`)."""
+        """Ring-buffer capacity for values written at times `write[j, g]` and
+        last read at `read[j, g]` (event times per virtual stage, `Timeline`),
+        in the slots of their devices, `(g·v + c) mod capacity`; a value with
+        read < write never lives."""
+        tl = self._steady()
+        write, read = tl.per_device(write), tl.per_device(read)
         return ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
+
+    @staticmethod
+    def _shift(a: np.ndarray, by: int, fill: int) -> np.ndarray:
+        """`a` moved by `by` virtual stages (row j gets row j − by), `fill`
+        where none (`_NEVER`: a value written after every read, never alive)."""
+        out = np.full_like(a, fill)
+        if by > 0:
+            out[by:] = a[:-by]
+        else:
+            out[:by] = a[-by:]
+        return out
 
     @property
     def input_capacity(self) -> int:
-        """Slots for stage inputs: filed when they arrive, read up to the backward."""
+        """Slots for stage inputs: filed when they arrive, read up to the
+        input gradient (B or BW; a W reads what B filed for it)."""
         tl = self._steady()
-        return self._live(tl.arrival(tl.F[:-1]), tl.b_time[1:])
+        return self._live(self._shift(tl.arrival(tl.F), 1, _NEVER), tl.b_time)
 
     @property
     def grad_capacity(self) -> int:
-        """Slots for received output gradients: arrival to the backward."""
+        """Slots for received output gradients: arrival to the input gradient."""
         tl = self._steady()
-        return self._live(tl.arrival(tl.B[1:]), tl.b_time[:-1])
+        return self._live(self._shift(tl.arrival(tl.B), -1, _NEVER), tl.b_time)
 
     @property
     def residual_capacity(self) -> int:
@@ -200,20 +225,32 @@ class Schedule:
             return 0
         return self._live(tl.f_time, np.where(kept, tl.b_time, tl.f_time - 1))
 
-    def in_flight(self, k: int) -> int:
-        """Most micro-batches stage k holds at once between their forward and
-        their backward: the inputs (and residuals) it stashes."""
+    @property
+    def bridge_capacity(self) -> int:
+        """Slots for what a split backward's B files for its W (the weight
+        path's vjp residuals, Qi et al. 2024, §2): B to W; 0 without W ops."""
         tl = self._steady()
-        F, B = tl.F[k], tl.B[k]
-        return int(max(np.sum((F <= t) & (t <= B)) for t in F))
+        split = tl.B != tl.W
+        if not split.any():
+            return 0
+        return self._live(tl.b_time, np.where(split, tl.w_time, tl.b_time - 1))
+
+    def in_flight(self, k: int) -> int:
+        """Most micro-batches stage (device) k holds at once between their
+        forward and their weight gradient, over its chunks: the inputs (and
+        residuals) it stashes."""
+        tl = self._steady()
+        F, W = tl.per_device(tl.F)[k], tl.per_device(tl.W)[k]
+        return int(max(np.sum((F <= t) & (t <= W)) for t in F))
 
     @property
     def data_capacity(self) -> int:
         """Slots for micro-batches of input and targets, a multiple of M: fed
-        before their step starts, read up to the first and last stages' backward."""
+        before their step starts, read up to the first and last virtual
+        stages' weight gradients."""
         tl = self._steady()
-        read = np.maximum(tl.b_time[0], tl.b_time[-1])
-        C = self._live((tl.unit * tl.fed - 1)[None], read[None])
+        read = np.maximum(tl.w_time[0], tl.w_time[-1])
+        C = ring_capacity([list(zip((tl.unit * tl.fed - 1).tolist(), read.tolist()))])
         return -(-C // self.microbatches) * self.microbatches
 
     @property

@@ -3,7 +3,9 @@
 A table entry is a `Task(op, microbatch, chunk)`, as JaxPP's task lists
 name them (`Task(stage, microbatch, FWD|BWD|BWD_I|BWD_W)`): the op, the
 micro-batch it runs (relative to the step's first), and the model chunk
-(virtual stage) of the device it runs. A table holds them as one int array
+of the device it runs: with v virtual stages per device, device k holds
+chunks c = 0..v−1, virtual stages c·K + k (circular placement, Narayanan
+et al. 2021, §2.2). A table holds them as one int array
 `[ticks, stages, lanes, 3]`; within a tick the lanes run in order, then the
 messages of the tick travel. The executor dispatches on the op.
 """
@@ -29,6 +31,7 @@ class Op(enum.IntEnum):
 
 
 BACKWARD = (Op.B, Op.BW)  # the ops that send a gradient to the previous stage
+WEIGHTS = (Op.W, Op.BW)  # the ops that make a stage's weight gradient
 
 
 class Task(NamedTuple):

@@ -15,28 +15,42 @@ import dataclasses
 import numpy as np
 
 from pipejax.errors import ScheduleError
-from pipejax.schedules.tasks import BACKWARD, NONE, Op
+from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
 
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
     """The table unrolled over `steps` steps (and the flush that follows, for
     an asynchronous table): global ticks and event times of every op of
-    every micro-batch. An event time orders what happens within a tick: the
-    op of lane l of tick t happens at `unit·t + l + 1`, the messages of tick
-    t arrive at `unit·t + lanes + 1` (`unit = lanes + 2`)."""
+    every micro-batch on every virtual stage j = c·K + k (chunk c of device
+    k; j = k without chunks). An event time orders what happens within a
+    tick: the op of lane l of tick t happens at `unit·t + l + 1`, the
+    messages of tick t arrive at `unit·t + lanes + 1` (`unit = lanes + 2`).
+    `B` is the op that sends the input gradient back (B or the fused BW),
+    `W` the one that makes the weight gradient (W, or BW: then W == B)."""
 
-    F: np.ndarray  # [K, N] tick of the forward of micro-batch g on stage k
-    B: np.ndarray  # [K, N] tick of the backward
-    f_time: np.ndarray  # [K, N] event time of the forward
-    b_time: np.ndarray  # [K, N] event time of the backward
+    F: np.ndarray  # [S, N] tick of the forward of micro-batch g on virtual stage j
+    B: np.ndarray  # [S, N] tick of the input gradient
+    W: np.ndarray  # [S, N] tick of the weight gradient
+    f_time: np.ndarray  # [S, N] event time of the forward
+    b_time: np.ndarray  # [S, N] event time of the input gradient
+    w_time: np.ndarray  # [S, N] event time of the weight gradient
     fed: np.ndarray  # [N] tick before whose start micro-batch g's data is available
     ticks: int  # ticks from the first op to the last
     unit: int  # event times per tick
+    ops: int  # ops run (a split backward counts two)
+    devices: int  # K
 
     def arrival(self, ticks: np.ndarray) -> np.ndarray:
         """Event time at which the messages sent at `ticks` are filed."""
         return self.unit * ticks + self.unit - 1
+
+    def per_device(self, a: np.ndarray) -> np.ndarray:
+        """`[S, N]` per virtual stage -> `[K, N·v]` per device, column g·v + c
+        for micro-batch g on chunk c: the ids of the device's ring slots."""
+        K = self.devices
+        v, N = a.shape[0] // K, a.shape[1]
+        return a.reshape(v, K, N).transpose(1, 2, 0).reshape(K, N * v)
 
 
 def lifetime(microbatch: np.ndarray, M: int) -> int:
@@ -66,30 +80,36 @@ def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int)
     """The ticks of every op of every micro-batch fed in `steps` steps (and,
     asynchronous, the `lifetime` periods that drain them)."""
     T, K, lanes, _ = table.shape
+    S = K * (int(table[..., 2].max()) + 1)
     unit = lanes + 2
     N = M * (steps if asynchronous else 1)
     periods = steps + lifetime(table[..., 1], M) if asynchronous else 1
-    ticks = {op: np.full((K, N), -1, np.int64) for op in ("F", "B")}
-    times = {op: np.full((K, N), -1, np.int64) for op in ("F", "B")}
-    seen = {op: np.zeros((K, N), np.int64) for op in ("F", "B")}
-    kinds = {"F": np.isin(table[..., 0], [Op.F]), "B": np.isin(table[..., 0], BACKWARD)}
+    kinds = {"F": (Op.F,), "B": BACKWARD, "W": WEIGHTS}
+    ticks = {op: np.full((S, N), -1, np.int64) for op in kinds}
+    times = {op: np.full((S, N), -1, np.int64) for op in kinds}
+    seen = {op: np.zeros((S, N), np.int64) for op in kinds}
     for s in range(periods):
-        for op, mask in kinds.items():
-            t, k, lane = np.nonzero(mask)
+        for op, which in kinds.items():
+            t, k, lane = np.nonzero(np.isin(table[..., 0], which))
             g = s * M + table[t, k, lane, 1]
+            j = table[t, k, lane, 2] * K + k
             ok = (g >= 0) & (g < N)
-            ticks[op][k[ok], g[ok]] = s * T + t[ok]
-            times[op][k[ok], g[ok]] = unit * (s * T + t[ok]) + lane[ok] + 1
-            np.add.at(seen[op], (k[ok], g[ok]), 1)
-    bad = np.argwhere((seen["F"] != 1) | (seen["B"] != 1))
-    if len(bad):
-        k, g = bad[0]
-        op = "F" if seen["F"][k, g] != 1 else "B"
-        raise ScheduleError(
-            f"schedule {name!r}: stage {k} runs the {'forward' if op == 'F' else 'backward'} of "
-            f"micro-batch {g} {seen[op][k, g]} times; every micro-batch needs exactly one forward "
-            "and one backward on every stage")
-    F, B = ticks["F"], ticks["B"]
+            ticks[op][j[ok], g[ok]] = s * T + t[ok]
+            times[op][j[ok], g[ok]] = unit * (s * T + t[ok]) + lane[ok] + 1
+            np.add.at(seen[op], (j[ok], g[ok]), 1)
+    for op, what in (("F", "forward"), ("B", "input gradient (B or BW)"),
+                     ("W", "weight gradient (W or BW)")):
+        bad = np.argwhere(seen[op] != 1)
+        if len(bad):
+            j, g = bad[0]
+            where = f"stage {j}" if S == K else f"virtual stage {j} (device {j % K}, chunk {j // K})"
+            raise ScheduleError(
+                f"schedule {name!r}: {where} runs the {what} of micro-batch {g} {seen[op][j, g]} "
+                "times; every micro-batch needs exactly one forward, one input gradient and one "
+                "weight gradient on every stage")
+    F, B, W = ticks["F"], ticks["B"], ticks["W"]
     fed = (np.arange(N) // M) * T if asynchronous else np.zeros(N, np.int64)
     first = min(F.min(), B.min())
-    return Timeline(F, B, times["F"], times["B"], fed, int(max(F.max(), B.max()) - first + 1), unit)
+    split = int((B != W).sum())
+    return Timeline(F, B, W, times["F"], times["B"], times["W"], fed,
+                    int(max(F.max(), W.max()) - first + 1), unit, F.size + B.size + split, K)

@@ -4,9 +4,9 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from pipejax.errors import ScheduleError
+from pipejax.errors import ConfigError, ScheduleError
 from pipejax.schedules import NONE, Schedule, gpipe, make_schedule, one_f_one_b, pb, pipedream
-from pipejax.schedules.tasks import from_lanes
+from pipejax.schedules.tasks import empty, from_lanes
 
 GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
 
@@ -132,7 +132,7 @@ def test_user_schedule_must_fit_the_pipeline():
         make_schedule(gpipe(2, 3), 4, 3)
     assert make_schedule(gpipe(2, 3), 2, 3).ticks == 8
     with pytest.raises(Exception, match="unknown schedule"):
-        make_schedule("zb-h1", 2, 2)
+        make_schedule("zb-h3", 2, 2)
 
 
 def test_tables_are_typed_tasks_in_a_forward_and_a_backward_lane():
@@ -153,17 +153,29 @@ def test_an_asynchronous_table_drains_in_its_lifetime(K, M):
         assert tl.B.max() < (1 + s.lifetime) * s.ticks <= tl.B.max() + s.ticks
 
 
-def test_split_backwards_and_chunks_are_a_clear_error_until_the_executor_runs_them():
+def test_a_split_backward_needs_its_w_after_its_b():
     from pipejax.schedules.tasks import Op, Task, put
 
     table = gpipe(2, 1).table.copy()
-    put(table, 2, 1, 1, Task(Op.B, 0))
-    with pytest.raises(ScheduleError, match="split backwards"):
+    put(table, 2, 1, 1, Task(Op.B, 0))  # B without a W
+    with pytest.raises(ScheduleError, match="weight gradient \\(W or BW\\) of micro-batch 0 0 times"):
         Schedule("zb", table, microbatches=1)
-    table = gpipe(2, 1).table.copy()
+    table = empty(4, 2, 2)
+    for t, k, lane, task in ((0, 0, 0, Task(Op.F, 0)), (1, 1, 0, Task(Op.F, 0)),
+                             (2, 1, 0, Task(Op.W, 0)), (3, 1, 1, Task(Op.B, 0)),
+                             (3, 0, 0, Task(Op.W, 0)), (3, 0, 1, Task(Op.BW, 0))):
+        put(table, t, k, lane, task)
+    with pytest.raises(ScheduleError, match="weight gradient"):
+        Schedule("zb", table, microbatches=1)
+
+
+def test_an_asynchronous_table_with_chunks_is_a_clear_error():
+    table = pb(2, 2).table.copy()
     table[0, 0, 0, 2] = 1
-    with pytest.raises(ScheduleError, match="chunks"):
-        Schedule("v", table, microbatches=1)
+    with pytest.raises(ScheduleError, match="asynchronous table with virtual stages"):
+        Schedule("v", table, microbatches=2, asynchronous=True)
+    with pytest.raises(ConfigError, match="does not run virtual=2"):
+        make_schedule("pb", 2, 2, 2)
 
 
 def test_a_cell_holds_one_forward():
