@@ -3,9 +3,13 @@
 For each schedule at K ∈ {2, 4, 8} stages and M ∈ {8, 32} micro-batches, on
 a 16-layer MLP (width 256, micro-batch 16): ticks per step, bubble fraction
 (one step; for the asynchronous ones also over 32 steps), ring-buffer slots
-for stage inputs and kept values, compiled `temp_size_in_bytes` of the
-training step, and its compile time. Acceptance: 1F1B's compiled memory is
-below GPipe's at K = 4, M = 16.
+for stage inputs, output gradients, kept values and (zero bubble) the B→W
+bridge, compiled `temp_size_in_bytes` of the training step, and its compile
+time. The new tables (Schedules II): interleaved and GPipe over v = 2
+chunks per device, zb-h1 and zb-h2 at v = 1 and zb-h1 at v = 2.
+Acceptance: 1F1B's compiled memory is below GPipe's at K = 4, M = 16; a
+zero-bubble step executes 1F1B's FLOPs within 5 % (table × each op's XLA
+FLOPs, `pipejax.bench.op_costs`); compile time flat in M.
 
 Run: python benchmarks/schedules.py
 """
@@ -24,14 +28,19 @@ import optax
 
 import pipejax as pj
 from common import save, table
+from pipejax.bench.op_costs import critical_path, executed, op_flops
 
 FEATURES, MB = 40, 16
 
 
-def measure(schedule: str, K: int, M: int) -> dict:
+def _pipe(schedule: str, K: int, M: int, v: int = 1) -> pj.Pipeline:
     layers = pj.models.mlp(depth=15, width=256, classes=10)  # 16 Dense layers
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, FEATURES)),
-                       stages=K, microbatches=M, schedule=schedule)
+    return pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, FEATURES)),
+                       stages=K, microbatches=M, schedule=schedule, virtual=v)
+
+
+def measure(schedule: str, K: int, M: int, v: int = 1) -> dict:
+    pipe = _pipe(schedule, K, M, v)
     trainer = pipe.trainer(optax.sgd(0.01))
     state = trainer.init(pipe.init(jax.random.key(0)))
     x = jnp.zeros((M * MB, FEATURES))
@@ -40,22 +49,54 @@ def measure(schedule: str, K: int, M: int) -> dict:
     compiled = trainer.step.lower(state, (x, y)).compile()
     seconds = time.perf_counter() - start
     s = pipe.schedule
-    return {"schedule": schedule, "K": K, "M": M, "ticks": s.ticks,
+    return {"schedule": schedule, "v": v, "K": K, "M": M, "ticks": s.ticks,
             "bubble": round(s.bubble_fraction, 4),
             "bubble_32_steps": round(s.bubble_fraction_over(32), 4),
-            "input_slots": s.input_capacity, "kept_slots": s.residual_capacity,
+            "input_slots": s.input_capacity, "grad_slots": s.grad_capacity,
+            "kept_slots": s.residual_capacity, "bridge_slots": s.bridge_capacity,
             "delays": str(s.delays), "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
             "compile_s": round(seconds, 2)}
 
 
+CASES = [(s, 1) for s in ("gpipe", "1f1b", "pipedream", "pb", "zb-h1", "zb-h2")] + \
+    [(s, 2) for s in ("gpipe", "interleaved", "zb-h1")]
+
+
+def flops(K: int = 4, M: int = 16) -> list[dict]:
+    """Executed and lock-step critical-path FLOPs of one step, from the table
+    and each op's FLOPs, relative to 1F1B's (per-op costs of each pipeline's
+    own split: v = 2 chunks are half stages)."""
+    rows = []
+    base = None
+    for schedule, v in (("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("interleaved", 2),
+                        ("zb-h1", 2)):
+        pipe = _pipe(schedule, K, M, v)
+        costs = op_flops(pipe.code)
+        total, path = executed(pipe.schedule, costs), critical_path(pipe.schedule, costs)
+        base = base or (total, path)
+        rows.append({"schedule": schedule, "v": v, "K": K, "M": M,
+                     "executed_gflop": round(total / 1e9, 4),
+                     "executed_vs_1f1b": round(total / base[0], 4),
+                     "critical_path_gflop": round(path / 1e9, 4),
+                     "critical_path_vs_1f1b": round(path / base[1], 4)})
+    return rows
+
+
 def main() -> None:
-    rows = [measure(s, K, M) for K in (2, 4, 8) for M in (8, 32)
-            for s in ("gpipe", "1f1b", "pipedream", "pb")]
+    rows = [measure(s, K, M, v) for K in (2, 4, 8) for M in (8, 32) for s, v in CASES]
     check = {s: measure(s, 4, 16)["temp_bytes"] for s in ("gpipe", "1f1b")}
     print(table(rows))
     print(f"\nK=4, M=16: temp bytes 1F1B {check['1f1b']} < GPipe {check['gpipe']}: "
           f"{check['1f1b'] < check['gpipe']}")
-    print(f"wrote {save('schedules', {'rows': rows, 'k4_m16_temp_bytes': check})}")
+    compile_ratio = {f"{s}, v={v}": round(
+        next(r["compile_s"] for r in rows if (r["schedule"], r["v"], r["K"], r["M"]) == (s, v, 4, 32))
+        / next(r["compile_s"] for r in rows if (r["schedule"], r["v"], r["K"], r["M"]) == (s, v, 4, 8)),
+        2) for s, v in CASES}
+    print(f"compile time M=32 / M=8 at K=4: {compile_ratio}")
+    work = flops()
+    print()
+    print(table(work))
+    print(f"wrote {save('schedules', {'rows': rows, 'k4_m16_temp_bytes': check, 'flops': work, 'compile_m32_over_m8_k4': compile_ratio})}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from pipejax.compile.build import Build
-from pipejax.compile.state import Staged, TrainState, host_array
+from pipejax.compile.state import Staged, TrainState, host_array, unstage
 from pipejax.errors import CheckpointError
 
 FORMAT = 1
@@ -82,7 +82,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     opts = [trainer.opt_state(state, r) for r in range(R)]
     stack = lambda *xs: np.stack([np.asarray(x) for x in xs])
     tree: dict[str, Any] = {}
-    for i, layer in enumerate(zip(*[[v for stage in rep for v in stage] for rep in replicas])):
+    for i, layer in enumerate(zip(*[unstage(state.params, replica=r) for r in range(R)])):
         tree.update(_flat(f"layer{i}.", jax.tree.map(stack, *layer)))
     for k in range(K):
         split = [_split(opts[r][k], replicas[r][k]) for r in range(R)]
@@ -90,7 +90,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
         slots = [[p for p, slot in zip(parts, is_slot) if slot] for _, parts, _ in split]
         others = [[p for p, slot in zip(parts, is_slot) if not slot] for _, parts, _ in split]
         for j in range(sum(is_slot)):
-            for n, i in enumerate(pipe.plan.ranges[k]):
+            for n, i in enumerate(pipe.plan.device_layers(k)):
                 tree.update(_flat(f"opt{j}.layer{i}.", jax.tree.map(
                     stack, *[rep[j][n] for rep in slots])))
         for n, leaves in enumerate(zip(*others)):
@@ -169,7 +169,7 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
     """The `TrainState` of `trainer` (its build, shardings and abstract state)
     from a checkpoint's entries."""
     build, opt_packing = trainer.build, trainer.optimizers.packing
-    params_packing, specs, ranges = build.code.params, trainer.pipeline.specs, build.code.plan.ranges
+    params_packing, specs, plan = build.code.params, trainer.pipeline.specs, build.code.plan
     K, R, saved_R = build.K, build.R, meta["replicas"]
     if saved_R not in (1, R):
         raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
@@ -196,7 +196,7 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
     params, states = [], []
     for r in range(R):
         for k in range(K):
-            layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in ranges[k]]
+            layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in plan.device_layers(k)]
             treedef, parts, is_slot = _split(opt_packing.abstract_tree(k),
                                              params_packing.abstract_tree(k))
             values = iter(rep(a, r) for a in others(k, is_slot.count(False)))
@@ -204,7 +204,7 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
             for part, per_parameter in zip(parts, is_slot):
                 if per_parameter:  # the j-th: one entry per layer of the stage
                     filled.append([leaves(f"opt{j}.layer{i}.", part[n], r)
-                                   for n, i in enumerate(ranges[k])])
+                                   for n, i in enumerate(plan.device_layers(k))])
                     j += 1
                 else:
                     filled.append(next(values))

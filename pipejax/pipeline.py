@@ -27,7 +27,7 @@ from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.mesh import stage_mesh
 from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.partition import make_plan
-from pipejax.schedules import Schedule, make_schedule
+from pipejax.schedules import Op, Schedule, make_schedule
 from pipejax.trace import Layer, LayerSpec, trace, trace_loss
 
 def _struct(tree: Any) -> Any:
@@ -54,7 +54,7 @@ class Pipeline:
     def __post_init__(self):
         build, code, mesh = self.build, self.code, self.mesh
         branches = code.init_branches()
-        body = lambda key: lead(code.groups.switch(branches, key))
+        body = lambda key: lead(code.device_groups.switch(branches, key))
         object.__setattr__(self, "_init", guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)),
                                                   mesh))
         vg = None
@@ -120,7 +120,7 @@ class Pipeline:
             if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
                 raise ConfigError(f"layer {spec.index} ({spec.name}) has variables {_describe(want)} "
                                   f"but was given {_describe(got)}")
-        rows = [self.code.params.pack(k, [variables[i] for i in self.plan.ranges[k]])
+        rows = [self.code.params.pack(k, [variables[i] for i in self.plan.device_layers(k)])
                 for k in range(self.K)]
         sharding = placement(self.mesh, STAGED)
         return Staged(tuple(jax.device_put(jnp.stack(slot), sharding) for slot in zip(*rows)),
@@ -182,7 +182,8 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              partition: str | Sequence[int] = "variance", remat: Any = "stage",
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
              weight_stashing: bool = False, share_branches: bool = True,
-             compute_dtype: Any = None, max_padding: float | None = None) -> Pipeline:
+             compute_dtype: Any = None, max_padding: float | None = None,
+             virtual: int = 1) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -194,10 +195,10 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       stages: K, pipeline stages, one device each.
       microbatches: M, micro-batches per step; a batch stacks M of them.
       targets: ONE micro-batch of targets; default integer class labels `[mb]`.
-      schedule: "gpipe" | "1f1b" (synchronous) | "pipedream" | "pb"
-        (asynchronous) | a `pj.Schedule` table.
+      schedule: "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2"
+        (synchronous) | "pipedream" | "pb" (asynchronous) | a `pj.Schedule` table.
       partition: "variance" (GPipe: min Σ_k C_k²) | "bottleneck" (PipeDream:
-        min max_k C_k) | a list of layer counts per stage.
+        min max_k C_k) | a list of layer counts per (virtual) stage.
       remat: "stage" (keep stage inputs only, recompute the forward in the
         backward) | "none" | a `jax.checkpoint` policy.
       mesh: a mesh with a "stage" axis of K devices and optional data axes,
@@ -222,16 +223,21 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         gradients and optimizer state stay float32), boundary activations
         and their gradients travel in it, the loss is float32. Layers with
         their own Flax `dtype` keep it. Default None: as stored.
+      virtual: v, model chunks per device (interleaved virtual stages,
+        Narayanan et al. 2021): the list is split into K·v chunks and device
+        k holds chunks k, k + K, ...; a micro-batch goes round the devices
+        v times and the fill/drain bubble shrinks to (K−1)/(v·M+K−1).
+        Synchronous schedules only ("gpipe", "interleaved", "zb-h1", "zb-h2").
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
     layers = layer_list(layers)
-    settings.check_counts(layers, stages, microbatches)
+    settings.check_counts(layers, stages, microbatches, virtual)
     remat = settings.check_remat(remat)
     compute_dtype = settings.check_dtype(compute_dtype)
-    table = make_schedule(schedule, stages, microbatches)
+    table = make_schedule(schedule, stages, microbatches, virtual)
     settings.check_staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
     example = _struct(example)
@@ -241,8 +247,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     trace_loss(loss, specs[-1].output, targets)
     plan = make_plan(specs, stages, partition, max_bytes,
                      in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
-                     keeps_activations=remat == "none", max_padding=settings.check_padding(max_padding))
+                     keeps_activations=remat == "none", max_padding=settings.check_padding(max_padding),
+                     virtual=virtual)
     seed = 1.0 / microbatches if table.synchronous else 1.0
     code = StageCode(Model(tuple(layers), loss, remat, example, targets, compute_dtype), plan,
-                     seed, share_branches)
+                     seed, share_branches, split=bool((table.ops == Op.W).any()))
     return Pipeline(specs, Build(table, Layout.of(code, table, weight_stashing), mesh))

@@ -47,14 +47,17 @@ def check_dtype(dtype: Any) -> Any:
     return dtype
 
 
-def check_counts(layers: tuple, stages: Any, microbatches: Any) -> None:
+def check_counts(layers: tuple, stages: Any, microbatches: Any, virtual: Any = 1) -> None:
     if len(layers) == 0:
         raise LayerError("the layer list is empty; give at least one layer")
     if not isinstance(stages, (int, np.integer)) or stages < 1:
         raise ConfigError(f"stages={stages!r}; a pipeline needs at least 1 stage")
-    if stages > len(layers):
-        raise ConfigError(f"stages={stages} > {len(layers)} layers; every stage needs a layer, "
-                          "use fewer stages or split the model into more layers")
+    if not isinstance(virtual, (int, np.integer)) or virtual < 1:
+        raise ConfigError(f"virtual={virtual!r}; give the model chunks per device, 1 or more")
+    if stages * virtual > len(layers):
+        chunks = f"stages × virtual = {stages * virtual}" if virtual > 1 else f"stages={stages}"
+        raise ConfigError(f"{chunks} > {len(layers)} layers; every (virtual) stage needs a "
+                          "layer, use fewer stages or chunks or split the model into more layers")
     if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
         raise ConfigError(f"microbatches={microbatches!r}; use at least 1")
 

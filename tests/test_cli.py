@@ -78,7 +78,7 @@ def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
     assert "F0B-6" in out and "delays D_k [6, 4, 2, 0]" in out
     # one steady-state period: no idle slot; one step from empty to empty: 2(K-1)/(M+2(K-1))
     assert "steady-state bubble=0.000 (fill/drain bubble=0.600 over one step)" in out
-    assert plt.imread(png).shape[:2] == (360, 600)  # K = 4 rows: 0.6 * 4 + 1.2 in, 100 dpi
+    assert plt.imread(png).shape[:2] == (380, 600)  # K = 4 rows: 0.6 * 4 + 1.4 in, 100 dpi
 
 
 def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams(tmp_path, capsys):

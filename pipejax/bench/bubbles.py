@@ -5,12 +5,17 @@ from __future__ import annotations
 import pipejax as pj
 
 
-def bubble_formula(name: str, K: int, M: int, steps: int) -> tuple[float, str]:
+def bubble_formula(name: str, K: int, M: int, steps: int, v: int = 1) -> tuple[float, str]:
     """Idle share over `steps` steps (and the flush of an asynchronous one):
-    a synchronous step fills and drains every step (GPipe §2); PipeDream fills
-    once; PB's backward lane also waits K − 1 ticks for its first gradient."""
-    if name in ("gpipe", "1f1b"):
-        return (K - 1) / (M + K - 1), "(K-1)/(M+K-1)"
+    a synchronous step fills and drains every step (GPipe §2), v chunks per
+    device v-fold less (Narayanan et al. 2021, with K | M); a zero-bubble
+    step runs 3vM ops a device in 3vM + K − 1 ticks (Qi et al. 2024, ZB-H1
+    with F = B = W); PipeDream fills once; PB's backward lane also waits
+    K − 1 ticks for its first gradient."""
+    if name in ("gpipe", "1f1b", "interleaved"):
+        return (K - 1) / (v * M + K - 1), "(K-1)/(vM+K-1)" if v > 1 else "(K-1)/(M+K-1)"
+    if name in ("zb-h1", "zb-h2"):
+        return (K - 1) / (3 * v * M + K - 1), "(K-1)/(3vM+K-1)"
     if name == "pb":
         return 2 * (K - 1) / (steps * M + 2 * (K - 1)), "2(K-1)/(nM+2(K-1))"
     return (K - 1) / (steps * M + K - 1), "(K-1)/(nM+K-1)"
@@ -18,12 +23,14 @@ def bubble_formula(name: str, K: int, M: int, steps: int) -> tuple[float, str]:
 
 def bubbles() -> list[dict]:
     rows = []
-    for name in ("gpipe", "1f1b", "pipedream", "pb"):
+    cases = [(name, 1) for name in ("gpipe", "1f1b", "pipedream", "pb", "zb-h1", "zb-h2")]
+    cases += [(name, 2) for name in ("gpipe", "interleaved", "zb-h1")]
+    for name, v in cases:
         for K, M in ((4, 8), (8, 32)):
-            s = pj.schedules.make_schedule(name, K, M)
-            one, formula = bubble_formula(name, K, M, 1)
-            many, _ = bubble_formula(name, K, M, 32)
-            rows.append({"schedule": name, "K": K, "M": M, "ticks": s.ticks,
+            s = pj.schedules.make_schedule(name, K, M, v)
+            one, formula = bubble_formula(name, K, M, 1, v)
+            many, _ = bubble_formula(name, K, M, 32, v)
+            rows.append({"schedule": name, "v": v, "K": K, "M": M, "ticks": s.ticks,
                          "table_n=1": round(s.bubble_fraction, 4), "formula_n=1": round(one, 4),
                          "table_n=32": round(s.bubble_fraction_over(32), 4),
                          "formula_n=32": round(many, 4), "formula": formula})

@@ -36,7 +36,11 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--microbatch-size", type=int, default=None,
                        help="examples per micro-batch: the update size of an asynchronous "
                             "schedule (Kosson et al. train at 1); sets --batch-size")
-        q.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "pipedream", "pb"])
+        q.add_argument("--schedule", default="gpipe",
+                       choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "pipedream", "pb"])
+        q.add_argument("--virtual", type=int, default=1, metavar="V",
+                       help="model chunks per device (interleaved virtual stages): device k "
+                            "holds chunks k, k + K, ...; with gpipe, interleaved, zb-h1, zb-h2")
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
         q.add_argument("--remat", default="stage", choices=["none", "stage"])

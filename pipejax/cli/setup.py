@@ -75,7 +75,7 @@ def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool
                        stages=args.stages, microbatches=args.microbatches,
                        schedule=args.schedule, partition=partition, remat=args.remat, mesh=mesh,
                        weight_stashing=weight_stashing, compute_dtype=args.compute_dtype,
-                       max_padding=args.max_padding)
+                       max_padding=args.max_padding, virtual=args.virtual)
     return layers, pipe
 
 

@@ -28,12 +28,13 @@ def lane_plan(schedule: Schedule) -> list[tuple[int, Op, bool]]:
 
 
 def lane_rows(schedule: Schedule, plan: list) -> tuple:
-    """The scan's input per tick: for each lane its micro-batches `[ticks,
-    stages]` (int32), with the op codes when the lane mixes ops (`plan`)."""
+    """The scan's input per tick: for each lane (micro-batches, op codes,
+    chunks), each `[ticks, stages]` int32; the op codes only when the lane
+    mixes ops (`plan`), the chunks only with virtual stages (else None)."""
     mixed = {lane: m for lane, _, m in plan}
     rows = []
     for lane in range(schedule.lanes):
-        mbs = jnp.asarray(schedule.table[:, :, lane, 1], jnp.int32)
-        ops = jnp.asarray(schedule.ops[:, :, lane], jnp.int32)
-        rows.append((mbs, ops) if mixed.get(lane) else mbs)
+        col = lambda field: jnp.asarray(schedule.table[:, :, lane, field], jnp.int32)
+        rows.append((col(1), col(0) if mixed.get(lane) else None,
+                     col(2) if schedule.virtual > 1 else None))
     return tuple(rows)

@@ -31,11 +31,13 @@ class Layout:
     kept_slots: int
     data_slots: int
     weight_stashing: bool
+    bridge_slots: int = 0
 
     @classmethod
     def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool) -> "Layout":
         return cls(code, schedule.input_capacity, schedule.grad_capacity,
-                   schedule.residual_capacity, schedule.data_capacity, weight_stashing)
+                   schedule.residual_capacity, schedule.data_capacity, weight_stashing,
+                   schedule.bridge_capacity)
 
     @property
     def params(self) -> Packing:
@@ -59,6 +61,8 @@ class Layout:
                      kept=self.kept.zeros((*lead, self.kept_slots)),
                      inputs=self.acts.zeros((*lead, self.input_slots)),
                      weights=self.params.zeros((*lead, self.kept_slots)) if self.weight_stashing
+                     else (),
+                     bridge=self.code.bridge.zeros((*lead, self.bridge_slots)) if self.bridge_slots
                      else ())
 
     @property
@@ -85,6 +89,8 @@ class Layout:
                 ("ring: kept residuals", self.kept.slot_bytes(), self.kept_slots)]
         if self.weight_stashing:
             rows.append(("ring: stashed weights", self.params.slot_bytes(), self.kept_slots))
+        if self.bridge_slots:
+            rows.append(("ring: B to W (bridge)", self.code.bridge.slot_bytes(), self.bridge_slots))
         width = max(len(r[0]) for r in rows)
         lines = ["buffers of every stage (each as large as the largest stage needs):"]
         lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]

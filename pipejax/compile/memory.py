@@ -75,12 +75,15 @@ def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
     code, layout, schedule = build.code, build.layout, build.schedule
     micro = nbytes(build.example) + nbytes(build.targets)
     batch = schedule.microbatches * micro  # a replica's part of the batch
-    working = [nbytes(code.residuals(k, "none")) for k in code.groups.first]
+    working = [nbytes(code.residuals(j, "none")) for j in code.groups.first]
 
-    def parts(used, act_in: int, act_out: int, work: int) -> dict[str, int]:
-        """One stage's parts; `used(packing)` is its bytes of a packing."""
-        P, S, kept = used(code.params), used(opt_state), used(code.kept)
+    def parts(used, chunk_used, act_in: int, act_out: int, work: int) -> dict[str, int]:
+        """One stage's parts; `used(packing)` is its bytes of a packing per
+        device, `chunk_used(packing)` the most one of its chunks uses."""
+        P, S, kept = used(code.params), used(opt_state), chunk_used(code.kept)
         moving = layout.input_slots * act_in + layout.grad_slots * act_out
+        if layout.bridge_slots:
+            moving += layout.bridge_slots * chunk_used(code.bridge)
         out = {"parameters": P, "optimizer state": S, "batch": batch}
         if schedule.synchronous:
             out.update({"weights the scan reads": P, "rings": moving + layout.kept_slots * kept,
@@ -92,10 +95,13 @@ def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
                         "working set or update copies": max(work, 2 * (P + S))})
         return out
 
-    acts, K = code.acts, build.K
+    acts, S = code.acts, code.S
+    most = lambda k, f: max(f(j) for j in code.chunks_of(k))  # over device k's chunks
     stages = tuple(parts(lambda p, k=k: p.used_bytes(k),
-                         acts.used_bytes(k - 1) if k > 0 else 0,
-                         acts.used_bytes(k) if k < K - 1 else 0,
-                         working[code.groups.of[k]]) for k in range(K))
-    device = parts(Packing.slot_bytes, acts.slot_bytes(), acts.slot_bytes(), max(working))
+                         lambda p, k=k: most(k, p.used_bytes),
+                         most(k, lambda j: acts.used_bytes(j - 1) if j > 0 else 0),
+                         most(k, lambda j: acts.used_bytes(j) if j < S - 1 else 0),
+                         most(k, lambda j: working[code.groups.of[j]])) for k in range(build.K))
+    device = parts(Packing.slot_bytes, Packing.slot_bytes, acts.slot_bytes(), acts.slot_bytes(),
+                   max(working))
     return MemoryEstimate(stages, device)

@@ -7,20 +7,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax.schedules import NONE, Schedule
+from pipejax.schedules import NONE, Op, Schedule
 
 
 def loss_ticks(schedule: Schedule) -> np.ndarray:
-    """The ticks on which the last stage runs a forward, hence computes a
-    micro-batch's loss, ordered by that micro-batch's id."""
-    lane = schedule.fwd[:, -1]
+    """The ticks on which the last virtual stage runs a forward, hence
+    computes a micro-batch's loss, ordered by that micro-batch's id."""
+    lane = _last_forwards(schedule)
     ticks = np.flatnonzero(lane != NONE)
     return ticks[np.argsort(lane[ticks], kind="stable")]
 
 
 def finishing(schedule: Schedule) -> np.ndarray:
     """Relative ids of the M micro-batches whose loss one pass computes, in order."""
-    return schedule.fwd[loss_ticks(schedule), -1]
+    return _last_forwards(schedule)[loss_ticks(schedule)]
+
+
+def _last_forwards(schedule: Schedule) -> np.ndarray:
+    """`[ticks]`: the micro-batch the last virtual stage (the last device's
+    last chunk) runs forward, or NONE."""
+    last = schedule.table[:, -1, :, 2] == schedule.virtual - 1
+    ops = np.where(last, schedule.ops[:, -1], 0)
+    return np.where(ops == Op.F, schedule.table[:, -1, :, 1], NONE).max(axis=1, initial=NONE)
 
 
 def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,

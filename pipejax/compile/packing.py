@@ -47,10 +47,15 @@ class Packing:
     treedefs: tuple[Any, ...]  # one PyTreeDef per stage
     leaves: tuple[tuple[_Leaf, ...], ...]  # per stage, per leaf
     slots: tuple[tuple[str, tuple[int, ...]], ...]  # per slot: (dtype, shape)
+    # A parameter packing whose stage trees are lists of layers: the global
+    # index of each item, stage after stage, where they are not in layer
+    # order (virtual stages); None when they are.
+    order: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, trees: Sequence[Any]) -> "Packing":
-        """Build from one tree of arrays or `ShapeDtypeStruct`s per stage."""
+    def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None) -> "Packing":
+        """Build from one tree of arrays or `ShapeDtypeStruct`s per stage
+        (`order`: see the field)."""
         flats, treedefs = zip(*(jax.tree.flatten(t) for t in trees)) if trees else ((), ())
         ranked: list[dict[int, tuple[str, int]]] = []  # per stage: leaf -> (dtype, rank)
         lengths: dict[tuple[str, int], int] = {}
@@ -68,16 +73,17 @@ class Packing:
                     lengths[dtype, rank] = max(lengths.get((dtype, rank), 0), size)
                     shapes.setdefault((dtype, rank), set()).add(tuple(flat[i].shape))
             ranked.append(stage)
-        order = sorted(lengths)
-        index = {s: j for j, s in enumerate(order)}
+        index = {s: j for j, s in enumerate(sorted(lengths))}
         leaves = tuple(tuple(_Leaf(index[stage[i]], tuple(x.shape)) for i, x in enumerate(flat))
                        for flat, stage in zip(flats, ranked))
         # One shape in every stage that uses the slot (and no stage without
         # it): keep it; else a flat buffer as long as the longest leaf.
         kept = lambda d, r: (len(shapes[d, r]) == 1
                              and all((d, r) in stage.values() for stage in ranked))
-        return cls(tuple(treedefs), leaves, tuple(
-            (d, next(iter(shapes[d, r])) if kept(d, r) else (lengths[d, r],)) for d, r in order))
+        slots = tuple((d, next(iter(shapes[d, r])) if kept(d, r) else (lengths[d, r],))
+                      for d, r in sorted(lengths))
+        in_order = order is None or list(order) == sorted(order)
+        return cls(tuple(treedefs), leaves, slots, None if in_order else tuple(order))
 
     @property
     def stages(self) -> int:

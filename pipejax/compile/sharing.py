@@ -62,6 +62,12 @@ class StageGroups:
             return branches[0](*operands)
         return lax.switch(self.index(), branches, *operands)
 
+    def switch_at(self, j: Any, branches: Sequence[Callable], *operands: Any) -> Any:
+        """Inside shard_map: the branch of (virtual) stage `j`'s group applied to `operands`."""
+        if len(branches) == 1:
+            return branches[0](*operands)
+        return lax.switch(jnp.asarray(self.of, jnp.int32)[j], branches, *operands)
+
     def run(self, branches: Sequence[Callable], operands: Any, carry: Any) -> Any:
         """Inside shard_map: `branches[g](operands, carry)` for this device's
         group g, as one loop of 0 or 1 trips per group. Unlike `switch` (a

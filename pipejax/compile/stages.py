@@ -3,10 +3,14 @@
 Every device runs the same program (SPMD), so the per-stage functions are
 branches the programs switch between, each reading its own trees out of the
 shared slot buffers (DESIGN.md, heterogeneous stages in SPMD); stages of
-identical structure share one branch (sharing.py). Stage k runs
-its layers as f_k(params, h), the last stage ending in the loss; its backward
-is the exact vjp of f_k at (weights, stashed input), rebuilt from the
-residuals its forward kept. Re-materialization (GPipe §2): with
+identical structure share one branch (sharing.py). The branches are per
+virtual stage j (= the stage when v = 1; with v chunks per device, chunk
+j // K of device j mod K): j runs its layers as f_j(params, h), the last
+ending in the loss; its backward is the exact vjp of f_j at (weights,
+stashed input), rebuilt from the residuals its forward kept, whole (BW) or
+split into B and W (split.py). A device's parameters are one tree, its
+chunks' layers in chunk order; a branch reads its chunk's part and returns
+gradients for the whole device tree. Re-materialization (GPipe §2): with
 `remat="stage"` nothing is kept and the vjp replays the forward; with
 `remat="none"` the pruned residuals are kept; a `jax.checkpoint` policy keeps
 what it saves.
@@ -18,10 +22,12 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pipejax.compile import residuals
+from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
-from pipejax.compile.packing import Packing
+from pipejax.compile.packing import Buffers, Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import stage_index
 from pipejax.nnx_layer import NnxLayer
@@ -46,10 +52,10 @@ class Model(NamedTuple):
 
 
 class Feed(NamedTuple):
-    """What an op of stage k reads besides its weights and its boundary
-    input: its micro-batch's inputs (stage 0) and targets (the last stage),
-    the micro-batch's dropout key, and the global index of the stage's first
-    layer (the stages of a group share one branch)."""
+    """What an op of virtual stage j reads besides its weights and its
+    boundary input: its micro-batch's inputs (stage 0) and targets (the last
+    stage), the micro-batch's dropout key, and the global index of the
+    stage's first layer (the stages of a group share one branch)."""
 
     x: Any
     y: Any
@@ -58,57 +64,86 @@ class Feed(NamedTuple):
 
 
 class StageCode:
-    """The layers of each stage as forward, backward and init branches.
+    """The layers of each virtual stage as forward, backward and init branches.
 
-    `params` packs each stage's variables, `acts` the boundary activations
-    (boundary k carries stage k's output to stage k + 1), `kept` the residuals
-    each stage keeps from a forward to its backward, for micro-batches shaped
-    like the model's example and targets. The last stage seeds its vjp with
-    `seed`: 1/M when a step's loss is the mean over M micro-batches, 1 when
-    every micro-batch is its own update. Stages of one structure share a
-    branch unless `share` is false (one branch per stage).
+    `params` packs each device's variables, `acts` the boundary activations
+    (boundary j carries virtual stage j's output to j + 1), `kept` the
+    residuals each virtual stage keeps from a forward to its backward, and
+    with `split` (a table with W ops) `bridge` what B files for W, for
+    micro-batches shaped like the model's example and targets. The last
+    stage seeds its vjp with `seed`: 1/M when a step's loss is the mean over
+    M micro-batches, 1 when every micro-batch is its own update. Virtual
+    stages of one structure share a branch unless `share` is false.
     """
 
-    def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True):
+    def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True,
+                 split: bool = False):
         self.model, self.plan, self.seed, self.share = model, plan, seed, share
-        self.K = plan.stages
-        self.groups = StageGroups.by([self._structure(k) for k in range(self.K)], _same_structure,
-                                     share)
-        self.params = Packing.of([[s.variables for s in plan.stage_specs(k)] for k in range(self.K)])
+        self.K, self.S, self.v = plan.stages, plan.chunks, plan.virtual
+        layers = [plan.device_layers(k) for k in range(self.K)]
+        self.params = Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
+                                 order=[i for ls in layers for i in ls])
+        self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
+                                     _same_structure, share)
+        self.device_groups = self.groups if self.v == 1 else StageGroups.by(
+            [(self.params.structure(k), [self._structure(j) for j in self.chunks_of(k)])
+             for k in range(self.K)], _same_device, share)
         self.outputs = self._outputs()
         self.acts = Packing.of(self.outputs)
-        kept = [self.residuals(k, model.remat) for k in self.groups.first]
+        kept = [self.residuals(j, model.remat) for j in self.groups.first]
         self.kept = Packing.of([kept[g] for g in self.groups.of])
+        self.splits: list[SplitBackward] = []
+        self.bridge = None
+        if split:
+            self.splits = [self._split(j) for j in self.groups.first]
+            self.bridge = Packing.of([list(self.splits[g].avals) for g in self.groups.of])
 
-    def residuals(self, k: int, remat: Remat) -> Any:
-        """The abstract residuals stage k keeps from a forward to its backward
-        under `remat` (with "none": its whole working set of one micro-batch)."""
-        return jax.eval_shape(lambda p, h, f: self._vjp(k, p, h, f, remat)[1],
-                              self.params.abstract_tree(k), self._input(k), self._abstract_feed())
+    def chunks_of(self, k: int) -> range:
+        """The virtual stages of device k: k, k + K, …"""
+        return range(k, self.S, self.K)
 
-    def _structure(self, k: int) -> tuple:
-        """What stage k's code depends on: its role (reads the batch, ends in
-        the loss) and its layers with their input and variable shapes."""
-        specs = self.plan.stage_specs(k)
-        return (k == 0, k == self.K - 1,
-                [(self.model.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs])
+    @property
+    def firsts(self) -> list[int]:
+        """The global index of each virtual stage's first layer."""
+        return [r.start for r in self.plan.ranges]
 
-    def _first(self) -> jax.Array:
-        """Inside shard_map: the global index of this stage's first layer."""
-        return jnp.asarray([r.start for r in self.plan.ranges], jnp.int32)[stage_index()]
+    def residuals(self, j: int, remat: Remat) -> Any:
+        """The abstract residuals virtual stage j keeps from a forward to its
+        backward under `remat` (with "none": its whole working set of one micro-batch)."""
+        return jax.eval_shape(lambda p, h, f: self._vjp(j, p, h, f, remat)[1],
+                              self._abstract_params(j), self._input(j), self._abstract_feed())
 
-    def _input(self, k: int) -> Any:
-        return self.outputs[k - 1] if k > 0 else None
+    def _structure(self, j: int) -> tuple:
+        """What virtual stage j's code depends on: its role (reads the batch,
+        ends in the loss), its layers with their input and variable shapes,
+        and where its chunk sits in its device's parameter tree."""
+        specs = self.plan.stage_specs(j)
+        where = (self._slice(j), self.params.structure(j % self.K))
+        return (j == 0, j == self.S - 1,
+                [(self.model.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs],
+                where)
+
+    def _slice(self, j: int) -> slice:
+        """Virtual stage j's items in its device's list of layers."""
+        k, ranges = j % self.K, self.plan.ranges
+        start = sum(len(ranges[i]) for i in range(k, j, self.K))
+        return slice(start, start + len(ranges[j]))
+
+    def _abstract_params(self, j: int) -> Any:
+        return self.params.abstract_tree(j % self.K)[self._slice(j)]
+
+    def _input(self, j: int) -> Any:
+        return self.outputs[j - 1] if j > 0 else None
 
     def _outputs(self) -> list:
-        """What each stage but the last sends on, as it computes it: the traced
-        outputs, or in a compute dtype the stages' own abstract outputs."""
+        """What each virtual stage but the last sends on, as it computes it:
+        the traced outputs, or in a compute dtype the stages' own abstract outputs."""
         if self.model.compute_dtype is None:
-            return [self.plan.stage_specs(k)[-1].output for k in range(self.K - 1)]
+            return [self.plan.stage_specs(j)[-1].output for j in range(self.S - 1)]
         outputs, h = [], None
-        for k in range(self.K - 1):
-            h = jax.eval_shape(lambda p, h, f, k=k: self.fn(k, f, "none")(p, h),
-                               self.params.abstract_tree(k), h, self._abstract_feed())
+        for j in range(self.S - 1):
+            h = jax.eval_shape(lambda p, h, f, j=j: self.fn(j, f, "none")(p, h),
+                               self._abstract_params(j), h, self._abstract_feed())
             outputs.append(h)
         return outputs
 
@@ -117,23 +152,23 @@ class StageCode:
         return Feed(self.model.example, self.model.targets, key,
                     jax.ShapeDtypeStruct((), jnp.int32))
 
-    def fn(self, k: int, feed: Feed, remat: Remat | None = None) -> Callable:
-        """f_k(params, h): stage k's layers (of global indices feed.first,
-        feed.first + 1, ...: the stages of a group share this code); the last
-        stage ends in the loss. Rematerialized as `remat` says (default: the
-        pipeline's). In a compute dtype the weights and the batch are cast to
-        it, and the outputs back to float32 before the loss."""
-        r = self.plan.ranges[k]
+    def fn(self, j: int, feed: Feed, remat: Remat | None = None) -> Callable:
+        """f_j(params, h): virtual stage j's layers (of global indices
+        feed.first, feed.first + 1, ...: the stages of a group share this
+        code); the last ends in the loss. Rematerialized as `remat` says
+        (default: the pipeline's). In a compute dtype the weights and the
+        batch are cast to it, and the outputs back to float32 before the loss."""
+        r = self.plan.ranges[j]
         layers = self.model.layers[r.start:r.stop]
         dtype = self.model.compute_dtype
 
         def f(params, h):
-            x = feed.x if k == 0 else h
+            x = feed.x if j == 0 else h
             if dtype is not None:
                 params = compute_weights(layers, params, dtype)
-                x = cast_floating(x, dtype) if k == 0 else x
+                x = cast_floating(x, dtype) if j == 0 else x
             out = apply_layers(layers, params, x, feed.key, True, first=feed.first)
-            if k < self.K - 1:
+            if j < self.S - 1:
                 return out
             return self.model.loss(out if dtype is None else cast_floating(out, jnp.float32),
                                    feed.y)
@@ -144,108 +179,192 @@ class StageCode:
         policy = jax.checkpoint_policies.nothing_saveable if remat == "stage" else remat
         return jax.checkpoint(f, policy=policy)
 
-    def _vjp(self, k: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
-        """Stage k's output (the loss on the last stage), the residuals to keep
-        for its backward, and how to rebuild the vjp from them."""
-        out, vjp_fn = jax.vjp(self.fn(k, feed, remat), params, h)
+    def _vjp(self, j: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
+        """Virtual stage j's output (the loss on the last), the residuals to
+        keep for its backward, and how to rebuild the vjp from them."""
+        out, vjp_fn = jax.vjp(self.fn(j, feed, remat), params, h)
         known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
                  feed.first]
         kept, recipe = residuals.split(vjp_fn, known, out)
         return out, kept, lambda kept_again: residuals.rebuild(recipe, known, kept_again)
 
-    def backward(self, k: int, params: Any, h: Any, feed: Feed, kept: Sequence[Any], ct: Any):
-        """(param grads, input grad) of stage k from its kept residuals; `ct` is
-        the output's cotangent (None on the last stage, seeded with `seed`).
+    def backward(self, j: int, params: Any, h: Any, feed: Feed, kept: Sequence[Any], ct: Any):
+        """(param grads, input grad) of virtual stage j from its kept
+        residuals; `ct` is the output's cotangent (None on the last stage,
+        seeded with `seed`).
 
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
-        out, _, rebuild = self._vjp(k, params, h, feed)
+        out, _, rebuild = self._vjp(j, params, h, feed)
         return rebuild(kept)(self._seed(out) if ct is None else ct)
 
     def _seed(self, loss: jax.Array) -> jax.Array:
         """The last stage's output cotangent: `seed` (1/M or 1)."""
         return jnp.full(loss.shape, self.seed, loss.dtype)
 
+    # ------------------------------------------------------ B/W split (split.py)
+    def _split(self, j: int) -> SplitBackward:
+        """Virtual stage j's backward split into B and W over the flat inputs
+        (params, h, feed, kept residuals, output cotangent); W reads the
+        params and the feed again, the rest through the bridge."""
+        args = self._backward_args(j)
+        flat, tree = jax.tree.flatten(args)
+        n_params, n_reread = len(jax.tree.leaves(args[0])), len(jax.tree.leaves(args[:3]))
+        h_leaves = len(jax.tree.leaves(args[1]))
+
+        def fn(*leaves):
+            dparams, dh = self.backward(j, *jax.tree.unflatten(tree, leaves))
+            return [*jax.tree.leaves(dparams), *jax.tree.leaves(dh)]
+
+        reread = [i < n_params or n_params + h_leaves <= i < n_reread for i in range(len(flat))]
+        return split_backward(fn, flat, n_params, reread)
+
+    def _backward_args(self, j: int) -> tuple:
+        """Abstract (params, h, feed, kept, ct) of virtual stage j's backward."""
+        ct = None if j == self.S - 1 else self.outputs[j]
+        kept = jax.tree.leaves(self.kept.abstract_tree(j))
+        return (self._abstract_params(j), self._input(j), self._abstract_feed(), kept, ct)
+
     # ------------------------------------------------------------- branches
-    def _feed(self, micro: tuple) -> Feed:
-        """Inside shard_map: the `Feed` of micro-batch (x_m, y_m, key) on this stage."""
-        return Feed(*micro, self._first())
+    def _device_grads(self, j: int, grads: Any) -> Buffers:
+        """Virtual stage j's gradients packed into its device's tree (its
+        other chunks' slots zero)."""
+        k = j % self.K
+        tree = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                 self.params.abstract_tree(k)))
+        tree[self._slice(j)] = grads
+        return self.params.pack(k, tree)
+
+    def _chunk(self, j: int, p: Buffers) -> Any:
+        """Virtual stage j's parameters out of its device's buffers."""
+        return self.params.unpack(j % self.K, p)[self._slice(j)]
 
     def forward_branches(self) -> list[Callable]:
-        """The branch of stage k's group: (params, input slot, (x_m, y_m,
-        key)) -> (message for stage k + 1, residuals to keep, loss); the last
-        stage's message is empty and its loss is the micro-batch loss, the
-        others' loss 0. Run them with `self.groups.switch`."""
-        K, acts, pp, kept = self.K, self.acts, self.params, self.kept
+        """The branch of virtual stage j's group: (params, input slot,
+        (x_m, y_m, key, first)) -> (message for j + 1, residuals to keep,
+        loss); the last stage's message is empty and its loss is the
+        micro-batch loss, the others' loss 0. Run them with `self.groups.switch_at`."""
+        S, acts, kept = self.S, self.acts, self.kept
 
-        def branch(k):
+        def branch(j):
             def run(p, h, micro):
-                h_in = acts.unpack(k - 1, h) if k > 0 else None
-                out, res, _ = self._vjp(k, pp.unpack(k, p), h_in, self._feed(micro))
-                if k == K - 1:
-                    return acts.zeros(), kept.pack(k, res), out.astype(jnp.float32)
-                return acts.pack(k, out), kept.pack(k, res), jnp.zeros((), jnp.float32)
+                h_in = acts.unpack(j - 1, h) if j > 0 else None
+                out, res, _ = self._vjp(j, self._chunk(j, p), h_in, Feed(*micro))
+                if j == S - 1:
+                    return acts.zeros(), kept.pack(j, res), out.astype(jnp.float32)
+                return acts.pack(j, out), kept.pack(j, res), jnp.zeros((), jnp.float32)
             return run
 
         return self.groups.branches(branch)
 
     def backward_branches(self) -> list[Callable]:
-        """The branch of stage k's group: (params, input slot, gradient slot,
-        kept slot, (x_m, y_m, key)) -> (packed parameter gradients, message
-        for stage k − 1)."""
-        K, acts, pp, kept = self.K, self.acts, self.params, self.kept
-
-        def branch(k):
+        """The branch of virtual stage j's group, the fused backward BW:
+        (params, input slot, gradient slot, kept slot, micro) -> (packed
+        parameter gradients of the device, message for j − 1)."""
+        def branch(j):
             def run(p, h, g, r, micro):
-                h_in = acts.unpack(k - 1, h) if k > 0 else None
-                ct = None if k == K - 1 else acts.unpack(k, g)
-                res = jax.tree.leaves(kept.unpack(k, r))
-                dparams, dh = self.backward(k, pp.unpack(k, p), h_in, self._feed(micro), res, ct)
-                return pp.pack(k, dparams), acts.pack(k - 1, dh) if k > 0 else acts.zeros()
+                dparams, dh = self.backward(j, *self._unpack_backward(j, p, h, g, r, micro))
+                return self._device_grads(j, dparams), self._message_back(j, dh)
+            return run
+
+        return self.groups.branches(branch)
+
+    def _unpack_backward(self, j: int, p: Buffers, h: Buffers, g: Buffers, r: Buffers,
+                         micro: tuple) -> tuple:
+        """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers."""
+        h_in = self.acts.unpack(j - 1, h) if j > 0 else None
+        ct = None if j == self.S - 1 else self.acts.unpack(j, g)
+        return (self._chunk(j, p), h_in, Feed(*micro), jax.tree.leaves(self.kept.unpack(j, r)),
+                ct)
+
+    def _message_back(self, j: int, dh: Any) -> Buffers:
+        return self.acts.pack(j - 1, dh) if j > 0 else self.acts.zeros()
+
+    def input_grad_branches(self) -> list[Callable]:
+        """The branch of virtual stage j's group, zero bubble's B: (params,
+        input slot, gradient slot, kept slot, micro) -> (bridge for W,
+        message for j − 1)."""
+        def branch(j):
+            split = self.splits[self.groups.of[j]]
+
+            def run(p, h, g, r, micro):
+                dh, bridge = split.run_b(jax.tree.leaves(self._unpack_backward(j, p, h, g, r,
+                                                                               micro)))
+                h_tree = jax.tree.structure(self._input(j)) if j > 0 else None
+                dh = jax.tree.unflatten(h_tree, dh) if j > 0 else None
+                return self.bridge.pack(j, bridge), self._message_back(j, dh)
+            return run
+
+        return self.groups.branches(branch)
+
+    def weight_grad_branches(self) -> list[Callable]:
+        """The branch of virtual stage j's group, zero bubble's W: (params,
+        bridge slot, micro) -> packed parameter gradients of the device."""
+        def branch(j):
+            split = self.splits[self.groups.of[j]]
+
+            def run(p, b, micro):
+                params = self._chunk(j, p)
+                reread = [*jax.tree.leaves(params), *jax.tree.leaves(Feed(*micro))]
+                grads = split.run_w(reread, jax.tree.leaves(self.bridge.unpack(j, b)))
+                return self._device_grads(j, jax.tree.unflatten(jax.tree.structure(params),
+                                                                grads))
             return run
 
         return self.groups.branches(branch)
 
     def fused(self, p: Any, h: Any, micro: tuple) -> tuple:
-        """Inside shard_map: the last stage's forward and backward of one
-        micro-batch as one vjp, for a table that runs both in one tick
+        """Inside shard_map: the last virtual stage's forward and backward of
+        one micro-batch as one vjp, for a table that runs both in one tick
         (`Schedule.fused`): (loss, packed parameter gradients, message for
-        stage K − 2). Nothing is kept, so `remat="stage"` would only replay
-        the forward: it runs without; a checkpoint policy still applies."""
-        k, acts, pp = self.K - 1, self.acts, self.params
+        the stage before). Nothing is kept, so `remat="stage"` would only
+        replay the forward: it runs without; a checkpoint policy still applies."""
+        j, acts = self.S - 1, self.acts
         remat = "none" if self.model.remat == "stage" else self.model.remat
-        h_in = acts.unpack(k - 1, h) if k > 0 else None
-        loss, vjp_fn = jax.vjp(self.fn(k, self._feed(micro), remat), pp.unpack(k, p), h_in)
+        h_in = acts.unpack(j - 1, h) if j > 0 else None
+        loss, vjp_fn = jax.vjp(self.fn(j, Feed(*micro), remat), self._chunk(j, p), h_in)
         dparams, dh = vjp_fn(self._seed(loss))
-        return (loss.astype(jnp.float32), pp.pack(k, dparams),
-                acts.pack(k - 1, dh) if k > 0 else acts.zeros())
+        return loss.astype(jnp.float32), self._device_grads(j, dparams), self._message_back(j, dh)
 
     def init_branches(self) -> list[Callable]:
-        """The branch of stage k's group: key -> stage k's packed initial
-        variables; layer i uses fold_in(key, i), so the values do not depend on K.
-        An NNX layer's slots are zeros here: its values are staged from the
-        host (`Pipeline.init`), not compiled into the program as constants."""
+        """The branch of device k's group: key -> device k's packed initial
+        variables; layer i uses fold_in(key, i), so the values do not depend
+        on K. An NNX layer's slots are zeros here: its values are staged from
+        the host (`Pipeline.init`), not compiled into the program as constants."""
+        K = self.K
+        index = np.zeros((K, max(len(self.plan.device_layers(k)) for k in range(K))), np.int32)
+        for k in range(K):
+            layers = self.plan.device_layers(k)
+            index[k, :len(layers)] = layers
+
         def branch(k):
             def run(key):
-                variables, first = [], self._first()
-                for i, spec in enumerate(self.plan.stage_specs(k)):
-                    layer = self.model.layers[spec.index]
+                variables, mine = [], jnp.asarray(index)[stage_index()]
+                for n, i in enumerate(self.plan.device_layers(k)):
+                    spec, layer = self.plan.specs[i], self.model.layers[i]
                     if isinstance(layer, NnxLayer):
                         variables.append(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                                       spec.variables))
                         continue
                     h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                    variables.append(init_layer(layer, layer_key(key, first + i), h))
+                    variables.append(init_layer(layer, layer_key(key, mine[n]), h))
                 return self.params.pack(k, variables)
             return run
 
-        return self.groups.branches(branch)
+        return self.device_groups.branches(branch)
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:
-    """Whether two stages' `_structure`s are equal (their stages share a branch)."""
-    (first_a, last_a, layers_a), (first_b, last_b, layers_b) = a, b
-    return (first_a == first_b and last_a == last_b and len(layers_a) == len(layers_b)
+    """Whether two virtual stages' `_structure`s are equal (they share a branch)."""
+    (first_a, last_a, layers_a, where_a), (first_b, last_b, layers_b, where_b) = a, b
+    return (first_a == first_b and last_a == last_b and where_a == where_b
+            and len(layers_a) == len(layers_b)
             and all(same_layer(la, lb) and ia == ib and va == vb
                     for (la, ia, va), (lb, ib, vb) in zip(layers_a, layers_b)))
+
+
+def _same_device(a: tuple, b: tuple) -> bool:
+    """Whether two devices hold chunks of equal structure (their init branches are one)."""
+    return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
+        _same_structure(x, y) for x, y in zip(a[1], b[1]))

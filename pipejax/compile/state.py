@@ -73,7 +73,8 @@ def host_array(a: jax.Array) -> np.ndarray:
 
 
 class Rings(NamedTuple):
-    """Ring buffers of one pipeline, slots `micro-batch mod capacity`.
+    """Ring buffers of one pipeline, slots `micro-batch mod capacity` (with
+    v virtual stages, `(micro-batch · v + chunk) mod capacity`).
 
     The field order is the order of the scan's carry, and XLA's buffer
     assignment depends on it: with the inputs first, the GPipe step of a
@@ -85,6 +86,7 @@ class Rings(NamedTuple):
     kept: Buffers  # vjp residuals kept from the forward to the backward
     inputs: Buffers  # stage inputs received, kept up to their backward
     weights: Buffers  # with weight stashing: the weights each forward used; else ()
+    bridge: Buffers = ()  # what a split backward's B filed for its W; () without W ops
 
 
 class InFlight(NamedTuple):
@@ -129,6 +131,9 @@ def unstage(params: Staged | TrainState, replica: int | str = "mean",
         raise ArgumentTypeError(f"unstage expects the Staged parameters of a pipeline (pipe.init, "
                                 f"grads, state.params), not {type(params).__name__}")
     values = [layer for stage in params.per_stage(replica) for layer in stage]
+    order = params.packing.order  # virtual stages: device by device, chunk by chunk
+    if order is not None:
+        values = [values[n] for n in sorted(range(len(values)), key=order.__getitem__)]
     if into is not None:
         write_into(values, into)
     return values

@@ -38,6 +38,7 @@ from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.state import Rings
 from pipejax.mesh import AXIS
 from pipejax.schedules import NONE, Op
+from pipejax.schedules.tasks import BACKWARD
 
 
 class TableIn(NamedTuple):
@@ -72,10 +73,13 @@ def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> 
 
 
 class _Task(NamedTuple):
-    """A task of this device at this tick: its micro-batch id and whether it runs."""
+    """A task of this device at this tick: its micro-batch id, whether it
+    runs, its virtual stage j = c·K + k and its ring id g·v + c."""
 
     g: jax.Array
     real: jax.Array
+    j: jax.Array
+    ring: jax.Array
 
 
 class _Ops(NamedTuple):
@@ -86,6 +90,7 @@ class _Ops(NamedTuple):
     acc: Any
     kept: Buffers
     weights: Buffers
+    bridge: Buffers
 
 
 class _Tick:
@@ -94,12 +99,18 @@ class _Tick:
     def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn):
         self.code, self.layout, self.opts = build.code, build.layout, opts
         self.K, self.sync = build.K, build.schedule.synchronous
+        self.v, self.S = self.code.v, self.code.S
         self.plan = lane_plan(build.schedule)
         self.k = stage_index()
         self.x, self.y = inp.data
         self.base, self.start, self.fed = inp.counters
         self.key = inp.key
-        self.forwards, self.backwards = self.code.forward_branches(), self.code.backward_branches()
+        ops = {op for _, op, _ in self.plan}
+        code = self.code
+        self.branches = {Op.F: code.forward_branches(),
+                         Op.BW: code.backward_branches() if Op.BW in ops else None,
+                         Op.B: code.input_grad_branches() if Op.B in ops else None,
+                         Op.W: code.weight_grad_branches() if Op.W in ops else None}
         # What a backward does with its gradient, chosen once for the program.
         self.update = None if self.sync else opts.updater()
         # Which loops a tick runs, known from the table: the forward's and
@@ -115,53 +126,70 @@ class _Tick:
         else:
             self._take, self._after = self._update_now, None
 
-    def _task(self, cell: Any, op: Op, mixed: bool) -> _Task:
+    def _task(self, cell: Any, op: Op) -> _Task:
         """A task is real if the table names `op` there and its micro-batch was fed."""
-        rel, ops = cell if mixed else (cell, None)
+        rel, ops, chunks = cell
         rel = rel[self.k]
         g = self.base + rel
         real = (rel != NONE) & (g >= self.start) & (g < self.fed)
-        return _Task(g, real & (ops[self.k] == int(op)) if mixed else real)
+        if ops is not None:
+            real = real & (ops[self.k] == int(op))
+        c = chunks[self.k] if chunks is not None else jnp.int32(0)
+        return _Task(g, real, c * self.K + self.k, g * self.v + c)
 
-    def _inputs(self, g: jax.Array) -> tuple:
-        """(x_m, y_m, key) of micro-batch g."""
+    def _inputs(self, g: jax.Array, j: jax.Array) -> tuple:
+        """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j."""
         slot = g % self.layout.data_slots
         pick = lambda ring: jax.tree.map(lambda a: a[slot], ring)
-        return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g)
+        first = jnp.asarray(self.code.firsts, jnp.int32)[j]
+        return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g), first
 
-    def _reads(self, rings: Rings, op: Op, g: jax.Array) -> tuple:
-        """The ring slots op reads: its input (and, backward, the output's gradient)."""
+    def _reads(self, rings: Rings, op: Op, t: _Task) -> tuple:
+        """The ring slots op reads: its input (and, backward, the output's
+        gradient; for W, what its B filed)."""
         lay = self.layout
-        if op == Op.F:
-            return (_read(rings.inputs, g % lay.input_slots),)
-        return _read(rings.inputs, g % lay.input_slots), _read(rings.grads, g % lay.grad_slots)
+        if op == Op.W:
+            return (_read(rings.bridge, t.ring % lay.bridge_slots),)
+        h = _read(rings.inputs, t.ring % lay.input_slots)
+        return (h,) if op == Op.F else (h, _read(rings.grads, t.ring % lay.grad_slots))
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
         p, s, rings, acc = carry
-        tasks = {op: self._task(row[lane], op, mixed) for lane, op, mixed in self.plan}
+        tasks = {op: self._task(row[lane], op) for lane, op, _ in self.plan}
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
         fused = None
         if self.fusion:
             f, b = tasks[Op.F], tasks[Op.BW]
-            fused = _Task(f.g, f.real & b.real & (f.g == b.g) & (self.k == self.K - 1))
-            runs = {Op.F: f._replace(real=f.real & ~fused.real),
+            last = (f.j == self.S - 1) & (b.j == self.S - 1)
+            fused = _Task(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
+            runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
                     Op.BW: b._replace(real=b.real & ~fused.real)}
         # Read the slots into values of their own before any buffer is
         # written, so that XLA updates the ring buffers in place.
-        reads = lax.optimization_barrier({op: self._reads(rings, op, t.g)
+        reads = lax.optimization_barrier({op: self._reads(rings, op, t)
                                           for op, t in tasks.items()})
-        ops = _Ops(p, s, acc, rings.kept, rings.weights)
+        ops = _Ops(p, s, acc, rings.kept, rings.weights, rings.bridge)
         messages = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for _, op, _ in self.plan:
             if op == Op.F:
                 ops, msg, loss = self._forward(runs[op], ops, reads[op], loss)
-            else:
+            elif op == Op.BW:
                 ops, msg, loss, skipped = self._backward(runs[op], fused, ops, reads[op], loss)
-            messages[op] = (msg, tasks[op].g, tasks[op].real)
-        rings = self._exchange(rings._replace(kept=ops.kept, weights=ops.weights),
-                               messages[Op.F], messages[Op.BW])
-        last = tasks[Op.F].real & (self.k == self.K - 1)  # a loss, once, on the last stage
+            elif op == Op.B:
+                ops, msg = self._input_grad(runs[op], ops, reads[op])
+            else:
+                ops, msg = self._weight_grad(runs[op], ops, reads[op]), None
+            messages[op] = (msg, tasks[op])
+        back = [messages[op] for op in BACKWARD if op in messages]
+        if len(back) == 2:  # B and BW both in the table: the one that ran sends
+            (m_b, t_b), (m_bw, t_bw) = back
+            back = [(jax.tree.map(lambda a, b: jnp.where(t_b.real, a, b), m_b, m_bw),
+                     jax.tree.map(lambda a, b: jnp.where(t_b.real, a, b), t_b, t_bw))]
+        rings = self._exchange(rings._replace(kept=ops.kept, weights=ops.weights,
+                                              bridge=ops.bridge), messages[Op.F], back[0])
+        f = tasks[Op.F]
+        last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         return ((ops.p, ops.s, rings, ops.acc),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
@@ -171,53 +199,55 @@ class _Tick:
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
 
     def _forward(self, task: _Task, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
-        """Stage k's forward of micro-batch g at its weights (or their
-        forecast): keeps its residuals (and with weight stashing the weights
-        it used) in slot g; returns the ops' state, the message on and the loss.
+        """Stage k's forward of micro-batch g on virtual stage j at its
+        weights (or their forecast): keeps its residuals (and with weight
+        stashing the weights it used) in its slot; returns the ops' state,
+        the message on and the loss.
 
         The weights pass through the loop's carry, untouched: as an operand
         of the loop XLA would copy them at every tick (they live on into
         the backward), in the carry it updates them in place."""
         if not self.separate:
             return ops, self.code.acts.zeros(), loss
-        slot = task.g % self.layout.kept_slots
+        slot = task.ring % self.layout.kept_slots
         p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
 
         def forward(args, c):
             w, kept, weights, _, _ = c
-            msg, new_kept, loss = self.code.groups.switch(self.forwards, w, *args)
+            msg, new_kept, loss = self.code.groups.switch_at(task.j, self.branches[Op.F], w,
+                                                             *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
             return w, kept, weights, msg, loss
 
         init = (s.ahead if ahead else p, ops.kept, ops.weights, self.code.acts.zeros(), loss)
         w, kept, weights, msg, loss = self._run(task.real, forward,
-                                                (read[0], self._inputs(task.g)), init)
+                                                (read[0], self._inputs(task.g, task.j)), init)
         p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
     def _backward(self, task: _Task, fused: _Task | None, ops: _Ops, read: tuple,
                   loss: jax.Array) -> tuple:
-        """Stage k's fused backward of micro-batch g at the current weights
-        (their backward forecast, or the stashed ones), or, for a pair the
-        table fuses (`fused`), the last stage's forward and backward in one
-        vjp at the forward's weights (both forecasts coincide there: no
-        update comes between, the horizons are equal and the delay 0). Then
-        what the program does with the gradient (`_take`, and `_after`
-        outside the loops: its collectives run on every device at every
-        tick). Returns the ops' state, the message back, the loss and 1 if
-        the guard skipped the update."""
+        """Stage k's fused backward (BW) of micro-batch g on virtual stage j
+        at the current weights (their backward forecast, or the stashed
+        ones), or, for a pair the table fuses (`fused`), the last stage's
+        forward and backward in one vjp at the forward's weights (both
+        forecasts coincide there: no update comes between, the horizons are
+        equal and the delay 0). Then what the program does with the
+        gradient (`_take`, and `_after` outside the loops: its collectives
+        run on every device at every tick). Returns the ops' state, the
+        message back, the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
         if self.separate:  # a slot exists: the table keeps residuals
-            slot = task.g % self.layout.kept_slots
+            slot = task.ring % self.layout.kept_slots
             stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
             p, s, grads_slot, _, loss, skipped = c
             w = stashed if stashed is not None else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
-            grads, msg = self.code.groups.switch(self.backwards, w, *args)
+            grads, msg = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
             p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
             return p, s, grads_slot, msg, loss, skipped
 
@@ -230,16 +260,45 @@ class _Tick:
         h, g = read
         carry = (ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), loss, jnp.int32(0))
         if self.separate:
-            args = (h, g, _read(ops.kept, slot), self._inputs(task.g))
+            args = (h, g, _read(ops.kept, slot), self._inputs(task.g, task.j))
             carry = self._run(task.real, backward, args, carry)
         if fused is not None:
-            carry = self._run(fused.real, both, (h, self._inputs(fused.g)), carry)
+            carry = self._run(fused.real, both, (h, self._inputs(fused.g, fused.j)), carry)
         p, s, grads_slot, msg, loss, skipped = carry
         acc = grads_slot if self.sync else ops.acc
         if self._after is not None:
             real = task.real if fused is None else task.real | fused.real
             p, s, skipped = self._after(p, s, grads_slot, real)
         return ops._replace(p=p, s=s, acc=acc), msg, loss, skipped
+
+    def _input_grad(self, task: _Task, ops: _Ops, read: tuple) -> tuple:
+        """Zero bubble's B of micro-batch g on virtual stage j: the input
+        gradient, sent back, and the bridge its W reads, filed in its slot."""
+        kept_slot = task.ring % self.layout.kept_slots
+        bridge_slot = task.ring % self.layout.bridge_slots
+
+        def input_grad(args, c):
+            p, bridge, _ = c
+            new, msg = self.code.groups.switch_at(task.j, self.branches[Op.B], p, *args)
+            return p, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
+
+        h, g = read
+        args = (h, g, _read(ops.kept, kept_slot), self._inputs(task.g, task.j))
+        p, bridge, msg = self._run(task.real, input_grad, args,
+                                   (ops.p, ops.bridge, self.code.acts.zeros()))
+        return ops._replace(p=p, bridge=bridge), msg
+
+    def _weight_grad(self, task: _Task, ops: _Ops, read: tuple) -> _Ops:
+        """Zero bubble's W of micro-batch g on virtual stage j: the weight
+        gradients from what its B filed, summed (a synchronous table)."""
+        def weight_grad(args, c):
+            p, acc = c
+            grads = self.code.groups.switch_at(task.j, self.branches[Op.W], p, *args)
+            return p, tuple(a + d for a, d in zip(acc, grads))
+
+        p, acc = self._run(task.real, weight_grad, (read[0], self._inputs(task.g, task.j)),
+                           (ops.p, ops.acc))
+        return ops._replace(p=p, acc=acc)
 
     # What a backward does with its gradient `d`: the loop carries `slot`,
     # the step's running sum (synchronous), this op's gradient (updated after
@@ -261,18 +320,23 @@ class _Tick:
         return self.update(p, d, s, real)
 
     def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
-        """Send activations to stage k + 1 and gradients to stage k − 1; file
-        what arrives in its ring slot if it is a real message."""
-        K, k, lay = self.K, self.k, self.layout
+        """Send activations to the next virtual stage and gradients to the
+        one before: device k + 1, or round the ring, from device K − 1's
+        chunk c to device 0's chunk c + 1 (and back); file what arrives in
+        its ring slot if it is a real message."""
+        K, k, v, lay = self.K, self.k, self.v, self.layout
         if K == 1:
             return rings
-        (msg_f, gf, do_f), (msg_b, gb, do_b) = fwd_msg, bwd_msg
-        got_f, mf, vf = lax.ppermute((msg_f, gf, do_f & (k < K - 1)), AXIS,
-                                     [(i, i + 1) for i in range(K - 1)])
-        got_b, mb, vb = lax.ppermute((msg_b, gb, do_b & (k > 0)), AXIS,
-                                     [(i + 1, i) for i in range(K - 1)])
-        return rings._replace(inputs=_file(rings.inputs, mf % lay.input_slots, got_f, vf),
-                              grads=_file(rings.grads, mb % lay.grad_slots, got_b, vb))
+        (msg_f, tf), (msg_b, tb) = fwd_msg, bwd_msg
+        c_f, c_b = tf.j // K, tb.j // K
+        on = [(i, i + 1) for i in range(K - 1)] + ([(K - 1, 0)] if v > 1 else [])
+        back = [(j, i) for i, j in on]
+        got_f, gf, cf, vf = lax.ppermute(
+            (msg_f, tf.g, c_f + (k == K - 1), tf.real & (tf.j < self.S - 1)), AXIS, on)
+        got_b, gb, cb, vb = lax.ppermute(
+            (msg_b, tb.g, c_b - (k == 0), tb.real & (tb.j > 0)), AXIS, back)
+        return rings._replace(inputs=_file(rings.inputs, (gf * v + cf) % lay.input_slots, got_f, vf),
+                              grads=_file(rings.grads, (gb * v + cb) % lay.grad_slots, got_b, vb))
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:

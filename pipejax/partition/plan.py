@@ -3,6 +3,10 @@
 Built from the traced `LayerSpec`s and a split (from `balance` or the user).
 Printing a plan gives the table a researcher checks before training: stage,
 layer range and names, cost, parameter bytes and boundary activation bytes.
+With v virtual stages per device the split has K·v contiguous chunks (the
+virtual stages, in model order) and device k holds chunks k, k + K, …
+(circular placement, Narayanan et al. 2021, §2.2); the table shows each
+chunk's device.
 How stages are laid out in device buffers (and the padding that costs) is the
 compiler's business: see `pipejax.compile.layout`.
 """
@@ -23,56 +27,80 @@ from pipejax.trace import LayerSpec, nbytes
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Layers per stage and the cost, parameter bytes and boundary bytes of each."""
+    """Layers per (virtual) stage and the cost, parameter bytes and boundary
+    bytes of each; `virtual` chunks per device."""
 
     specs: tuple[LayerSpec, ...]
-    split: tuple[int, ...]
+    split: tuple[int, ...]  # layers per virtual stage, K·v of them in model order
     objective: str
+    virtual: int = 1
 
     @property
-    def stages(self) -> int:
+    def chunks(self) -> int:
+        """S = K·v: the virtual stages (the stages when v = 1)."""
         return len(self.split)
 
     @property
+    def stages(self) -> int:
+        """K: the devices."""
+        return len(self.split) // self.virtual
+
+    @property
     def ranges(self) -> list[range]:
-        """Global layer indices of each stage."""
+        """Global layer indices of each virtual stage."""
         bounds = np.cumsum([0, *self.split])
         return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def stage_specs(self, k: int) -> tuple[LayerSpec, ...]:
-        return tuple(self.specs[i] for i in self.ranges[k])
+    def device(self, j: int) -> int:
+        """The device of virtual stage j."""
+        return j % self.stages
+
+    def device_layers(self, k: int) -> list[int]:
+        """Global indices of device k's layers, chunk by chunk: the order of
+        its parameter tree."""
+        return [i for j in range(k, self.chunks, self.stages) for i in self.ranges[j]]
+
+    def stage_specs(self, j: int) -> tuple[LayerSpec, ...]:
+        """The layers of virtual stage j."""
+        return tuple(self.specs[i] for i in self.ranges[j])
 
     @property
     def costs(self) -> list[float | None]:
-        """Cost of each stage; None where a layer has no cost estimate."""
-        costs = [[s.cost for s in self.stage_specs(k)] for k in range(self.stages)]
+        """Cost of each virtual stage; None where a layer has no cost estimate."""
+        costs = [[s.cost for s in self.stage_specs(j)] for j in range(self.chunks)]
         return [None if None in c else float(sum(c)) for c in costs]
 
     @property
     def param_bytes(self) -> list[int]:
-        return [sum(s.param_bytes for s in self.stage_specs(k)) for k in range(self.stages)]
+        return [sum(s.param_bytes for s in self.stage_specs(j)) for j in range(self.chunks)]
 
     @property
     def boundary_bytes(self) -> list[int]:
-        """Bytes of one micro-batch of each stage's output (what it sends on)."""
-        return [self.stage_specs(k)[-1].activation_bytes for k in range(self.stages)]
+        """Bytes of one micro-batch of each virtual stage's output (what it sends on)."""
+        return [self.stage_specs(j)[-1].activation_bytes for j in range(self.chunks)]
 
     def __str__(self) -> str:
-        rows = [("stage", "layers", "names", "cost", "share", "params", "sends")]
+        chunked = self.virtual > 1
+        rows = [("chunk" if chunked else "stage", *(("device",) if chunked else ()), "layers",
+                 "names", "cost", "share", "params", "sends")]
         costs = self.costs
         total = None if None in costs else (sum(costs) or 1.0)
-        for k, r in enumerate(self.ranges):
-            names = ",".join(s.name for s in self.stage_specs(k))
+        for j, r in enumerate(self.ranges):
+            names = ",".join(s.name for s in self.stage_specs(j))
             if len(names) > 40:
                 names = names[:37] + "..."
-            sends = human_bytes(self.boundary_bytes[k]) if k < self.stages - 1 else "-"
+            sends = human_bytes(self.boundary_bytes[j]) if j < self.chunks - 1 else "-"
             cost, share = ("n/a", "n/a") if total is None else \
-                (f"{costs[k]:.3g}", f"{100 * costs[k] / total:.1f}%")
-            rows.append((str(k), f"{r.start}-{r.stop - 1}", names, cost, share,
-                         human_bytes(self.param_bytes[k]), sends))
+                (f"{costs[j]:.3g}", f"{100 * costs[j] / total:.1f}%")
+            rows.append((str(j), *((str(self.device(j)),) if chunked else ()),
+                         f"{r.start}-{r.stop - 1}", names, cost, share,
+                         human_bytes(self.param_bytes[j]), sends))
         lines = [table(rows)]
         cost_kind = "measured seconds" if self.specs[0].seconds is not None else "fwd+bwd FLOPs"
         lines.append(f"objective {self.objective}, cost = {cost_kind}")
+        if chunked:
+            lines.append(f"{self.virtual} chunks per device, device k holds chunks k, k + "
+                         f"{self.stages}, ... (circular placement)")
         unknown = [s for s in self.specs if s.cost is None]
         if unknown:
             lines.append("no cost estimate (XLA's cost analysis gave none) for layers " +
@@ -83,8 +111,8 @@ class Plan:
 def make_plan(specs: Sequence[LayerSpec], stages: int,
               partition: str | Sequence[int] = "variance", max_bytes: float | None = None,
               in_flight: Sequence[int] | None = None, keeps_activations: bool = False,
-              max_padding: float | None = None) -> Plan:
-    """Split traced layers into `stages` contiguous stages.
+              max_padding: float | None = None, virtual: int = 1) -> Plan:
+    """Split traced layers into `stages` · `virtual` contiguous (virtual) stages.
 
     `partition` is "variance" (GPipe), "bottleneck" (PipeDream) or an explicit
     list of layer counts per stage. `max_bytes` bounds each stage's
@@ -92,9 +120,17 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     its input and (`keeps_activations`: remat "none") its layers' inputs for
     each of the `in_flight[k]` micro-batches stage k holds at once.
     `max_padding` keeps the packed parameters' padding within that fraction
-    of their bytes, at the price of balance (padding.py).
+    of their bytes, at the price of balance (padding.py). With `virtual` = v
+    the K·v chunks are balanced as stages; `partition` lists K·v counts.
     """
     specs = tuple(specs)
+    if virtual > 1 and (max_bytes is not None or max_padding is not None):
+        raise ConfigError(
+            f"{'max_bytes' if max_bytes is not None else 'max_padding'} bounds each stage's "
+            f"bytes, but with virtual={virtual} a device holds {virtual} chunks that are not "
+            "next to each other, whose sum the exact partitioner does not bound; use virtual=1, "
+            "or give the split yourself and check pipe.layout")
+    stages = stages * virtual
     if isinstance(partition, str):
         unknown = [s for s in specs if s.cost is None] if stages > 1 else []  # one stage: no costs
         if unknown:
@@ -122,5 +158,5 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     else:
         raise ConfigError(f"partition must be 'variance', 'bottleneck' or a list of layer "
                           f"counts, not {partition!r}")
-    return Plan(specs=specs, split=split, objective=objective)
+    return Plan(specs=specs, split=split, objective=objective, virtual=virtual)
 

@@ -45,6 +45,10 @@ def check_tasks(schedule: Schedule) -> None:
         t, k, lane = np.argwhere(chunks < 0)[0]
         raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k}, lane {lane} names "
                             f"chunk {chunks[t, k, lane]}; chunks count from 0")
+    if schedule.asynchronous and np.isin(ops, (Op.B, Op.W)).any():
+        raise ScheduleError(
+            f"schedule {schedule.name!r}: an asynchronous table runs fused backwards (BW): its "
+            "stages update their weights right after each backward, so there is no W to defer")
     if schedule.asynchronous and (chunks != 0).any():
         raise ScheduleError(
             f"schedule {schedule.name!r}: an asynchronous table with virtual stages is not run: "

@@ -1,0 +1,64 @@
+"""What a step executes, from its table and the cost of each op.
+
+XLA's cost analysis counts a loop body once, not once per trip (DESIGN.md,
+measuring on a CPU-only machine), so the work of a step is derived: every
+op of every virtual stage (F, the fused backward BW, zero bubble's B and W)
+is compiled alone on abstract inputs, and the table says how often each
+runs. `executed` sums them over the table's tasks; `critical_path` sums,
+per tick, the most any device runs (the ticks run in lock step: a tick's
+messages wait for its slowest op).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+
+from pipejax.compile.stages import StageCode
+from pipejax.schedules import Op, Schedule
+
+
+def _flops(fn: Callable, *args) -> float:
+    """XLA's FLOP count of `fn` compiled alone (0 for an op with no arithmetic)."""
+    return float(jax.jit(fn).lower(*args).compile().cost_analysis().get("flops", 0.0))
+
+
+def op_flops(code: StageCode) -> dict[Op, list[float]]:
+    """FLOPs of each op on each virtual stage: F (the forward with the
+    residuals it keeps), BW, and with a split (`code.splits`) B and W."""
+    out: dict[Op, list[float]] = {op: [] for op in (Op.F, Op.BW, Op.B, Op.W)}
+    per_group: dict[Op, list[float]] = {op: [] for op in out}
+    for g, j in enumerate(code.groups.first):
+        args = code._backward_args(j)
+        params, h, feed, _, _ = args
+        leaves, tree = jax.tree.flatten(args)
+        per_group[Op.F].append(_flops(lambda p, h, f: code._vjp(j, p, h, f)[:2], params, h, feed))
+        per_group[Op.BW].append(_flops(lambda *a: code.backward(j, *jax.tree.unflatten(tree, a)),
+                                       *leaves))
+        if code.splits:
+            split = code.splits[g]
+            bridge = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in split.avals]
+            per_group[Op.B].append(_flops(lambda *a: split.run_b(a), *leaves))
+            per_group[Op.W].append(_flops(split.run_w, [leaves[i] for i in split.reread],
+                                          bridge))
+    for op, costs in per_group.items():
+        out[op] = [costs[g] for g in code.groups.of] if costs else []
+    return out
+
+
+def _task_costs(schedule: Schedule, costs: dict[Op, list[float]]):
+    """`[ticks][stages]`: the FLOPs each device runs at each tick."""
+    K = schedule.stages
+    return [[sum(costs[Op(op)][c * K + k] for op, _, c in schedule.table[t, k] if op != Op.IDLE)
+             for k in range(K)] for t in range(schedule.ticks)]
+
+
+def executed(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
+    """FLOPs a step executes: every task of the table at its op's cost."""
+    return float(sum(sum(row) for row in _task_costs(schedule, costs)))
+
+
+def critical_path(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
+    """FLOPs along the lock-step ticks: per tick the most one device runs."""
+    return float(sum(max(row) for row in _task_costs(schedule, costs)))

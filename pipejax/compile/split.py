@@ -1,0 +1,145 @@
+"""The zero-bubble split of a stage's backward into B and W (Qi et al. 2024, §2).
+
+A stage's backward maps (weights, input, residuals, output cotangent) to
+(weight gradients, input gradient). Traced once as a jaxpr, its equations
+fall in two parts: those the input gradient needs (B: what the previous
+stage waits for) and the rest of those the weight gradients need (W). B
+runs its part and files the values W reads that only B's tick has: the
+*bridge* (the weight path's cotangents and the residuals W reads). W later
+runs its part from the bridge, the weights and the micro-batch's feed.
+Every equation of the backward runs once, in B or in W: nothing is
+recomputed, so B + W cost what the fused backward costs (the naive split, a
+second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
+#6532). Call-like equations (jit, remat) are inlined first, so that a
+rematerialized stage's replayed forward runs in B and W reads what it
+needs of it from the bridge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend import core
+
+_INLINE = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat"}
+
+Ref = Any  # an int (a value of the graph) or ("lit", value)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Node:
+    primitive: Any
+    params: dict
+    ins: tuple[Ref, ...]
+    outs: tuple[int, ...]
+    avals: tuple[Any, ...]  # the outputs' abstract values
+    ctx: Any  # the equation's context (what `jax.core.eval_jaxpr` binds it under)
+
+
+def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Ref], nodes: list,
+             count: list[int]) -> list[Ref]:
+    """Append `jaxpr`'s equations to `nodes` (call-like ones inlined), its
+    inputs bound to `ins`; returns its outputs' refs."""
+    env: dict = dict(zip(jaxpr.invars, ins))
+    env.update({v: ("lit", c) for v, c in zip(jaxpr.constvars, consts)})
+    ref = lambda v: ("lit", v.val) if isinstance(v, core.Literal) else env[v]
+    for eqn in jaxpr.eqns:
+        args = [ref(v) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _INLINE else None
+        if inner is not None:
+            closed = isinstance(inner, core.ClosedJaxpr)
+            outs = _flatten(inner.jaxpr if closed else inner, inner.consts if closed else (),
+                            args, nodes, count)
+        else:
+            outs = list(range(count[0], count[0] + len(eqn.outvars)))
+            count[0] += len(outs)
+            nodes.append(_Node(eqn.primitive, eqn.params, tuple(args), tuple(outs),
+                               tuple(v.aval for v in eqn.outvars), eqn.ctx))
+        for v, o in zip(eqn.outvars, outs):
+            if not isinstance(v, core.DropVar):
+                env[v] = o
+    return [ref(v) for v in jaxpr.outvars]
+
+
+def _needed(nodes: Sequence[_Node], targets: Sequence[Ref], stop: set) -> list[int]:
+    """Indices of the nodes that `targets` depend on, not looking past the values in `stop`."""
+    want = {r for r in targets if isinstance(r, int) and r not in stop}
+    keep = []
+    for i in range(len(nodes) - 1, -1, -1):
+        if want.intersection(nodes[i].outs):
+            keep.append(i)
+            want.update(r for r in nodes[i].ins if isinstance(r, int) and r not in stop)
+    return keep[::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitBackward:
+    """A backward's B and W parts over one flat list of inputs.
+
+    `reread[i]`: input i is available again at W's tick (the weights and the
+    feed); the other inputs W reads travel in the bridge."""
+
+    nodes: tuple[_Node, ...]
+    inputs: int
+    b: tuple[int, ...]  # node indices of B
+    w: tuple[int, ...]  # node indices of W
+    b_outs: tuple[Ref, ...]  # the input gradient's leaves
+    w_outs: tuple[Ref, ...]  # the weight gradients' leaves
+    bridge: tuple[int, ...]  # values B files for W
+    reread: tuple[int, ...]  # inputs W reads itself
+    avals: tuple[Any, ...]  # the bridge's ShapeDtypeStructs
+
+    def run_b(self, flat: Sequence[Any]) -> tuple[list, list]:
+        """(input gradient leaves, bridge values) from all the inputs."""
+        env = dict(enumerate(flat))
+        _run(self.nodes, self.b, env)
+        return [_read(env, r) for r in self.b_outs], [env[r] for r in self.bridge]
+
+    def run_w(self, reread: Sequence[Any], bridge: Sequence[Any]) -> list:
+        """The weight gradient leaves from the reread inputs and the bridge."""
+        env = dict(zip(self.reread, reread))
+        env.update(zip(self.bridge, bridge))
+        _run(self.nodes, self.w, env)
+        return [_read(env, r) for r in self.w_outs]
+
+
+def _read(env: dict, r: Ref) -> Any:
+    return r[1] if isinstance(r, tuple) else env[r]
+
+
+def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict) -> None:
+    for i in which:
+        node = nodes[i]
+        params = node.primitive.get_bind_params(node.params)
+        with node.ctx.manager:
+            out = node.primitive.bind(*[_read(env, r) for r in node.ins], **params)
+        env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
+
+
+def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequence[bool]
+                   ) -> SplitBackward:
+    """Split `fn(*args)` -> (weight gradient leaves..., input gradient
+    leaves...) (`weights` leaves first) over its flat `args`
+    (ShapeDtypeStructs); `reread[i]` marks the inputs W gets again."""
+    closed = jax.make_jaxpr(fn)(*args)
+    nodes: list[_Node] = []
+    count = [len(args)]
+    outs = _flatten(closed.jaxpr, closed.consts, list(range(len(args))), nodes, count)
+    w_outs, b_outs = outs[:weights], outs[weights:]
+    b = _needed(nodes, b_outs, set())
+    made_by_b = {o for i in b for o in nodes[i].outs}
+    again = {i for i, r in enumerate(reread) if r}
+    w = [i for i in _needed(nodes, w_outs, made_by_b | set(range(len(args)))) if i not in set(b)]
+    made_by_w = {o for i in w for o in nodes[i].outs}
+    read_by_w = [r for i in w for r in nodes[i].ins] + list(w_outs)
+    bridge = sorted({r for r in read_by_w if isinstance(r, int) and r not in made_by_w
+                     and r not in again})
+    aval = dict(enumerate(args))
+    for node in nodes:
+        aval.update(zip(node.outs, node.avals))
+    return SplitBackward(tuple(nodes), len(args), tuple(b), tuple(w), tuple(b_outs),
+                         tuple(w_outs), tuple(bridge), tuple(sorted(again)),
+                         tuple(jax.ShapeDtypeStruct(aval[r].shape, aval[r].dtype) for r in bridge))
+

@@ -1,0 +1,115 @@
+"""Schedules II on the one interpreter: virtual stages (interleaved, GPipe
+over chunks) and the zero-bubble split (B, W) give the sequential model's
+loss and gradients, W reuses what B computed (no forward again, the fused
+backward's FLOPs), and a device's chunks unstage into layer order."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import pipejax as pj
+from pipejax.bench.op_costs import executed, op_flops
+from pipejax.compile.split import _needed
+from pipejax.errors import ConfigError
+from pipejax.schedules import Op, make_schedule
+from tests.reference import batch, heterogeneous_layers, rel_err, sequential_value_and_grad
+
+MB = 2
+# At v = 1 the gpipe and interleaved tables are GPipe's and 1F1B's (test_schedules.py;
+# the tables' equality: tests/schedules/test_schedules_ii_tables.py).
+GRID = [(s, K, v) for s in ("interleaved", "gpipe", "zb-h1", "zb-h2") for K in (2, 4)
+        for v in (1, 2) if not (s in ("gpipe", "interleaved") and v == 1)]
+
+
+def _pipe(schedule: str, K: int, v: int, M: int = 4, **kw) -> pj.Pipeline:
+    return pj.pipeline(heterogeneous_layers(), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((MB, 20)), stages=K, microbatches=M,
+                       schedule=schedule, virtual=v, **kw)
+
+
+@pytest.mark.parametrize("schedule,K,v", GRID)
+def test_new_schedules_equal_sequential(schedule, K, v):
+    M = 4
+    # remat "none" on the zero-bubble tables: W then reads kept residuals through the bridge.
+    remat = "none" if schedule.startswith("zb") and K == 2 else "stage"
+    pipe = _pipe(schedule, K, v, M, remat=remat)
+    assert pipe.plan.chunks == K * v and pipe.schedule.virtual == v
+    params = pipe.init(jax.random.key(1))
+    x, y = batch(M * MB)
+    key = jax.random.key(2)
+    loss, grads = pipe.value_and_grad(params, (x, y), key)
+    layers = heterogeneous_layers()
+    ref_loss, ref_grads = sequential_value_and_grad(layers, M)(pj.unstage(params), x, y, key)
+    assert rel_err(loss, ref_loss) < 1e-5
+    assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
+
+
+def test_chunks_sit_round_the_devices_and_unstage_in_layer_order():
+    pipe = _pipe("interleaved", 2, 2)
+    plan = pipe.plan
+    assert [plan.device(j) for j in range(4)] == [0, 1, 0, 1]
+    assert plan.device_layers(0) == [*plan.ranges[0], *plan.ranges[2]]
+    params = pipe.init(jax.random.key(0))
+    values = pj.unstage(params)
+    one = pj.pipeline(heterogeneous_layers(), loss=pj.losses.cross_entropy,
+                      example=jnp.zeros((MB, 20)), stages=1, microbatches=4)
+    # Layer i is initialized from fold_in(key, i) wherever it sits.
+    assert rel_err(values, pj.unstage(one.init(jax.random.key(0)))) == 0
+    assert rel_err(pj.unstage(pipe.stage(values)), values) == 0
+    assert "device" in str(plan) and "circular placement" in str(plan)
+
+
+def test_w_reuses_what_b_computed():
+    """B and W run disjoint parts of one backward; together they are the
+    fused backward's equations, none of the forward's, and cost its FLOPs,
+    so a zero-bubble step executes 1F1B's FLOPs (from table × op costs)."""
+    for remat in ("none", "stage"):
+        pipe = _pipe("zb-h1", 2, 1, remat=remat)
+        for split in pipe.code.splits:
+            assert not set(split.b) & set(split.w)
+            whole = _needed(split.nodes, [*split.b_outs, *split.w_outs], set())
+            assert sorted([*split.b, *split.w]) == whole
+            assert len(split.bridge) > 0 and split.w  # the weight path waits in the bridge
+        costs = op_flops(pipe.code)
+        for j in range(pipe.code.S):
+            b_w = costs[Op.B][j] + costs[Op.W][j]
+            assert abs(b_w - costs[Op.BW][j]) <= 0.05 * costs[Op.BW][j], (remat, j)
+        one_f_one_b = make_schedule("1f1b", 2, 4)
+        ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
+        assert abs(ratio - 1) < 0.05, (remat, ratio)
+
+
+def test_a_trainer_steps_on_interleaved_and_zero_bubble_tables_as_on_one_stage():
+    x, y = batch(4 * MB)
+    losses = {}
+    for schedule, K, v in (("gpipe", 1, 1), ("interleaved", 2, 2), ("zb-h1", 2, 2)):
+        pipe = _pipe(schedule, K, v)
+        trainer = pipe.trainer(optax.adam(1e-2))
+        state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(3))
+        run = []
+        for _ in range(2):
+            state, m = trainer.step(state, (x, y))
+            run.append(float(m["loss"]))
+        losses[schedule] = (run, pj.unstage(state.params))
+        assert trainer.memory().total > 0
+    for name in ("interleaved", "zb-h1"):
+        assert rel_err(losses[name][0], losses["gpipe"][0]) < 1e-5
+        assert rel_err(losses[name][1], losses["gpipe"][1]) < 1e-5
+
+
+def test_virtual_stages_errors_name_the_setting():
+    with pytest.raises(ConfigError, match="'interleaved'"):
+        _pipe("1f1b", 2, 2)
+    with pytest.raises(ConfigError, match="asynchronous tables run one chunk per device"):
+        _pipe("pipedream", 2, 2)
+    with pytest.raises(ConfigError, match="stages × virtual = 14 > 13 layers"):
+        _pipe("interleaved", 7, 2)
+    with pytest.raises(ConfigError, match="virtual=0"):
+        _pipe("interleaved", 2, 0)
+    with pytest.raises(ConfigError, match="max_bytes bounds each stage"):
+        _pipe("interleaved", 2, 2, max_bytes=1e9)
+    with pytest.raises(ConfigError, match="needs stages >= 2"):
+        _pipe("interleaved", 1, 2)
+    assert np.isfinite(_pipe("zb-h1", 2, 1, M=3).schedule.bubble_fraction)
