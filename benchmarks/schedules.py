@@ -33,14 +33,14 @@ from pipejax.bench.op_costs import critical_path, executed, op_flops
 FEATURES, MB = 40, 16
 
 
-def _pipe(schedule: str, K: int, M: int, v: int = 1) -> pj.Pipeline:
+def _pipe(schedule: str, K: int, M: int, v: int = 1, remat: str = "stage") -> pj.Pipeline:
     layers = pj.models.mlp(depth=15, width=256, classes=10)  # 16 Dense layers
     return pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, FEATURES)),
-                       stages=K, microbatches=M, schedule=schedule, virtual=v)
+                       stages=K, microbatches=M, schedule=schedule, virtual=v, remat=remat)
 
 
-def measure(schedule: str, K: int, M: int, v: int = 1) -> dict:
-    pipe = _pipe(schedule, K, M, v)
+def measure(schedule: str, K: int, M: int, v: int = 1, remat: str = "stage") -> dict:
+    pipe = _pipe(schedule, K, M, v, remat)
     trainer = pipe.trainer(optax.sgd(0.01))
     state = trainer.init(pipe.init(jax.random.key(0)))
     x = jnp.zeros((M * MB, FEATURES))
@@ -49,7 +49,7 @@ def measure(schedule: str, K: int, M: int, v: int = 1) -> dict:
     compiled = trainer.step.lower(state, (x, y)).compile()
     seconds = time.perf_counter() - start
     s = pipe.schedule
-    return {"schedule": schedule, "v": v, "K": K, "M": M, "ticks": s.ticks,
+    return {"schedule": schedule, "v": v, "K": K, "M": M, "remat": remat, "ticks": s.ticks,
             "bubble": round(s.bubble_fraction, 4),
             "bubble_32_steps": round(s.bubble_fraction_over(32), 4),
             "input_slots": s.input_capacity, "grad_slots": s.grad_capacity,
@@ -93,10 +93,19 @@ def main() -> None:
         / next(r["compile_s"] for r in rows if (r["schedule"], r["v"], r["K"], r["M"]) == (s, v, 4, 8)),
         2) for s, v in CASES}
     print(f"compile time M=32 / M=8 at K=4: {compile_ratio}")
+    # What the B→W bridge costs: with remat "stage" B replays the forward and
+    # bridges the layer inputs W reads; with "none" they were kept anyway.
+    remat = [measure(s, 4, 16, v, r) for r in ("stage", "none")
+             for s, v in (("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("zb-h1", 2))]
+    print()
+    print(table([{k: r[k] for k in ("schedule", "v", "remat", "kept_slots", "bridge_slots",
+                                    "temp_bytes")} for r in remat]))
     work = flops()
     print()
     print(table(work))
-    print(f"wrote {save('schedules', {'rows': rows, 'k4_m16_temp_bytes': check, 'flops': work, 'compile_m32_over_m8_k4': compile_ratio})}")
+    result = {"rows": rows, "k4_m16_temp_bytes": check, "k4_m16_by_remat": remat, "flops": work,
+              "compile_m32_over_m8_k4": compile_ratio}
+    print(f"wrote {save('schedules', result)}")
 
 
 if __name__ == "__main__":

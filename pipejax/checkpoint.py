@@ -60,7 +60,8 @@ def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
 def _layout(build: Build) -> dict:
     """What must be equal for the layout-bound parts to restore as saved."""
     return {"ranges": [[r.start, r.stop] for r in build.code.plan.ranges],
-            "schedule": build.schedule.name, "microbatches": build.M, "replicas": build.R}
+            "virtual": build.code.v, "schedule": build.schedule.name, "microbatches": build.M,
+            "replicas": build.R}
 
 
 def _manager(path: str | os.PathLike, keep: int | None = None) -> ocp.CheckpointManager:
@@ -175,7 +176,8 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
         raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
                               f"{R}; restore into {saved_R} replicas (or save one replica)")
     rep = lambda a, r: a[r if saved_R > 1 else 0]
-    same_layout = {k: meta[k] for k in _layout(build)} == _layout(build)
+    # Checkpoints written before virtual stages hold one chunk per device.
+    same_layout = {k: meta.get(k, 1) for k in _layout(build)} == _layout(build)
     if not (same_layout or meta["flushed"]):
         raise CheckpointError(
             f"the checkpoint holds micro-batches in flight for another layout (layer ranges "

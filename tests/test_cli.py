@@ -81,6 +81,21 @@ def test_plan_of_an_asynchronous_schedule_draws_it(tmp_path, capsys):
     assert plt.imread(png).shape[:2] == (380, 600)  # K = 4 rows: 0.6 * 4 + 1.4 in, 100 dpi
 
 
+def test_plan_draws_virtual_stages_and_zero_bubble_tables(tmp_path, capsys):
+    png = tmp_path / "interleaved.png"
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "4", "--microbatches", "8",
+                 "--schedule", "interleaved", "--virtual", "2", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "chunk  device" in out and "circular placement" in out  # the plan's chunks
+    assert "F0.1" in out and "K=4 v=2 M=8 ticks=38 fill/drain bubble=0.158" in out
+    assert plt.imread(png).shape[1] > 1000
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "4", "--microbatches", "8",
+                 "--schedule", "zb-h1", "--plot", str(tmp_path / "zb.png")]) == 0
+    out = capsys.readouterr().out
+    assert "W0" in out and "green W weight gradient" in out and "ticks=27" in out
+    assert "ring: B to W (bridge)" in out
+
+
 def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
                  "--microbatch-size", "8", "--steps", "40", "--schedule", "pb", "--quiet",

@@ -237,7 +237,8 @@ def train(args) -> int:
                "examples_per_s": round((total - first) * args.batch_size / seconds, 1),
                "model": args.model, "api": args.api, "schedule": args.schedule,
                "stages": args.stages,
-               "split": list(pipe.plan.split), "batch_size": args.batch_size,
+               "split": list(pipe.plan.split), "virtual": args.virtual,
+               "batch_size": args.batch_size,
                "microbatches": args.microbatches, **settings,
                "mitigation": args.mitigation or "none", "form": args.form,
                "horizon_scale": args.horizon_scale, "delays": pipe.schedule.delays,
@@ -255,7 +256,8 @@ def train(args) -> int:
     print(f"\n{'test accuracy':<16}{100 * summary['test_accuracy']:.2f}%\n"
           f"{'train accuracy':<16}{100 * summary['train_accuracy']:.2f}%\n"
           f"{'steps':<16}{total} in {seconds:.0f} s ({summary['examples_per_s']:.0f} examples/s)\n"
-          f"{'stages':<16}{args.stages} x {pipe.plan.split} layers, {args.schedule}, "
+          f"{'stages':<16}{args.stages} x {pipe.plan.split} layers"
+          f"{f' in {args.virtual} chunks a device' if args.virtual > 1 else ''}, {args.schedule}, "
           f"{args.microbatches} micro-batches, mitigation {summary['mitigation']}"
           + (f"\n{'replicas':<16}{args.replicas}, rule {summary['rule']}" if args.replicas > 1
              else "")

@@ -92,7 +92,7 @@ class Layout:
         if self.bridge_slots:
             rows.append(("ring: B to W (bridge)", self.code.bridge.slot_bytes(), self.bridge_slots))
         width = max(len(r[0]) for r in rows)
-        lines = ["buffers of every stage (each as large as the largest stage needs):"]
+        lines = ["buffers of every device (each as large as the largest stage needs):"]
         lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]
         lines.append(f"padded parameter buffers {human_bytes(self.padded_param_bytes)} for "
                      f"{human_bytes(real)} of parameters ({100 * self.padding_overhead:.1f}% padding)")

@@ -12,7 +12,11 @@ recomputed, so B + W cost what the fused backward costs (the naive split, a
 second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
 #6532). Call-like equations (jit, remat) are inlined first, so that a
 rematerialized stage's replayed forward runs in B and W reads what it
-needs of it from the bridge.
+needs of it from the bridge. Equations with sub-programs that are not
+calls (a `lax.scan`, `cond` or `while` in a layer) stay whole: where one
+makes both gradients, it runs in B and its weight gradients wait in the
+bridge for W (correct, but no work is left for W to move). Equations with
+side effects (callbacks) run in B.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class _Node:
     outs: tuple[int, ...]
     avals: tuple[Any, ...]  # the outputs' abstract values
     ctx: Any  # the equation's context (what `jax.core.eval_jaxpr` binds it under)
+    effects: bool  # the equation has side effects (a callback): it runs, needed or not
 
 
 def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Ref], nodes: list,
@@ -47,7 +52,9 @@ def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Ref], nodes: list,
     ref = lambda v: ("lit", v.val) if isinstance(v, core.Literal) else env[v]
     for eqn in jaxpr.eqns:
         args = [ref(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _INLINE else None
+        inner = None
+        if eqn.primitive.name in _INLINE:
+            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
         if inner is not None:
             closed = isinstance(inner, core.ClosedJaxpr)
             outs = _flatten(inner.jaxpr if closed else inner, inner.consts if closed else (),
@@ -56,19 +63,22 @@ def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Ref], nodes: list,
             outs = list(range(count[0], count[0] + len(eqn.outvars)))
             count[0] += len(outs)
             nodes.append(_Node(eqn.primitive, eqn.params, tuple(args), tuple(outs),
-                               tuple(v.aval for v in eqn.outvars), eqn.ctx))
+                               tuple(v.aval for v in eqn.outvars), eqn.ctx,
+                               bool(eqn.effects)))
         for v, o in zip(eqn.outvars, outs):
             if not isinstance(v, core.DropVar):
                 env[v] = o
     return [ref(v) for v in jaxpr.outvars]
 
 
-def _needed(nodes: Sequence[_Node], targets: Sequence[Ref], stop: set) -> list[int]:
-    """Indices of the nodes that `targets` depend on, not looking past the values in `stop`."""
+def _needed(nodes: Sequence[_Node], targets: Sequence[Ref], stop: set,
+            effects: bool = False) -> list[int]:
+    """Indices of the nodes that `targets` depend on (and with `effects` the
+    nodes with side effects), not looking past the values in `stop`."""
     want = {r for r in targets if isinstance(r, int) and r not in stop}
     keep = []
     for i in range(len(nodes) - 1, -1, -1):
-        if want.intersection(nodes[i].outs):
+        if want.intersection(nodes[i].outs) or (effects and nodes[i].effects):
             keep.append(i)
             want.update(r for r in nodes[i].ins if isinstance(r, int) and r not in stop)
     return keep[::-1]
@@ -128,7 +138,7 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
     count = [len(args)]
     outs = _flatten(closed.jaxpr, closed.consts, list(range(len(args))), nodes, count)
     w_outs, b_outs = outs[:weights], outs[weights:]
-    b = _needed(nodes, b_outs, set())
+    b = _needed(nodes, b_outs, set(), effects=True)  # a callback runs once, in B
     made_by_b = {o for i in b for o in nodes[i].outs}
     again = {i for i, r in enumerate(reread) if r}
     w = [i for i in _needed(nodes, w_outs, made_by_b | set(range(len(args)))) if i not in set(b)]

@@ -1,24 +1,28 @@
 """The table interpreter: one `lax.scan` over the ticks of a schedule.
 
-At tick t, stage k runs the tasks of the table's lanes in order, dispatched
-on their op (`Op.F`: the forward, `Op.BW`: the fused backward; each a loop
-of 0 or 1 trips, masked when the task is idle or its micro-batch does not
-exist), then all stages exchange activations forward and gradients
+At tick t, device k runs the tasks of the table's lanes in order, dispatched
+on their op (`Op.F`: the forward, `Op.BW`: the fused backward, `Op.B` and
+`Op.W`: zero bubble's input and weight gradients; each a loop of 0 or 1
+trips, masked when the task is idle or its micro-batch does not exist) on
+the task's virtual stage j = c·K + k (its chunk c, a branch of the stage
+switch), then all devices exchange activations forward and gradients
 backward with `lax.ppermute`, outside the stage switch (DESIGN.md:
-collectives never sit in a branch). A message carries (payload,
-micro-batch, valid); the receiver files it in ring slot `micro-batch mod
-capacity`. What a backward does with its gradient is chosen once per
-program (`_Tick.__init__`): a synchronous table sums it; an asynchronous one
-applies the stage's optimizer at once, inside the op, or, when the update
-runs collectives, right after the op's loop on every device. A stage whose
-optimizer forecasts its weights runs its forward on the forecast its last
-update made (`OptState.ahead`, carried from tick to tick) and its backward
-on a backward forecast, if it has a backward horizon. Where the table
-runs a micro-batch's forward and backward on the last stage in one tick
-(`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that
-keeps nothing, as a plain micro-batched jit does; a synchronous table
-without idle cells runs its ops without the loops. The program does not
-grow with the number of micro-batches or ticks.
+collectives never sit in a branch); with virtual stages the last device
+sends on to the first device's next chunk, round the ring. A message
+carries (payload, micro-batch, chunk, valid); the receiver files it in ring
+slot `(micro-batch · v + chunk) mod capacity`. What a backward does with
+its gradient is chosen once per program (`_Tick.__init__`): a synchronous
+table sums it; an asynchronous one applies the stage's optimizer at once,
+inside the op, or, when the update runs collectives, right after the op's
+loop on every device. A stage whose optimizer forecasts its weights runs
+its forward on the forecast its last update made (`OptState.ahead`, carried
+from tick to tick) and its backward on a backward forecast, if it has a
+backward horizon. Where the table runs a micro-batch's forward and
+backward on the last stage in one tick (`Schedule.fused`: every tick at
+K = 1), the pair runs as one vjp that keeps nothing, as a plain
+micro-batched jit does; a synchronous table whose every op runs at every
+tick runs its ops without the loops. The program does not grow with the
+number of micro-batches or ticks.
 """
 
 from __future__ import annotations
@@ -118,7 +122,10 @@ class _Tick:
         fused, forwards = build.schedule.fused, build.schedule.fwd != NONE
         self.fusion = bool(fused.any())
         self.separate = bool((forwards & ~fused).any())
-        self.busy = self.sync and bool((build.schedule.ops != Op.IDLE).all())
+        # Every loop runs at every tick: a synchronous table with no idle cell
+        # and no lane that mixes ops (K = 1 under GPipe and 1F1B).
+        self.busy = (self.sync and bool((build.schedule.ops != Op.IDLE).all())
+                     and not any(mixed for _, _, mixed in self.plan))
         if self.sync:
             self._take, self._after = self._accumulate, None
         elif opts.outer.collective:
@@ -194,8 +201,7 @@ class _Tick:
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
     def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
-        """`run_if`, or `fn` itself when every cell of the table runs
-        (a synchronous table with no idle cell: K = 1)."""
+        """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
 
     def _forward(self, task: _Task, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:

@@ -124,12 +124,21 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     the K·v chunks are balanced as stages; `partition` lists K·v counts.
     """
     specs = tuple(specs)
-    if virtual > 1 and (max_bytes is not None or max_padding is not None):
+    if virtual > 1 and max_bytes is not None:
         raise ConfigError(
-            f"{'max_bytes' if max_bytes is not None else 'max_padding'} bounds each stage's "
-            f"bytes, but with virtual={virtual} a device holds {virtual} chunks that are not "
-            "next to each other, whose sum the exact partitioner does not bound; use virtual=1, "
-            "or give the split yourself and check pipe.layout")
+            f"max_bytes bounds each stage's bytes, but with virtual={virtual} a device holds "
+            f"{virtual} chunks that are not next to each other, whose sum the exact partitioner "
+            "does not bound; use virtual=1, or check pipe.layout and trainer.memory()")
+    if virtual > 1 and max_padding is not None:
+        raise ConfigError(
+            f"max_padding bounds the padding of each device's packed parameters, but with "
+            f"virtual={virtual} a device packs {virtual} chunks that are not next to each other, "
+            "which the padding search does not cover; use virtual=1, or check pipe.layout")
+    if virtual > 1 and isinstance(partition, (list, tuple)) and len(partition) != stages * virtual:
+        raise ConfigError(f"partition {list(partition)} has {len(partition)} entries; with "
+                          f"stages={stages} and virtual={virtual} give one layer count per "
+                          f"chunk, {stages * virtual} in model order (device k holds chunks k, "
+                          f"k + {stages}, ...)")
     stages = stages * virtual
     if isinstance(partition, str):
         unknown = [s for s in specs if s.cost is None] if stages > 1 else []  # one stage: no costs

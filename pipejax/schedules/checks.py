@@ -4,8 +4,8 @@
 forwards, two input gradients or two weight gradients in one cell, a
 negative chunk, chunks in an asynchronous table); `check_order` rejects
 impossible orders (an op before its input or gradient exists, a backward
-before its forward, a W before its B), naming the tick, stage and
-micro-batch.
+before its forward, a split B or W not at a later tick than what it reads),
+naming the tick, stage and micro-batch.
 """
 
 from __future__ import annotations
@@ -86,11 +86,19 @@ def check_order(schedule: Schedule) -> None:
                 raise ScheduleError(
                     f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the backward of "
                     f"micro-batch {g} before its forward ({where(F[j, g])})")
-            if tl.w_time[j, g] < tl.b_time[j, g]:
+            split = tl.w_time[j, g] != tl.b_time[j, g]  # B and W, not one BW
+            if split and tl.W[j, g] <= B[j, g]:
                 raise ScheduleError(
                     f"schedule {schedule.name!r}: {where(tl.W[j, g])}, {name(j)} runs the weight "
-                    f"gradient (W) of micro-batch {g} before its input gradient (B, "
-                    f"{where(B[j, g])})")
+                    f"gradient (W) of micro-batch {g} no later than its input gradient (B, "
+                    f"{where(B[j, g])}); W reads what B files, and a tick's ops read their "
+                    "slots before any op of the tick writes them: run W at a later tick")
+            if split and B[j, g] == F[j, g]:
+                raise ScheduleError(
+                    f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the input "
+                    f"gradient (B) of micro-batch {g} in the tick of its forward; B reads the "
+                    "residuals the forward keeps, and a tick's ops read their slots before any "
+                    "op of the tick writes them: run B at a later tick (or fuse it, BW)")
             if j < S - 1 and B[j, g] <= B[j + 1, g]:
                 raise ScheduleError(
                     f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the backward of "

@@ -46,6 +46,11 @@ def interleaved(K: int, M: int, v: int = 2) -> Schedule:
 
         table = one_f_one_b(K, M).table
         return Schedule("interleaved", table, microbatches=M)
+    if M % K:
+        raise ConfigError(f"interleaved with virtual={v} needs microbatches a multiple of "
+                          f"stages (M={M}, K={K}): its warm-up counts whole rounds of K "
+                          f"micro-batches (Megatron-LM and torch ask the same); use M="
+                          f"{-(-M // K) * K}, or schedule 'gpipe' or 'zb-h1', which take any M")
     orders = []
     for k in range(K):
         fwd, bwd = _forwards(K, M, v), _backwards(K, M, v)

@@ -236,9 +236,9 @@ class Schedule:
         return self._live(tl.b_time, np.where(split, tl.w_time, tl.b_time - 1))
 
     def in_flight(self, k: int) -> int:
-        """Most micro-batches stage (device) k holds at once between their
-        forward and their weight gradient, over its chunks: the inputs (and
-        residuals) it stashes."""
+        """Most micro-batch chunks stage (device) k holds at once between
+        their forward and their weight gradient: the inputs and residuals it
+        stashes (a split backward's up to B, then the bridge up to W)."""
         tl = self._steady()
         F, W = tl.per_device(tl.F)[k], tl.per_device(tl.W)[k]
         return int(max(np.sum((F <= t) & (t <= W)) for t in F))
@@ -306,5 +306,7 @@ class Schedule:
         pictures.plot(self, path)
 
     def __repr__(self) -> str:
-        return (f"Schedule({self.name!r}, stages={self.stages}, microbatches={self.microbatches}, "
-                f"ticks={self.ticks}, asynchronous={self.asynchronous})")
+        virtual = f", virtual={self.virtual}" if self.virtual > 1 else ""
+        return (f"Schedule({self.name!r}, stages={self.stages}{virtual}, "
+                f"microbatches={self.microbatches}, ticks={self.ticks}, "
+                f"asynchronous={self.asynchronous})")

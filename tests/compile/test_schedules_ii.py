@@ -21,6 +21,7 @@ MB = 2
 # the tables' equality: tests/schedules/test_schedules_ii_tables.py).
 GRID = [(s, K, v) for s in ("interleaved", "gpipe", "zb-h1", "zb-h2") for K in (2, 4)
         for v in (1, 2) if not (s in ("gpipe", "interleaved") and v == 1)]
+GRID += [("zb-h1", 1, 1), ("zb-h2", 1, 1)]  # one lane of F, B and W with no idle cell
 
 
 def _pipe(schedule: str, K: int, v: int, M: int = 4, **kw) -> pj.Pipeline:
@@ -29,9 +30,8 @@ def _pipe(schedule: str, K: int, v: int, M: int = 4, **kw) -> pj.Pipeline:
                        schedule=schedule, virtual=v, **kw)
 
 
-@pytest.mark.parametrize("schedule,K,v", GRID)
-def test_new_schedules_equal_sequential(schedule, K, v):
-    M = 4
+@pytest.mark.parametrize("schedule,K,v,M", [(*c, 4) for c in GRID] + [("zb-h1", 2, 2, 3)])
+def test_new_schedules_equal_sequential(schedule, K, v, M):
     # remat "none" on the zero-bubble tables: W then reads kept residuals through the bridge.
     remat = "none" if schedule.startswith("zb") and K == 2 else "stage"
     pipe = _pipe(schedule, K, v, M, remat=remat)
@@ -99,6 +99,25 @@ def test_a_trainer_steps_on_interleaved_and_zero_bubble_tables_as_on_one_stage()
         assert rel_err(losses[name][1], losses["gpipe"][1]) < 1e-5
 
 
+def test_a_callback_in_the_backward_runs_once_in_b():
+    calls = []
+
+    def noisy(x):
+        @jax.custom_vjp
+        def f(x):
+            return x
+
+        f.defvjp(lambda x: (x, None), lambda _, g: (jax.debug.callback(calls.append, 1) or g,))
+        return f(x)
+
+    layers = [*heterogeneous_layers()[:2], noisy, *heterogeneous_layers()[2:]]
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
+                       stages=2, microbatches=2, schedule="zb-h1", partition=[7, 7])
+    params = pipe.init(jax.random.key(0))
+    jax.block_until_ready(pipe.value_and_grad(params, batch(2 * MB), jax.random.key(1)))
+    assert len(calls) == 2  # once per micro-batch
+
+
 def test_virtual_stages_errors_name_the_setting():
     with pytest.raises(ConfigError, match="'interleaved'"):
         _pipe("1f1b", 2, 2)
@@ -112,4 +131,10 @@ def test_virtual_stages_errors_name_the_setting():
         _pipe("interleaved", 2, 2, max_bytes=1e9)
     with pytest.raises(ConfigError, match="needs stages >= 2"):
         _pipe("interleaved", 1, 2)
+    with pytest.raises(ConfigError, match="multiple of stages \\(M=6, K=4\\).*use M=8"):
+        _pipe("interleaved", 4, 2, M=6)
+    with pytest.raises(ConfigError, match="give one layer count per chunk, 4 in model order"):
+        _pipe("interleaved", 2, 2, partition=[7, 6])
+    with pytest.raises(ConfigError, match="max_padding bounds the padding"):
+        _pipe("gpipe", 2, 2, max_padding=0.5)
     assert np.isfinite(_pipe("zb-h1", 2, 1, M=3).schedule.bubble_fraction)

@@ -169,6 +169,23 @@ def test_a_split_backward_needs_its_w_after_its_b():
         Schedule("zb", table, microbatches=1)
 
 
+def test_a_split_op_reads_what_an_earlier_tick_filed():
+    from pipejax.schedules.tasks import Op, Task, put
+
+    def table(b_tick: int, w_tick: int):
+        t = empty(3, 1, 3)
+        for tick, lane, task in ((0, 0, Task(Op.F, 0)), (b_tick, 1, Task(Op.B, 0)),
+                                 (w_tick, 2, Task(Op.W, 0))):
+            put(t, tick, 0, lane, task)
+        return Schedule("zb", t, microbatches=1)
+
+    assert table(1, 2).ticks == 3
+    with pytest.raises(ScheduleError, match="no later than its input gradient"):
+        table(1, 1)
+    with pytest.raises(ScheduleError, match="in the tick of its forward"):
+        table(0, 1)
+
+
 def test_an_asynchronous_table_with_chunks_is_a_clear_error():
     table = pb(2, 2).table.copy()
     table[0, 0, 0, 2] = 1
