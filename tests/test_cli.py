@@ -200,5 +200,6 @@ def test_bench_writes_its_tables_and_json(tmp_path, capsys):
     assert main(["bench", "--only", "bubbles", "padding", "--out", str(out)]) == 0
     assert "(K-1)/(M+K-1)" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert result["environment"]["jax"] and len(result["bubbles"]) == 8
+    # 9 tables (6 at v = 1, 3 at v = 2), each at (K, M) = (4, 8) and (8, 32)
+    assert result["environment"]["jax"] and len(result["bubbles"]) == 18
     assert all(r["table_n=32"] == r["formula_n=32"] for r in result["bubbles"])
