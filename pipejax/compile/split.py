@@ -5,8 +5,10 @@ A stage's backward maps (weights, input, residuals, output cotangent) to
 fall in two parts: those the input gradient needs (B: what the previous
 stage waits for) and the rest of those the weight gradients need (W). B
 runs its part and files the values W reads that only B's tick has: the
-*bridge* (the weight path's cotangents and the residuals W reads). W later
-runs its part from the bridge, the weights and the micro-batch's feed.
+*bridge* (the weight path's cotangents, and what a rematerialized stage's
+replay made). W later runs its part from the bridge and what it reads
+again where it lives: the weights, the stage input, the micro-batch's feed
+and the forward's kept residuals.
 Every equation of the backward runs once, in B or in W: nothing is
 recomputed, so B + W cost what the fused backward costs (the naive split, a
 second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
@@ -88,8 +90,9 @@ def _needed(nodes: Sequence[_Node], targets: Sequence[Ref], stop: set,
 class SplitBackward:
     """A backward's B and W parts over one flat list of inputs.
 
-    `reread[i]`: input i is available again at W's tick (the weights and the
-    feed); the other inputs W reads travel in the bridge."""
+    `reread`: the inputs available again at W's tick (the weights, the stage
+    input, the feed, the kept residuals); the other inputs W reads (the
+    output cotangent) travel in the bridge."""
 
     nodes: tuple[_Node, ...]
     inputs: int
@@ -108,7 +111,8 @@ class SplitBackward:
         return [_read(env, r) for r in self.b_outs], [env[r] for r in self.bridge]
 
     def run_w(self, reread: Sequence[Any], bridge: Sequence[Any]) -> list:
-        """The weight gradient leaves from the reread inputs and the bridge."""
+        """The weight gradient leaves from the reread inputs (in input
+        order) and the bridge."""
         env = dict(zip(self.reread, reread))
         env.update(zip(self.bridge, bridge))
         _run(self.nodes, self.w, env)

@@ -206,19 +206,20 @@ class StageCode:
     # ------------------------------------------------------ B/W split (split.py)
     def _split(self, j: int) -> SplitBackward:
         """Virtual stage j's backward split into B and W over the flat inputs
-        (params, h, feed, kept residuals, output cotangent); W reads the
-        params and the feed again, the rest through the bridge."""
+        (params, h, feed, kept residuals, output cotangent). W reads the
+        params, the stage input, the feed and the kept residuals again from
+        where they live (their rings stay until W); the bridge carries what
+        only B computed, and the output cotangent."""
         args = self._backward_args(j)
         flat, tree = jax.tree.flatten(args)
-        n_params, n_reread = len(jax.tree.leaves(args[0])), len(jax.tree.leaves(args[:3]))
-        h_leaves = len(jax.tree.leaves(args[1]))
+        again = len(jax.tree.leaves(args[:4]))  # (params, h, feed, kept) come first
 
         def fn(*leaves):
             dparams, dh = self.backward(j, *jax.tree.unflatten(tree, leaves))
             return [*jax.tree.leaves(dparams), *jax.tree.leaves(dh)]
 
-        reread = [i < n_params or n_params + h_leaves <= i < n_reread for i in range(len(flat))]
-        return split_backward(fn, flat, n_params, reread)
+        reread = [i < again for i in range(len(flat))]
+        return split_backward(fn, flat, len(jax.tree.leaves(args[0])), reread)
 
     def _backward_args(self, j: int) -> tuple:
         """Abstract (params, h, feed, kept, ct) of virtual stage j's backward."""
@@ -274,7 +275,7 @@ class StageCode:
                          micro: tuple) -> tuple:
         """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers."""
         h_in = self.acts.unpack(j - 1, h) if j > 0 else None
-        ct = None if j == self.S - 1 else self.acts.unpack(j, g)
+        ct = None if j == self.S - 1 or g is None else self.acts.unpack(j, g)
         return (self._chunk(j, p), h_in, Feed(*micro), jax.tree.leaves(self.kept.unpack(j, r)),
                 ct)
 
@@ -300,13 +301,14 @@ class StageCode:
 
     def weight_grad_branches(self) -> list[Callable]:
         """The branch of virtual stage j's group, zero bubble's W: (params,
-        bridge slot, micro) -> packed parameter gradients of the device."""
+        input slot, kept slot, bridge slot, micro) -> packed parameter
+        gradients of the device."""
         def branch(j):
             split = self.splits[self.groups.of[j]]
 
-            def run(p, b, micro):
-                params = self._chunk(j, p)
-                reread = [*jax.tree.leaves(params), *jax.tree.leaves(Feed(*micro))]
+            def run(p, h, r, b, micro):
+                params, h_in, feed, kept, _ = self._unpack_backward(j, p, h, None, r, micro)
+                reread = jax.tree.leaves((params, h_in, feed, kept))
                 grads = split.run_w(reread, jax.tree.leaves(self.bridge.unpack(j, b)))
                 return self._device_grads(j, jax.tree.unflatten(jax.tree.structure(params),
                                                                 grads))

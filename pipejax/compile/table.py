@@ -153,11 +153,12 @@ class _Tick:
 
     def _reads(self, rings: Rings, op: Op, t: _Task) -> tuple:
         """The ring slots op reads: its input (and, backward, the output's
-        gradient; for W, what its B filed)."""
+        gradient; W its input, its kept residuals and what its B filed)."""
         lay = self.layout
-        if op == Op.W:
-            return (_read(rings.bridge, t.ring % lay.bridge_slots),)
         h = _read(rings.inputs, t.ring % lay.input_slots)
+        if op == Op.W:
+            return (h, _read(rings.kept, t.ring % lay.kept_slots),
+                    _read(rings.bridge, t.ring % lay.bridge_slots))
         return (h,) if op == Op.F else (h, _read(rings.grads, t.ring % lay.grad_slots))
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
@@ -296,13 +297,14 @@ class _Tick:
 
     def _weight_grad(self, task: _Task, ops: _Ops, read: tuple) -> _Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
-        gradients from what its B filed, summed (a synchronous table)."""
+        gradients from its input, its kept residuals and what its B filed,
+        summed (a synchronous table)."""
         def weight_grad(args, c):
             p, acc = c
             grads = self.code.groups.switch_at(task.j, self.branches[Op.W], p, *args)
             return p, tuple(a + d for a, d in zip(acc, grads))
 
-        p, acc = self._run(task.real, weight_grad, (read[0], self._inputs(task.g, task.j)),
+        p, acc = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
                            (ops.p, ops.acc))
         return ops._replace(p=p, acc=acc)
 

@@ -204,9 +204,9 @@ class Schedule:
     @property
     def input_capacity(self) -> int:
         """Slots for stage inputs: filed when they arrive, read up to the
-        input gradient (B or BW; a W reads what B filed for it)."""
+        weight gradient (BW, or a split backward's W)."""
         tl = self._steady()
-        return self._live(self._shift(tl.arrival(tl.F), 1, _NEVER), tl.b_time)
+        return self._live(self._shift(tl.arrival(tl.F), 1, _NEVER), tl.w_time)
 
     @property
     def grad_capacity(self) -> int:
@@ -217,18 +217,19 @@ class Schedule:
     @property
     def residual_capacity(self) -> int:
         """Slots for what a stage keeps from its forward to its backward
-        (residuals, and with weight stashing the forward's weights); a fused
-        pair (`fused`) keeps nothing, a table of only fused pairs no slot."""
+        (residuals, and with weight stashing the forward's weights), read up
+        to the weight gradient (a split backward's W reads them too); a
+        fused pair (`fused`) keeps nothing, a table of only fused pairs no slot."""
         tl = self._steady()
         kept = tl.F != tl.B
         if not kept.any():
             return 0
-        return self._live(tl.f_time, np.where(kept, tl.b_time, tl.f_time - 1))
+        return self._live(tl.f_time, np.where(kept, tl.w_time, tl.f_time - 1))
 
     @property
     def bridge_capacity(self) -> int:
-        """Slots for what a split backward's B files for its W (the weight
-        path's vjp residuals, Qi et al. 2024, §2): B to W; 0 without W ops."""
+        """Slots for what a split backward's B computes for its W (the weight
+        path's cotangents, Qi et al. 2024, §2): B to W; 0 without W ops."""
         tl = self._steady()
         split = tl.B != tl.W
         if not split.any():
