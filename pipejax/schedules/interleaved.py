@@ -34,8 +34,8 @@ def _forwards(K: int, M: int, v: int) -> list[Task]:
     return [Task(Op.F, m, c) for m, c in rounds(K, M, v)]
 
 
-def _backwards(K: int, M: int, v: int, op: Op = Op.BW) -> list[Task]:
-    return [Task(op, m, c) for m, c in rounds(K, M, v, backward=True)]
+def _backwards(K: int, M: int, v: int) -> list[Task]:
+    return [Task(Op.BW, m, c) for m, c in rounds(K, M, v, backward=True)]
 
 
 def interleaved(K: int, M: int, v: int = 2) -> Schedule:
