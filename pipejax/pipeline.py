@@ -19,7 +19,9 @@ from jax.sharding import Mesh
 
 from pipejax import settings
 from pipejax.compile import StageCode, Staged, guarded, synchronous, unstage
+from pipejax.compile.branches import init as init_branches
 from pipejax.compile.build import Build
+from pipejax.compile.lanes import lane_plan
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import Model
 from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
@@ -53,7 +55,7 @@ class Pipeline:
 
     def __post_init__(self):
         build, code, mesh = self.build, self.code, self.mesh
-        branches = code.init_branches()
+        branches = init_branches(code)
         body = lambda key: lead(code.device_groups.switch(branches, key))
         object.__setattr__(self, "_init", guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)),
                                                   mesh))
@@ -238,6 +240,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     remat = settings.check_remat(remat)
     compute_dtype = settings.check_dtype(compute_dtype)
     table = make_schedule(schedule, stages, microbatches, virtual)
+    lane_plan(table)  # a table the executor runs: each op kind in one lane, one kind of backward
     settings.check_staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
     example = _struct(example)

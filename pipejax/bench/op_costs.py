@@ -30,10 +30,10 @@ def op_flops(code: StageCode) -> dict[Op, list[float]]:
     out: dict[Op, list[float]] = {op: [] for op in (Op.F, Op.BW, Op.B, Op.W)}
     per_group: dict[Op, list[float]] = {op: [] for op in out}
     for g, j in enumerate(code.groups.first):
-        args = code._backward_args(j)
+        args = code.backward_args(j)
         params, h, feed, _, _ = args
         leaves, tree = jax.tree.flatten(args)
-        per_group[Op.F].append(_flops(lambda p, h, f: code._vjp(j, p, h, f)[:2], params, h, feed))
+        per_group[Op.F].append(_flops(lambda p, h, f: code.vjp(j, p, h, f)[:2], params, h, feed))
         per_group[Op.BW].append(_flops(lambda *a: code.backward(j, *jax.tree.unflatten(tree, a)),
                                        *leaves))
         if code.splits:

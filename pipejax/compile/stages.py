@@ -9,8 +9,8 @@ j // K of device j mod K): j runs its layers as f_j(params, h), the last
 ending in the loss; its backward is the exact vjp of f_j at (weights,
 stashed input), rebuilt from the residuals its forward kept, whole (BW) or
 split into B and W (split.py). A device's parameters are one tree, its
-chunks' layers in chunk order; a branch reads its chunk's part and returns
-gradients for the whole device tree. Re-materialization (GPipe §2): with
+chunks' layers in chunk order. The switch branches built from this code are
+in branches.py. Re-materialization (GPipe §2): with
 `remat="stage"` nothing is kept and the vjp replays the forward; with
 `remat="none"` the pruned residuals are kept; a `jax.checkpoint` policy keeps
 what it saves.
@@ -22,17 +22,14 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pipejax.compile import residuals
 from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
-from pipejax.compile.packing import Buffers, Packing
+from pipejax.compile.packing import Packing
 from pipejax.compile.sharing import StageGroups
-from pipejax.compile.spmd import stage_index
-from pipejax.nnx_layer import NnxLayer
 from pipejax.partition import Plan
-from pipejax.trace import Layer, apply_layers, init_layer, layer_key, same_layer, shapes
+from pipejax.trace import Layer, apply_layers, same_layer, shapes
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
@@ -110,29 +107,30 @@ class StageCode:
     def residuals(self, j: int, remat: Remat) -> Any:
         """The abstract residuals virtual stage j keeps from a forward to its
         backward under `remat` (with "none": its whole working set of one micro-batch)."""
-        return jax.eval_shape(lambda p, h, f: self._vjp(j, p, h, f, remat)[1],
-                              self._abstract_params(j), self._input(j), self._abstract_feed())
+        return jax.eval_shape(lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
+                              self._abstract_params(j), self.input_of(j), self._abstract_feed())
 
     def _structure(self, j: int) -> tuple:
         """What virtual stage j's code depends on: its role (reads the batch,
         ends in the loss), its layers with their input and variable shapes,
         and where its chunk sits in its device's parameter tree."""
         specs = self.plan.stage_specs(j)
-        where = (self._slice(j), self.params.structure(j % self.K))
+        where = (self.slice_of(j), self.params.structure(j % self.K))
         return (j == 0, j == self.S - 1,
                 [(self.model.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs],
                 where)
 
-    def _slice(self, j: int) -> slice:
+    def slice_of(self, j: int) -> slice:
         """Virtual stage j's items in its device's list of layers."""
         k, ranges = j % self.K, self.plan.ranges
         start = sum(len(ranges[i]) for i in range(k, j, self.K))
         return slice(start, start + len(ranges[j]))
 
     def _abstract_params(self, j: int) -> Any:
-        return self.params.abstract_tree(j % self.K)[self._slice(j)]
+        return self.params.abstract_tree(j % self.K)[self.slice_of(j)]
 
-    def _input(self, j: int) -> Any:
+    def input_of(self, j: int) -> Any:
+        """The abstract input of virtual stage j (None for the first)."""
         return self.outputs[j - 1] if j > 0 else None
 
     def _outputs(self) -> list:
@@ -179,7 +177,7 @@ class StageCode:
         policy = jax.checkpoint_policies.nothing_saveable if remat == "stage" else remat
         return jax.checkpoint(f, policy=policy)
 
-    def _vjp(self, j: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
+    def vjp(self, j: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
         """Virtual stage j's output (the loss on the last), the residuals to
         keep for its backward, and how to rebuild the vjp from them."""
         out, vjp_fn = jax.vjp(self.fn(j, feed, remat), params, h)
@@ -196,10 +194,10 @@ class StageCode:
         The forward traced here only supplies the residual structure; its
         values are unused and removed by XLA (with remat, the vjp replays it).
         """
-        out, _, rebuild = self._vjp(j, params, h, feed)
-        return rebuild(kept)(self._seed(out) if ct is None else ct)
+        out, _, rebuild = self.vjp(j, params, h, feed)
+        return rebuild(kept)(self.seed_like(out) if ct is None else ct)
 
-    def _seed(self, loss: jax.Array) -> jax.Array:
+    def seed_like(self, loss: jax.Array) -> jax.Array:
         """The last stage's output cotangent: `seed` (1/M or 1)."""
         return jnp.full(loss.shape, self.seed, loss.dtype)
 
@@ -210,7 +208,7 @@ class StageCode:
         params, the stage input, the feed and the kept residuals again from
         where they live (their rings stay until W); the bridge carries what
         only B computed, and the output cotangent."""
-        args = self._backward_args(j)
+        args = self.backward_args(j)
         flat, tree = jax.tree.flatten(args)
         again = len(jax.tree.leaves(args[:4]))  # (params, h, feed, kept) come first
 
@@ -221,140 +219,11 @@ class StageCode:
         reread = [i < again for i in range(len(flat))]
         return split_backward(fn, flat, len(jax.tree.leaves(args[0])), reread)
 
-    def _backward_args(self, j: int) -> tuple:
+    def backward_args(self, j: int) -> tuple:
         """Abstract (params, h, feed, kept, ct) of virtual stage j's backward."""
         ct = None if j == self.S - 1 else self.outputs[j]
         kept = jax.tree.leaves(self.kept.abstract_tree(j))
-        return (self._abstract_params(j), self._input(j), self._abstract_feed(), kept, ct)
-
-    # ------------------------------------------------------------- branches
-    def _device_grads(self, j: int, grads: Any) -> Buffers:
-        """Virtual stage j's gradients packed into its device's tree (its
-        other chunks' slots zero)."""
-        k = j % self.K
-        tree = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                 self.params.abstract_tree(k)))
-        tree[self._slice(j)] = grads
-        return self.params.pack(k, tree)
-
-    def _chunk(self, j: int, p: Buffers) -> Any:
-        """Virtual stage j's parameters out of its device's buffers."""
-        return self.params.unpack(j % self.K, p)[self._slice(j)]
-
-    def forward_branches(self) -> list[Callable]:
-        """The branch of virtual stage j's group: (params, input slot,
-        (x_m, y_m, key, first)) -> (message for j + 1, residuals to keep,
-        loss); the last stage's message is empty and its loss is the
-        micro-batch loss, the others' loss 0. Run them with `self.groups.switch_at`."""
-        S, acts, kept = self.S, self.acts, self.kept
-
-        def branch(j):
-            def run(p, h, micro):
-                h_in = acts.unpack(j - 1, h) if j > 0 else None
-                out, res, _ = self._vjp(j, self._chunk(j, p), h_in, Feed(*micro))
-                if j == S - 1:
-                    return acts.zeros(), kept.pack(j, res), out.astype(jnp.float32)
-                return acts.pack(j, out), kept.pack(j, res), jnp.zeros((), jnp.float32)
-            return run
-
-        return self.groups.branches(branch)
-
-    def backward_branches(self) -> list[Callable]:
-        """The branch of virtual stage j's group, the fused backward BW:
-        (params, input slot, gradient slot, kept slot, micro) -> (packed
-        parameter gradients of the device, message for j − 1)."""
-        def branch(j):
-            def run(p, h, g, r, micro):
-                dparams, dh = self.backward(j, *self._unpack_backward(j, p, h, g, r, micro))
-                return self._device_grads(j, dparams), self._message_back(j, dh)
-            return run
-
-        return self.groups.branches(branch)
-
-    def _unpack_backward(self, j: int, p: Buffers, h: Buffers, g: Buffers, r: Buffers,
-                         micro: tuple) -> tuple:
-        """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers."""
-        h_in = self.acts.unpack(j - 1, h) if j > 0 else None
-        ct = None if j == self.S - 1 or g is None else self.acts.unpack(j, g)
-        return (self._chunk(j, p), h_in, Feed(*micro), jax.tree.leaves(self.kept.unpack(j, r)),
-                ct)
-
-    def _message_back(self, j: int, dh: Any) -> Buffers:
-        return self.acts.pack(j - 1, dh) if j > 0 else self.acts.zeros()
-
-    def input_grad_branches(self) -> list[Callable]:
-        """The branch of virtual stage j's group, zero bubble's B: (params,
-        input slot, gradient slot, kept slot, micro) -> (bridge for W,
-        message for j − 1)."""
-        def branch(j):
-            split = self.splits[self.groups.of[j]]
-
-            def run(p, h, g, r, micro):
-                dh, bridge = split.run_b(jax.tree.leaves(self._unpack_backward(j, p, h, g, r,
-                                                                               micro)))
-                h_tree = jax.tree.structure(self._input(j)) if j > 0 else None
-                dh = jax.tree.unflatten(h_tree, dh) if j > 0 else None
-                return self.bridge.pack(j, bridge), self._message_back(j, dh)
-            return run
-
-        return self.groups.branches(branch)
-
-    def weight_grad_branches(self) -> list[Callable]:
-        """The branch of virtual stage j's group, zero bubble's W: (params,
-        input slot, kept slot, bridge slot, micro) -> packed parameter
-        gradients of the device."""
-        def branch(j):
-            split = self.splits[self.groups.of[j]]
-
-            def run(p, h, r, b, micro):
-                params, h_in, feed, kept, _ = self._unpack_backward(j, p, h, None, r, micro)
-                reread = jax.tree.leaves((params, h_in, feed, kept))
-                grads = split.run_w(reread, jax.tree.leaves(self.bridge.unpack(j, b)))
-                return self._device_grads(j, jax.tree.unflatten(jax.tree.structure(params),
-                                                                grads))
-            return run
-
-        return self.groups.branches(branch)
-
-    def fused(self, p: Any, h: Any, micro: tuple) -> tuple:
-        """Inside shard_map: the last virtual stage's forward and backward of
-        one micro-batch as one vjp, for a table that runs both in one tick
-        (`Schedule.fused`): (loss, packed parameter gradients, message for
-        the stage before). Nothing is kept, so `remat="stage"` would only
-        replay the forward: it runs without; a checkpoint policy still applies."""
-        j, acts = self.S - 1, self.acts
-        remat = "none" if self.model.remat == "stage" else self.model.remat
-        h_in = acts.unpack(j - 1, h) if j > 0 else None
-        loss, vjp_fn = jax.vjp(self.fn(j, Feed(*micro), remat), self._chunk(j, p), h_in)
-        dparams, dh = vjp_fn(self._seed(loss))
-        return loss.astype(jnp.float32), self._device_grads(j, dparams), self._message_back(j, dh)
-
-    def init_branches(self) -> list[Callable]:
-        """The branch of device k's group: key -> device k's packed initial
-        variables; layer i uses fold_in(key, i), so the values do not depend
-        on K. An NNX layer's slots are zeros here: its values are staged from
-        the host (`Pipeline.init`), not compiled into the program as constants."""
-        K = self.K
-        index = np.zeros((K, max(len(self.plan.device_layers(k)) for k in range(K))), np.int32)
-        for k in range(K):
-            layers = self.plan.device_layers(k)
-            index[k, :len(layers)] = layers
-
-        def branch(k):
-            def run(key):
-                variables, mine = [], jnp.asarray(index)[stage_index()]
-                for n, i in enumerate(self.plan.device_layers(k)):
-                    spec, layer = self.plan.specs[i], self.model.layers[i]
-                    if isinstance(layer, NnxLayer):
-                        variables.append(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                                      spec.variables))
-                        continue
-                    h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                    variables.append(init_layer(layer, layer_key(key, mine[n]), h))
-                return self.params.pack(k, variables)
-            return run
-
-        return self.device_groups.branches(branch)
+        return (self._abstract_params(j), self.input_of(j), self._abstract_feed(), kept, ct)
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:

@@ -1,40 +1,37 @@
 """The table interpreter: one `lax.scan` over the ticks of a schedule.
 
-At tick t, device k runs the tasks of the table's lanes in order, dispatched
-on their op (`Op.F`: the forward, `Op.BW`: the fused backward, `Op.B` and
-`Op.W`: zero bubble's input and weight gradients; each a loop of 0 or 1
-trips, masked when the task is idle or its micro-batch does not exist) on
-the task's virtual stage j = c·K + k (its chunk c, a branch of the stage
-switch), then all devices exchange activations forward and gradients
-backward with `lax.ppermute`, outside the stage switch (DESIGN.md:
-collectives never sit in a branch); with virtual stages the last device
-sends on to the first device's next chunk, round the ring. A message
-carries (payload, micro-batch, chunk, valid); the receiver files it in ring
-slot `(micro-batch · v + chunk) mod capacity`. What a backward does with
-its gradient is chosen once per program (`_Tick.__init__`): a synchronous
-table sums it; an asynchronous one applies the stage's optimizer at once,
-inside the op, or, when the update runs collectives, right after the op's
-loop on every device. A stage whose optimizer forecasts its weights runs
-its forward on the forecast its last update made (`OptState.ahead`, carried
-from tick to tick) and its backward on a backward forecast, if it has a
-backward horizon. Where the table runs a micro-batch's forward and
-backward on the last stage in one tick (`Schedule.fused`: every tick at
-K = 1), the pair runs as one vjp that keeps nothing, as a plain
-micro-batched jit does; a synchronous table whose every op runs at every
-tick runs its ops without the loops. The program does not grow with the
-number of micro-batches or ticks.
+At tick t, device k runs the tasks of the table's lanes in order (lanes.py),
+dispatched on their op (`Op.F`: the forward, `Op.BW`: the fused backward,
+`Op.B` and `Op.W`: zero bubble's input and weight gradients; each a loop of
+0 or 1 trips, masked when the task is idle or its micro-batch does not
+exist) on the task's virtual stage j = c·K + k, a branch of the stage switch
+(branches.py); then all devices exchange activations and gradients outside
+the switch (messages.py; DESIGN.md: collectives never sit in a branch).
+What a backward does with its gradient is chosen once per program
+(`_Tick.__init__`): a synchronous table sums it; an asynchronous one applies
+the stage's optimizer at once, inside the op, or, when the update runs
+collectives, right after the op's loop on every device. A stage whose
+optimizer forecasts its weights runs its forward on the forecast its last
+update made (`OptState.ahead`, carried from tick to tick) and its backward
+on a backward forecast, if it has a backward horizon. Where the table runs
+a micro-batch's forward and backward on the last stage in one tick
+(`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that keeps
+nothing, as a plain micro-batched jit does; a synchronous table whose every
+op runs at every tick runs its ops without the loops. The program does not
+grow with the number of micro-batches or ticks.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pipejax.compile import branches, messages
 from pipejax.compile.build import Build
-from pipejax.compile.lanes import lane_plan, lane_rows
+from pipejax.compile.lanes import Task, lane_plan, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.packing import Buffers
@@ -68,24 +65,6 @@ class TableOut(NamedTuple):
     skipped: jax.Array  # int32: updates the guard skipped (all stages and replicas)
 
 
-def _read(buffers: Buffers, i: jax.Array) -> tuple:
-    return tuple(b[i] for b in buffers)
-
-
-def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> tuple:
-    return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(buffers, value))
-
-
-class _Task(NamedTuple):
-    """A task of this device at this tick: its micro-batch id, whether it
-    runs, its virtual stage j = c·K + k and its ring id g·v + c."""
-
-    g: jax.Array
-    real: jax.Array
-    j: jax.Array
-    ring: jax.Array
-
-
 class _Ops(NamedTuple):
     """What the ops of one tick hand on to the next op and to the exchange."""
 
@@ -107,14 +86,11 @@ class _Tick:
         self.plan = lane_plan(build.schedule)
         self.k = stage_index()
         self.x, self.y = inp.data
-        self.base, self.start, self.fed = inp.counters
+        self.counters = inp.counters
         self.key = inp.key
-        ops = {op for _, op, _ in self.plan}
-        code = self.code
-        self.branches = {Op.F: code.forward_branches(),
-                         Op.BW: code.backward_branches() if Op.BW in ops else None,
-                         Op.B: code.input_grad_branches() if Op.B in ops else None,
-                         Op.W: code.weight_grad_branches() if Op.W in ops else None}
+        made = {Op.F: branches.forward, Op.BW: branches.backward, Op.B: branches.input_grad,
+                Op.W: branches.weight_grad}
+        self.branches = {op: made[op](self.code) for _, op, _ in self.plan}
         # What a backward does with its gradient, chosen once for the program.
         self.update = None if self.sync else opts.updater()
         # Which loops a tick runs, known from the table: the forward's and
@@ -133,17 +109,6 @@ class _Tick:
         else:
             self._take, self._after = self._update_now, None
 
-    def _task(self, cell: Any, op: Op) -> _Task:
-        """A task is real if the table names `op` there and its micro-batch was fed."""
-        rel, ops, chunks = cell
-        rel = rel[self.k]
-        g = self.base + rel
-        real = (rel != NONE) & (g >= self.start) & (g < self.fed)
-        if ops is not None:
-            real = real & (ops[self.k] == int(op))
-        c = chunks[self.k] if chunks is not None else jnp.int32(0)
-        return _Task(g, real, c * self.K + self.k, g * self.v + c)
-
     def _inputs(self, g: jax.Array, j: jax.Array) -> tuple:
         """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j."""
         slot = g % self.layout.data_slots
@@ -151,51 +116,38 @@ class _Tick:
         first = jnp.asarray(self.code.firsts, jnp.int32)[j]
         return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g), first
 
-    def _reads(self, rings: Rings, op: Op, t: _Task) -> tuple:
-        """The ring slots op reads: its input (and, backward, the output's
-        gradient; W its input, its kept residuals and what its B filed)."""
-        lay = self.layout
-        h = _read(rings.inputs, t.ring % lay.input_slots)
-        if op == Op.W:
-            return (h, _read(rings.kept, t.ring % lay.kept_slots),
-                    _read(rings.bridge, t.ring % lay.bridge_slots))
-        return (h,) if op == Op.F else (h, _read(rings.grads, t.ring % lay.grad_slots))
-
     def __call__(self, carry: tuple, row: tuple) -> tuple:
         p, s, rings, acc = carry
-        tasks = {op: self._task(row[lane], op) for lane, op, _ in self.plan}
+        tasks = {op: read_task(row[lane], op, self.k, self.K, self.v, self.counters)
+                 for lane, op, _ in self.plan}
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
         fused = None
         if self.fusion:
             f, b = tasks[Op.F], tasks[Op.BW]
             last = (f.j == self.S - 1) & (b.j == self.S - 1)
-            fused = _Task(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
+            fused = Task(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
             runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
                     Op.BW: b._replace(real=b.real & ~fused.real)}
         # Read the slots into values of their own before any buffer is
         # written, so that XLA updates the ring buffers in place.
-        reads = lax.optimization_barrier({op: self._reads(rings, op, t)
+        slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
                                           for op, t in tasks.items()})
         ops = _Ops(p, s, acc, rings.kept, rings.weights, rings.bridge)
-        messages = {}
+        sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for _, op, _ in self.plan:
             if op == Op.F:
-                ops, msg, loss = self._forward(runs[op], ops, reads[op], loss)
+                ops, msg, loss = self._forward(runs[op], ops, slots[op], loss)
             elif op == Op.BW:
-                ops, msg, loss, skipped = self._backward(runs[op], fused, ops, reads[op], loss)
+                ops, msg, loss, skipped = self._backward(runs[op], fused, ops, slots[op], loss)
             elif op == Op.B:
-                ops, msg = self._input_grad(runs[op], ops, reads[op])
+                ops, msg = self._input_grad(runs[op], ops, slots[op])
             else:
-                ops, msg = self._weight_grad(runs[op], ops, reads[op]), None
-            messages[op] = (msg, tasks[op])
-        back = [messages[op] for op in BACKWARD if op in messages]
-        if len(back) == 2:  # B and BW both in the table: the one that ran sends
-            (m_b, t_b), (m_bw, t_bw) = back
-            back = [(jax.tree.map(lambda a, b: jnp.where(t_b.real, a, b), m_b, m_bw),
-                     jax.tree.map(lambda a, b: jnp.where(t_b.real, a, b), t_b, t_bw))]
-        rings = self._exchange(rings._replace(kept=ops.kept, weights=ops.weights,
-                                              bridge=ops.bridge), messages[Op.F], back[0])
+                ops, msg = self._weight_grad(runs[op], ops, slots[op]), None
+            sent[op] = (msg, tasks[op])
+        back = next(sent[op] for op in BACKWARD if op in sent)  # B or BW: a table has one
+        rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
+        rings = messages.exchange(rings, self.layout, self.k, sent[Op.F], back)
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         return ((ops.p, ops.s, rings, ops.acc),
@@ -205,7 +157,7 @@ class _Tick:
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
 
-    def _forward(self, task: _Task, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
+    def _forward(self, task: Task, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
         weights (or their forecast): keeps its residuals (and with weight
         stashing the weights it used) in its slot; returns the ops' state,
@@ -234,7 +186,7 @@ class _Tick:
         p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
-    def _backward(self, task: _Task, fused: _Task | None, ops: _Ops, read: tuple,
+    def _backward(self, task: Task, fused: Task | None, ops: _Ops, read: tuple,
                   loss: jax.Array) -> tuple:
         """Stage k's fused backward (BW) of micro-batch g on virtual stage j
         at the current weights (their backward forecast, or the stashed
@@ -248,7 +200,7 @@ class _Tick:
         ahead = self.opts is not None and bool(ops.s.ahead)
         if self.separate:  # a slot exists: the table keeps residuals
             slot = task.ring % self.layout.kept_slots
-            stashed = _read(ops.weights, slot) if self.layout.weight_stashing else None
+            stashed = messages.read(ops.weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
             p, s, grads_slot, _, loss, skipped = c
@@ -260,14 +212,14 @@ class _Tick:
 
         def both(args, c):
             p, s, grads_slot, _, _, skipped = c
-            loss, grads, msg = self.code.fused(s.ahead if ahead else p, *args)
+            loss, grads, msg = branches.fused(self.code, s.ahead if ahead else p, *args)
             p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
             return p, s, grads_slot, msg, loss, skipped
 
         h, g = read
         carry = (ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), loss, jnp.int32(0))
         if self.separate:
-            args = (h, g, _read(ops.kept, slot), self._inputs(task.g, task.j))
+            args = (h, g, messages.read(ops.kept, slot), self._inputs(task.g, task.j))
             carry = self._run(task.real, backward, args, carry)
         if fused is not None:
             carry = self._run(fused.real, both, (h, self._inputs(fused.g, fused.j)), carry)
@@ -278,7 +230,7 @@ class _Tick:
             p, s, skipped = self._after(p, s, grads_slot, real)
         return ops._replace(p=p, s=s, acc=acc), msg, loss, skipped
 
-    def _input_grad(self, task: _Task, ops: _Ops, read: tuple) -> tuple:
+    def _input_grad(self, task: Task, ops: _Ops, read: tuple) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
         gradient, sent back, and the bridge its W reads, filed in its slot."""
         kept_slot = task.ring % self.layout.kept_slots
@@ -290,12 +242,12 @@ class _Tick:
             return p, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
 
         h, g = read
-        args = (h, g, _read(ops.kept, kept_slot), self._inputs(task.g, task.j))
+        args = (h, g, messages.read(ops.kept, kept_slot), self._inputs(task.g, task.j))
         p, bridge, msg = self._run(task.real, input_grad, args,
                                    (ops.p, ops.bridge, self.code.acts.zeros()))
         return ops._replace(p=p, bridge=bridge), msg
 
-    def _weight_grad(self, task: _Task, ops: _Ops, read: tuple) -> _Ops:
+    def _weight_grad(self, task: Task, ops: _Ops, read: tuple) -> _Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
         summed (a synchronous table)."""
@@ -326,25 +278,6 @@ class _Tick:
 
     def _update_after(self, p, s, d, real) -> tuple:
         return self.update(p, d, s, real)
-
-    def _exchange(self, rings: Rings, fwd_msg: tuple, bwd_msg: tuple) -> Rings:
-        """Send activations to the next virtual stage and gradients to the
-        one before: device k + 1, or round the ring, from device K − 1's
-        chunk c to device 0's chunk c + 1 (and back); file what arrives in
-        its ring slot if it is a real message."""
-        K, k, v, lay = self.K, self.k, self.v, self.layout
-        if K == 1:
-            return rings
-        (msg_f, tf), (msg_b, tb) = fwd_msg, bwd_msg
-        c_f, c_b = tf.j // K, tb.j // K
-        on = [(i, i + 1) for i in range(K - 1)] + ([(K - 1, 0)] if v > 1 else [])
-        back = [(j, i) for i, j in on]
-        got_f, gf, cf, vf = lax.ppermute(
-            (msg_f, tf.g, c_f + (k == K - 1), tf.real & (tf.j < self.S - 1)), AXIS, on)
-        got_b, gb, cb, vb = lax.ppermute(
-            (msg_b, tb.g, c_b - (k == 0), tb.real & (tb.j > 0)), AXIS, back)
-        return rings._replace(inputs=_file(rings.inputs, (gf * v + cf) % lay.input_slots, got_f, vf),
-                              grads=_file(rings.grads, (gb * v + cb) % lay.grad_slots, got_b, vb))
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:

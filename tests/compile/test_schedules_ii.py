@@ -138,3 +138,14 @@ def test_virtual_stages_errors_name_the_setting():
     with pytest.raises(ConfigError, match="max_padding bounds the padding"):
         _pipe("gpipe", 2, 2, max_padding=0.5)
     assert np.isfinite(_pipe("zb-h1", 2, 1, M=3).schedule.bubble_fraction)
+
+
+def test_a_table_of_fused_and_split_backwards_is_a_clear_error():
+    from pipejax.schedules.tasks import Task, empty, put
+
+    table = empty(5, 2, 1)
+    for t, k, task in ((0, 0, Task(Op.F, 0)), (1, 1, Task(Op.F, 0)), (2, 1, Task(Op.BW, 0)),
+                       (3, 0, Task(Op.B, 0)), (4, 0, Task(Op.W, 0))):
+        put(table, t, k, 0, task)
+    with pytest.raises(ConfigError, match="fused backwards \\(BW\\) and split ones"):
+        _pipe(pj.Schedule("mixed", table, microbatches=1), 2, 1, M=1)

@@ -1,0 +1,164 @@
+"""The switch branches of a pipeline's stage code: what one op of one
+virtual stage runs, as the table interpreter calls it.
+
+Each function builds one branch per group of virtual stages of one
+structure (`StageCode.groups`; the init branches per group of devices),
+reading the stage's trees out of the packed slot buffers: the forward F, the
+fused backward BW, zero bubble's B and W (split.py), the last stage's fused
+forward and backward, and a device's initial variables. A branch reads its
+chunk's part of its device's parameter tree and returns gradients for the
+whole device tree (its other chunks' slots zero).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipejax.compile.packing import Buffers
+from pipejax.compile.spmd import stage_index
+from pipejax.compile.stages import Feed, StageCode
+from pipejax.nnx_layer import NnxLayer
+from pipejax.trace import init_layer, layer_key
+
+
+
+def _device_grads(code: StageCode, j: int, grads: Any) -> Buffers:
+    """Virtual stage j's gradients packed into its device's tree (its
+    other chunks' slots zero)."""
+    k = j % code.K
+    tree = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                             code.params.abstract_tree(k)))
+    tree[code.slice_of(j)] = grads
+    return code.params.pack(k, tree)
+
+
+def _chunk(code: StageCode, j: int, p: Buffers) -> Any:
+    """Virtual stage j's parameters out of its device's buffers."""
+    return code.params.unpack(j % code.K, p)[code.slice_of(j)]
+
+
+def _stage_input(code: StageCode, j: int, h: Buffers) -> Any:
+    """Virtual stage j's input out of its input slot (None for the first)."""
+    return code.acts.unpack(j - 1, h) if j > 0 else None
+
+
+def forward(code: StageCode) -> list[Callable]:
+    """The branch of virtual stage j's group: (params, input slot,
+    (x_m, y_m, key, first)) -> (message for j + 1, residuals to keep,
+    loss); the last stage's message is empty and its loss is the
+    micro-batch loss, the others' loss 0. Run them with `code.groups.switch_at`."""
+    S, acts, kept = code.S, code.acts, code.kept
+
+    def branch(j):
+        def run(p, h, micro):
+            out, res, _ = code.vjp(j, _chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
+            if j == S - 1:
+                return acts.zeros(), kept.pack(j, res), out.astype(jnp.float32)
+            return acts.pack(j, out), kept.pack(j, res), jnp.zeros((), jnp.float32)
+        return run
+
+    return code.groups.branches(branch)
+
+
+def backward(code: StageCode) -> list[Callable]:
+    """The branch of virtual stage j's group, the fused backward BW:
+    (params, input slot, gradient slot, kept slot, micro) -> (packed
+    parameter gradients of the device, message for j − 1)."""
+    def branch(j):
+        def run(p, h, g, r, micro):
+            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, h, g, r, micro))
+            return _device_grads(code, j, dparams), _message_back(code, j, dh)
+        return run
+
+    return code.groups.branches(branch)
+
+
+def _unpack_backward(code: StageCode, j: int, p: Buffers, h: Buffers, g: Buffers | None,
+                     r: Buffers, micro: tuple) -> tuple:
+    """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers."""
+    ct = None if j == code.S - 1 or g is None else code.acts.unpack(j, g)
+    return (_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro),
+            jax.tree.leaves(code.kept.unpack(j, r)), ct)
+
+
+def _message_back(code: StageCode, j: int, dh: Any) -> Buffers:
+    return code.acts.pack(j - 1, dh) if j > 0 else code.acts.zeros()
+
+
+def input_grad(code: StageCode) -> list[Callable]:
+    """The branch of virtual stage j's group, zero bubble's B: (params,
+    input slot, gradient slot, kept slot, micro) -> (bridge for W,
+    message for j − 1)."""
+    def branch(j):
+        split = code.splits[code.groups.of[j]]
+
+        def run(p, h, g, r, micro):
+            dh, bridge = split.run_b(jax.tree.leaves(_unpack_backward(code, j, p, h, g, r, micro)))
+            dh = jax.tree.unflatten(jax.tree.structure(code.input_of(j)), dh) if j > 0 else None
+            return code.bridge.pack(j, bridge), _message_back(code, j, dh)
+        return run
+
+    return code.groups.branches(branch)
+
+
+def weight_grad(code: StageCode) -> list[Callable]:
+    """The branch of virtual stage j's group, zero bubble's W: (params,
+    input slot, kept slot, bridge slot, micro) -> packed parameter
+    gradients of the device."""
+    def branch(j):
+        split = code.splits[code.groups.of[j]]
+
+        def run(p, h, r, b, micro):
+            params, h_in, feed, kept, _ = _unpack_backward(code, j, p, h, None, r, micro)
+            reread = jax.tree.leaves((params, h_in, feed, kept))
+            grads = split.run_w(reread, jax.tree.leaves(code.bridge.unpack(j, b)))
+            return _device_grads(code, j, jax.tree.unflatten(jax.tree.structure(params), grads))
+        return run
+
+    return code.groups.branches(branch)
+
+
+def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
+    """Inside shard_map: the last virtual stage's forward and backward of
+    one micro-batch as one vjp, for a table that runs both in one tick
+    (`Schedule.fused`): (loss, packed parameter gradients, message for
+    the stage before). Nothing is kept, so `remat="stage"` would only
+    replay the forward: it runs without; a checkpoint policy still applies."""
+    j = code.S - 1
+    remat = "none" if code.model.remat == "stage" else code.model.remat
+    loss, vjp_fn = jax.vjp(code.fn(j, Feed(*micro), remat), _chunk(code, j, p),
+                           _stage_input(code, j, h))
+    dparams, dh = vjp_fn(code.seed_like(loss))
+    return loss.astype(jnp.float32), _device_grads(code, j, dparams), _message_back(code, j, dh)
+
+
+def init(code: StageCode) -> list[Callable]:
+    """The branch of device k's group: key -> device k's packed initial
+    variables; layer i uses fold_in(key, i), so the values do not depend
+    on K. An NNX layer's slots are zeros here: its values are staged from
+    the host (`Pipeline.init`), not compiled into the program as constants."""
+    K = code.K
+    index = np.zeros((K, max(len(code.plan.device_layers(k)) for k in range(K))), np.int32)
+    for k in range(K):
+        layers = code.plan.device_layers(k)
+        index[k, :len(layers)] = layers
+
+    def branch(k):
+        def run(key):
+            variables, mine = [], jnp.asarray(index)[stage_index()]
+            for n, i in enumerate(code.plan.device_layers(k)):
+                spec, layer = code.plan.specs[i], code.model.layers[i]
+                if isinstance(layer, NnxLayer):
+                    variables.append(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                                  spec.variables))
+                    continue
+                h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
+                variables.append(init_layer(layer, layer_key(key, mine[n]), h))
+            return code.params.pack(k, variables)
+        return run
+
+    return code.device_groups.branches(branch)

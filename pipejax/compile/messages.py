@@ -1,0 +1,68 @@
+"""Ring slots and the messages between devices, for the table interpreter.
+
+What a device holds for micro-batch g on its chunk c (its input, the
+output's gradient, kept residuals, the B→W bridge) lives in ring slot
+`(g·v + c) mod capacity`, the capacities derived from the table
+(schedules/capacities.py). `reads` names the slots an op reads; `exchange`
+sends activations to the next virtual stage and gradients to the one before
+with `lax.ppermute`, outside the stage switch: to device k + 1, or round
+the ring from device K − 1's chunk c to device 0's chunk c + 1 (and back). A
+message carries (payload, micro-batch, chunk, valid); the receiver files a
+valid one in its slot.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pipejax.compile.layout import Layout
+from pipejax.compile.packing import Buffers
+from pipejax.compile.state import Rings
+from pipejax.mesh import AXIS
+from pipejax.schedules import Op
+
+
+def read(buffers: Buffers, i: jax.Array) -> tuple:
+    """Slot i of each buffer."""
+    return tuple(b[i] for b in buffers)
+
+
+def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> tuple:
+    return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(buffers, value))
+
+
+def reads(rings: Rings, layout: Layout, op: Op, ring: jax.Array) -> tuple:
+    """The ring slots `op` reads for ring id g·v + c: its input (and,
+    backward, the output's gradient; W its input, its kept residuals and
+    what its B filed)."""
+    h = read(rings.inputs, ring % layout.input_slots)
+    if op == Op.W:
+        return (h, read(rings.kept, ring % layout.kept_slots),
+                read(rings.bridge, ring % layout.bridge_slots))
+    return (h,) if op == Op.F else (h, read(rings.grads, ring % layout.grad_slots))
+
+
+def exchange(rings: Rings, layout: Layout, k: jax.Array, forward: tuple, back: tuple) -> Rings:
+    """Inside shard_map, on device k: send `forward` = (payload, task) on and
+    `back` = (payload, task) back (a task: its micro-batch g, virtual stage
+    j and whether it ran); file what arrives."""
+    code = layout.code
+    K, v, S = code.K, code.v, code.S
+    if K == 1:
+        return rings
+    (msg_f, tf), (msg_b, tb) = forward, back
+    on = [(i, i + 1) for i in range(K - 1)] + ([(K - 1, 0)] if v > 1 else [])
+    got_f, gf, cf, vf = lax.ppermute(
+        (msg_f, tf.g, tf.j // K + (k == K - 1), tf.real & (tf.j < S - 1)), AXIS, on)
+    got_b, gb, cb, vb = lax.ppermute(
+        (msg_b, tb.g, tb.j // K - (k == 0), tb.real & (tb.j > 0)), AXIS,
+        [(j, i) for i, j in on])
+    return rings._replace(
+        inputs=_file(rings.inputs, (gf * v + cf) % layout.input_slots, got_f, vf),
+        grads=_file(rings.grads, (gb * v + cb) % layout.grad_slots, got_b, vb))
+
+
