@@ -26,9 +26,8 @@ def finishing(schedule: Schedule) -> np.ndarray:
 def _last_forwards(schedule: Schedule) -> np.ndarray:
     """`[ticks]`: the micro-batch the last virtual stage (the last device's
     last chunk) runs forward, or NONE."""
-    last = schedule.table[:, -1, :, 2] == schedule.virtual - 1
-    ops = np.where(last, schedule.ops[:, -1], 0)
-    return np.where(ops == Op.F, schedule.table[:, -1, :, 1], NONE).max(axis=1, initial=NONE)
+    chunk = schedule.cells((Op.F,), field=2)[:, -1]
+    return np.where(chunk == schedule.virtual - 1, schedule.fwd[:, -1], NONE)
 
 
 def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,

@@ -25,13 +25,10 @@ from typing import NamedTuple
 import numpy as np
 
 from pipejax.errors import ScheduleError
-from pipejax.schedules import pictures
+from pipejax.schedules import capacities, pictures
 from pipejax.schedules.checks import check_order, check_tasks
 from pipejax.schedules.tasks import BACKWARD, NONE, Op
-from pipejax.schedules.timeline import Timeline, lifetime, ring_capacity, unroll
-
-
-_NEVER = np.iinfo(np.int64).max // 2  # the write time of a value no op reads
+from pipejax.schedules.timeline import Timeline, lifetime, unroll
 
 
 class StageInfo(NamedTuple):
@@ -91,7 +88,7 @@ class Schedule:
         """v: model chunks per device (virtual stages c·K + k on device k)."""
         return int(self.table[..., 2].max()) + 1
 
-    def _cells(self, ops: tuple[Op, ...], field: int = 1) -> np.ndarray:
+    def cells(self, ops: tuple[Op, ...], field: int = 1) -> np.ndarray:
         """`[ticks, stages]`: the micro-batch (`field` 1) or chunk (2) of the
         cell's task among `ops`, or NONE."""
         mask = np.isin(self.ops, ops)
@@ -100,12 +97,12 @@ class Schedule:
     @property
     def fwd(self) -> np.ndarray:
         """`[ticks, stages]`: the micro-batch stage k runs forward at tick t, or NONE."""
-        return self._cells((Op.F,))
+        return self.cells((Op.F,))
 
     @property
     def bwd(self) -> np.ndarray:
         """`[ticks, stages]`: the micro-batch whose gradient stage k sends back at tick t."""
-        return self._cells(BACKWARD)
+        return self.cells(BACKWARD)
 
     @property
     def fused(self) -> np.ndarray:
@@ -114,8 +111,8 @@ class Schedule:
         last virtual stage can: the others wait for a gradient). The
         executor runs the pair as one vjp and keeps no residuals (at K = 1,
         the plain micro-batched step)."""
-        f, c = self.fwd, self._cells((Op.F,), 2)
-        return (f != NONE) & (f == self._cells((Op.BW,))) & (c == self._cells((Op.BW,), 2))
+        f, c = self.fwd, self.cells((Op.F,), 2)
+        return (f != NONE) & (f == self.cells((Op.BW,))) & (c == self.cells((Op.BW,), 2))
 
     @property
     def synchronous(self) -> bool:
@@ -181,78 +178,21 @@ class Schedule:
         M, S = self.microbatches, self._steady_steps
         return range(M * (S // 2), M * (S // 2 + 1)) if self.asynchronous else range(M)
 
-    def _live(self, write: np.ndarray, read: np.ndarray) -> int:
-        """Ring-buffer capacity for values written at times `write[j, g]` and
-        last read at `read[j, g]` (event times per virtual stage, `Timeline`),
-        in the slots of their devices, `(g·v + c) mod capacity`; a value with
-        read < write never lives."""
-        tl = self._steady()
-        write, read = tl.per_device(write), tl.per_device(read)
-        return ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
-
-    @staticmethod
-    def _shift(a: np.ndarray, by: int, fill: int) -> np.ndarray:
-        """`a` moved by `by` virtual stages (row j gets row j − by), `fill`
-        where none (`_NEVER`: a value written after every read, never alive)."""
-        out = np.full_like(a, fill)
-        if by > 0:
-            out[by:] = a[:-by]
-        else:
-            out[:by] = a[-by:]
-        return out
-
-    @property
-    def input_capacity(self) -> int:
-        """Slots for stage inputs: filed when they arrive, read up to the
-        weight gradient (BW, or a split backward's W)."""
-        tl = self._steady()
-        return self._live(self._shift(tl.arrival(tl.F), 1, _NEVER), tl.w_time)
-
-    @property
-    def grad_capacity(self) -> int:
-        """Slots for received output gradients: arrival to the input gradient."""
-        tl = self._steady()
-        return self._live(self._shift(tl.arrival(tl.B), -1, _NEVER), tl.b_time)
-
-    @property
-    def residual_capacity(self) -> int:
-        """Slots for what a stage keeps from its forward to its backward
-        (residuals, and with weight stashing the forward's weights), read up
-        to the weight gradient (a split backward's W reads them too); a
-        fused pair (`fused`) keeps nothing, a table of only fused pairs no slot."""
-        tl = self._steady()
-        kept = tl.F != tl.B
-        if not kept.any():
-            return 0
-        return self._live(tl.f_time, np.where(kept, tl.w_time, tl.f_time - 1))
-
-    @property
-    def bridge_capacity(self) -> int:
-        """Slots for what a split backward's B computes for its W (the weight
-        path's cotangents, Qi et al. 2024, §2): B to W; 0 without W ops."""
-        tl = self._steady()
-        split = tl.B != tl.W
-        if not split.any():
-            return 0
-        return self._live(tl.b_time, np.where(split, tl.w_time, tl.b_time - 1))
+    # Ring capacities of the steady state (capacities.py), what the executor allocates.
+    input_capacity = property(lambda self: capacities.inputs(self._steady()),
+                              doc="Slots for stage inputs.")
+    grad_capacity = property(lambda self: capacities.grads(self._steady()),
+                             doc="Slots for received output gradients.")
+    residual_capacity = property(lambda self: capacities.residuals(self._steady()),
+                                 doc="Slots for kept residuals (0: only fused pairs).")
+    bridge_capacity = property(lambda self: capacities.bridge(self._steady()),
+                               doc="Slots for what a split backward's B files for its W.")
+    data_capacity = property(lambda self: capacities.data(self._steady(), self.microbatches),
+                             doc="Slots for micro-batches of data, a multiple of M.")
 
     def in_flight(self, k: int) -> int:
-        """Most micro-batch chunks stage (device) k holds at once between
-        their forward and their weight gradient: the inputs and residuals it
-        stashes (a split backward's up to B, then the bridge up to W)."""
-        tl = self._steady()
-        F, W = tl.per_device(tl.F)[k], tl.per_device(tl.W)[k]
-        return int(max(np.sum((F <= t) & (t <= W)) for t in F))
-
-    @property
-    def data_capacity(self) -> int:
-        """Slots for micro-batches of input and targets, a multiple of M: fed
-        before their step starts, read up to the first and last virtual
-        stages' weight gradients."""
-        tl = self._steady()
-        read = np.maximum(tl.w_time[0], tl.w_time[-1])
-        C = ring_capacity([list(zip((tl.unit * tl.fed - 1).tolist(), read.tolist()))])
-        return -(-C // self.microbatches) * self.microbatches
+        """Most micro-batch chunks stage (device) k stashes at once (capacities.py)."""
+        return capacities.in_flight(self._steady(), k)
 
     @property
     def drain_periods(self) -> int:

@@ -64,18 +64,6 @@ def lifetime(microbatch: np.ndarray, M: int) -> int:
     return int(-np.floor_divide(ids.min(), M)) if ids.size else 0
 
 
-def ring_capacity(lives: list[list[tuple[int, int]]]) -> int:
-    """Smallest C such that micro-batches sharing a slot g mod C are never alive
-    at once; `lives[k][g]` is (write time, last read time), both inclusive."""
-    N = max((len(x) for x in lives), default=0)
-    for C in range(1, N + 1):
-        if all(max(a, a2) > min(b, b2)
-               for per in lives for g, (a, b) in enumerate(per)
-               for (a2, b2) in per[g + C::C]):
-            return C
-    return max(N, 1)
-
-
 def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int) -> Timeline:
     """The ticks of every op of every micro-batch fed in `steps` steps (and,
     asynchronous, the `lifetime` periods that drain them)."""
