@@ -70,16 +70,17 @@ def backward(code: StageCode) -> list[Callable]:
     parameter gradients of the device, message for j − 1)."""
     def branch(j):
         def run(p, h, g, r, micro):
-            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, h, g, r, micro))
+            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, g, r), micro))
             return _device_grads(code, j, dparams), _message_back(code, j, dh)
         return run
 
     return code.groups.branches(branch)
 
 
-def _unpack_backward(code: StageCode, j: int, p: Buffers, h: Buffers, g: Buffers | None,
-                     r: Buffers, micro: tuple) -> tuple:
-    """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers."""
+def _unpack_backward(code: StageCode, j: int, p: Buffers, slots: tuple, micro: tuple) -> tuple:
+    """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers
+    and its ring slots (input, output gradient or None, kept residuals)."""
+    h, g, r = slots
     ct = None if j == code.S - 1 or g is None else code.acts.unpack(j, g)
     return (_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro),
             jax.tree.leaves(code.kept.unpack(j, r)), ct)
@@ -97,7 +98,8 @@ def input_grad(code: StageCode) -> list[Callable]:
         split = code.splits[code.groups.of[j]]
 
         def run(p, h, g, r, micro):
-            dh, bridge = split.run_b(jax.tree.leaves(_unpack_backward(code, j, p, h, g, r, micro)))
+            args = _unpack_backward(code, j, p, (h, g, r), micro)
+            dh, bridge = split.run_b(jax.tree.leaves(args))
             dh = jax.tree.unflatten(jax.tree.structure(code.input_of(j)), dh) if j > 0 else None
             return code.bridge.pack(j, bridge), _message_back(code, j, dh)
         return run
@@ -113,7 +115,7 @@ def weight_grad(code: StageCode) -> list[Callable]:
         split = code.splits[code.groups.of[j]]
 
         def run(p, h, r, b, micro):
-            params, h_in, feed, kept, _ = _unpack_backward(code, j, p, h, None, r, micro)
+            params, h_in, feed, kept, _ = _unpack_backward(code, j, p, (h, None, r), micro)
             reread = jax.tree.leaves((params, h_in, feed, kept))
             grads = split.run_w(reread, jax.tree.leaves(code.bridge.unpack(j, b)))
             return _device_grads(code, j, jax.tree.unflatten(jax.tree.structure(params), grads))
