@@ -42,8 +42,8 @@ def make_schedule(schedule: "str | Schedule", K: int, M: int, v: int = 1) -> Sch
     if v == 1:
         return plain(K, M)
     if virtual is None:
-        raise ConfigError(f"schedule {schedule!r} does not run virtual={v}: {_NO_VIRTUAL[schedule]}; "
-                          f"use virtual=1, or one of "
+        raise ConfigError(f"schedule {schedule!r} does not run virtual={v}: "
+                          f"{_NO_VIRTUAL[schedule]}; use virtual=1, or one of "
                           f"{sorted(n for n, (_, b) in BUILDERS.items() if b is not None)}")
     return virtual(K, M, v)
 

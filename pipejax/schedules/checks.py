@@ -16,6 +16,7 @@ import numpy as np
 
 from pipejax.errors import ScheduleError
 from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
+from pipejax.schedules.timeline import stage_name
 
 if TYPE_CHECKING:
     from pipejax.schedules.schedule import Schedule
@@ -72,7 +73,7 @@ def check_order(schedule: Schedule) -> None:
     tl = schedule.timeline(3 if schedule.asynchronous else 1)
     F, B = tl.F, tl.B
     S = F.shape[0]
-    name = lambda j: f"stage {j}" if S == K else f"virtual stage {j} (device {j % K}, chunk {j // K})"
+    name = lambda j: stage_name(j, K, S)
     for j in range(1, S):
         for g in range(F.shape[1]):
             if F[j, g] <= F[j - 1, g]:

@@ -41,7 +41,8 @@ def _legend(schedule: Schedule) -> str:
              Op.BW: "B whole backward"}
     colors = {Op.F: "blue", Op.B: "orange", Op.W: "green", Op.BW: "orange"}
     parts = [f"{colors[o]} {names[o]}" for o in Op if o in ops and not (o == Op.BW and Op.B in ops)]
-    chunks = "; m.c = micro-batch m on chunk c, darker = later chunk" if schedule.virtual > 1 else ""
+    chunks = ("; m.c = micro-batch m on chunk c, darker = later chunk"
+              if schedule.virtual > 1 else "")
     return ", ".join(parts) + chunks
 
 

@@ -64,6 +64,11 @@ def lifetime(microbatch: np.ndarray, M: int) -> int:
     return int(-np.floor_divide(ids.min(), M)) if ids.size else 0
 
 
+def stage_name(j: int, K: int, S: int) -> str:
+    """Virtual stage j of S on K devices, as an error message names it."""
+    return f"stage {j}" if S == K else f"virtual stage {j} (device {j % K}, chunk {j // K})"
+
+
 def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int) -> Timeline:
     """The ticks of every op of every micro-batch fed in `steps` steps (and,
     asynchronous, the `lifetime` periods that drain them)."""
@@ -90,7 +95,7 @@ def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int)
         bad = np.argwhere(seen[op] != 1)
         if len(bad):
             j, g = bad[0]
-            where = f"stage {j}" if S == K else f"virtual stage {j} (device {j % K}, chunk {j // K})"
+            where = stage_name(j, K, S)
             raise ScheduleError(
                 f"schedule {name!r}: {where} runs the {what} of micro-batch {g} {seen[op][j, g]} "
                 "times; every micro-batch needs exactly one forward, one input gradient and one "
