@@ -27,14 +27,22 @@ The parameters a pipeline starts from are the module's current values
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 from flax import nnx
 
 from pipejax.errors import LayerError
+
+
+_SHARED = ("a pipeline places each layer's parameters on one stage and would train two copies "
+           "where Flax trains one (tied weights, such as input and output embeddings, cannot "
+           "cross stages): give each layer its own module, or put the layers that share weights "
+           "into one layer")
 
 
 def stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
@@ -155,7 +163,8 @@ def layer_list(layers: Any) -> tuple:
     Raises:
       LayerError: naming the layers, when one is an NNX class rather than an
         instance, holds abstract parameters (built under `nnx.eval_shape`),
-        or shares variables with another layer (the same module twice, tied
+        or shares variables with another layer (the same NNX module twice, a
+        linen module held inside one layer and used by another: tied
         weights): a pipeline places each layer's parameters on one stage.
     """
     items = _items(layers)
@@ -169,13 +178,12 @@ def layer_list(layers: Any) -> tuple:
         if isinstance(layer, nnx.Module) and id(layer) in owner:
             j = owner[id(layer)]
             raise LayerError(
-                f"layers {j} and {i} ({type(layer).__name__}) are one module object: its "
-                "parameters would be placed on two stages and trained as two copies; give each "
-                "layer its own module, or put the layers that share weights into one layer")
+                f"layers {j} and {i} ({type(layer).__name__}) are one module object; {_SHARED}")
         if isinstance(layer, type) and issubclass(layer, (nnx.Module,)):
             raise LayerError(f"layer {i} is the class {layer.__name__}, not a module; give an "
                              f"instance, e.g. {layer.__name__}(..., rngs=nnx.Rngs(0))")
         if not isinstance(layer, nnx.Module):
+            _own_linen_submodules(layers, i, owner)
             out.append(layer)
             continue
         name = type(layer).__name__
@@ -188,9 +196,7 @@ def layer_list(layers: Any) -> tuple:
                 what = ".".join(map(str, path)) or "the whole module"
                 raise LayerError(
                     f"layers {j} ({type(layers[j]).__name__}) and {i} ({name}) share {what} "
-                    f"({type(node).__name__}); a pipeline places each layer's parameters on one "
-                    "stage and would train two copies: give each layer its own module, or put "
-                    "the layers that share weights into one layer")
+                    f"({type(node).__name__}); {_SHARED}")
         split = NnxLayer(layer)
         abstract = [f"{_path(p)}" for p, v in nnx.to_flat_state(split.values())
                     if not isinstance(v.get_value(), (jax.Array, np.ndarray))]
@@ -200,6 +206,40 @@ def layer_list(layers: Any) -> tuple:
                              f"{name}(..., rngs=nnx.Rngs(0)), not under nnx.eval_shape")
         out.append(split)
     return tuple(out)
+
+
+def _own_linen_submodules(layers: Sequence[Any], i: int, owner: dict) -> None:
+    """Record the linen modules held in layer `i`'s fields (at any depth) as
+    layer i's; one already held by, or listed as, another layer is shared.
+
+    Linen would train such a module's parameters once (tied input and output
+    embeddings); a pipeline would give each layer its own copy, silently. A
+    linen module listed twice at the top is two layers, as before.
+    """
+    def walk(value: Any, path: str):
+        if isinstance(value, nn.Module):
+            yield path, value
+            for field in dataclasses.fields(value):
+                if field.name not in ("parent", "name"):
+                    yield from walk(getattr(value, field.name, None), f"{path}.{field.name}")
+        elif isinstance(value, (list, tuple)):
+            for j, item in enumerate(value):
+                yield from walk(item, f"{path}[{j}]")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                yield from walk(item, f"{path}[{key!r}]")
+
+    if not isinstance(layers[i], nn.Module):
+        return
+    top = {id(layer): j for j, layer in enumerate(layers)}
+    for path, module in list(walk(layers[i], ""))[1:]:
+        j = owner.setdefault(id(module), i)
+        j = top.get(id(module), j) if j == i else j
+        if j != i:
+            raise LayerError(
+                f"layers {j} ({type(layers[j]).__name__}) and {i} ({type(layers[i]).__name__}) "
+                f"share the module {type(module).__name__} (layer {i}'s field {path[1:]}); "
+                f"{_SHARED}")
 
 
 def write_into(values: Sequence[Any], into: Any) -> None:

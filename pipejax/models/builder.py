@@ -31,7 +31,7 @@ class Builder:
     None: a function of one array, shared by both APIs); `.layers` is the list."""
 
     def __init__(self, model: str, api: str, inputs: int | Sequence[int] | None,
-                 rngs: nnx.Rngs | None):
+                 rngs: nnx.Rngs | None, dtype: Any = jnp.float32):
         if api not in APIS:
             raise ConfigError(f"pj.models.{model}(api={api!r}); use 'linen' or 'nnx'")
         if api == "nnx" and inputs is None:
@@ -40,7 +40,7 @@ class Builder:
                               "modules are built with their input sizes")
         self.api = api
         self.x = None if api == "linen" else jax.ShapeDtypeStruct(
-            (1, *((int(inputs),) if np.ndim(inputs) == 0 else inputs)), jnp.float32)
+            (1, *((int(inputs),) if np.ndim(inputs) == 0 else inputs)), dtype)
         self.rngs = nnx.Rngs(0) if rngs is None else rngs
         self.layers: list = []
 

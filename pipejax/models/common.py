@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
+GPT_INIT = nn.initializers.normal(0.02)  # GPT-2's weights: N(0, 0.02²)
 SELU_DROP = -1.7580993408473766  # −λ·α of SELU: the value AlphaDropout drops to
 
 
@@ -21,6 +23,17 @@ def alpha_dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
     a = (keep * (1 + rate * SELU_DROP ** 2)) ** -0.5
     b = -a * SELU_DROP * rate
     return a * jnp.where(jax.random.bernoulli(key, keep, x.shape), x, SELU_DROP) + b
+
+
+def residual_init(depth: int) -> nn.initializers.Initializer:
+    """N(0, 0.02²/(2·depth)) for the projections that write into a GPT's
+    residual stream (Radford et al. 2019, §2.3: scaled by 1/√N, N residual layers)."""
+    return nn.initializers.normal(0.02 / math.sqrt(2 * depth))
+
+
+def causal_mask(x: jax.Array) -> jax.Array:
+    """[B, T, ...] -> a [B, 1, T, T] mask: position t attends to positions ≤ t."""
+    return nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.bool_))
 
 
 def add_channel(x: jax.Array) -> jax.Array:

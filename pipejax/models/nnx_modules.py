@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipejax.models.common import alpha_dropout, global_avg_pool, patches
+from pipejax.models.common import (GPT_INIT, alpha_dropout, causal_mask, global_avg_pool, patches,
+                                   residual_init)
 
 
 class Conv(nnx.Module):
@@ -208,3 +209,50 @@ class ResidualLSTM(nnx.Module):
     def __call__(self, x):
         zeros = jnp.zeros((x.shape[0], self.hidden), x.dtype)
         return x + self.rnn(x, initial_carry=(zeros, zeros))
+
+
+class TokenEmbed(nnx.Module):
+    """Token embedding plus a learned position embedding of the first T positions."""
+
+    def __init__(self, vocab: int, width: int, context: int, dropout: float = 0.0, *,
+                 rngs: nnx.Rngs):
+        self.token = nnx.Embed(vocab, width, embedding_init=GPT_INIT, rngs=rngs)
+        self.position = nnx.Param(GPT_INIT(rngs.params(), (context, width)))
+        self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
+
+    def __call__(self, tokens):
+        h = self.token(tokens)
+        h = h + self.position[...][:tokens.shape[1]][None].astype(h.dtype)
+        return h if self.dropout is None else self.dropout(h)
+
+
+class CausalBlock(nnx.Module):
+    """x + Dropout(CausalSelfAttention(LN(x))), then x + Dropout(MLP(LN(x)))."""
+
+    def __init__(self, width: int, heads: int, depth: int, dropout: float = 0.0, *,
+                 rngs: nnx.Rngs):
+        self.norm1, self.norm2 = nnx.LayerNorm(width, rngs=rngs), nnx.LayerNorm(width, rngs=rngs)
+        self.attention = nnx.MultiHeadAttention(
+            heads, width, use_bias=False, kernel_init=GPT_INIT, out_kernel_init=residual_init(depth),
+            dropout_rate=dropout, decode=False, deterministic=False, keep_rngs=dropout > 0,
+            rngs=rngs)
+        self.up = nnx.Linear(width, 4 * width, kernel_init=GPT_INIT, rngs=rngs)
+        self.down = nnx.Linear(4 * width, width, kernel_init=residual_init(depth), rngs=rngs)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
+
+    def __call__(self, x):
+        drop = (lambda h: h) if self.dropout is None else self.dropout
+        h = self.norm1(x)
+        x = x + drop(self.attention(h, h, mask=causal_mask(x)))
+        return x + drop(self.down(nn.gelu(self.up(self.norm2(x)))))
+
+
+class LMHead(nnx.Module):
+    """Final LayerNorm and a linear map to the vocabulary's logits (no bias)."""
+
+    def __init__(self, width: int, vocab: int, *, rngs: nnx.Rngs):
+        self.norm = nnx.LayerNorm(width, rngs=rngs)
+        self.logits = nnx.Linear(width, vocab, use_bias=False, kernel_init=GPT_INIT, rngs=rngs)
+
+    def __call__(self, x):
+        return self.logits(self.norm(x))

@@ -1,0 +1,95 @@
+"""A decoder-only Transformer language model (GPT; Radford et al. 2019) as a
+layer list: token + position embedding, `depth` pre-LayerNorm causal blocks
+(one block is one layer), final LayerNorm and a linear head to the vocabulary.
+
+Int tokens `[batch, T]` in (T ≤ `context`), logits `[batch, T, vocab]` out;
+train with `pj.losses.next_token`. Attention projections have no biases, as
+in most current language models: the key bias's gradient is zero in exact
+arithmetic (softmax ignores a shift shared by every key), and Adam turns its
+rounding noise into full-size steps. Weights are drawn from N(0, 0.02²), the
+two residual projections of a block from N(0, 0.02²/(2·depth)) (GPT-2 §2.3).
+
+The input embedding and the output head are separate matrices: tied weights
+cannot cross stages, since each layer's parameters live on the one stage that
+runs it. A layer list that shares one module between two layers is a
+`LayerError` (trace.py, nnx_layer.py).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+from flax import nnx
+
+from pipejax.errors import ConfigError
+from pipejax.models import nnx_modules
+from pipejax.models.builder import Builder
+from pipejax.models.common import GPT_INIT as INIT, causal_mask, residual_init
+
+
+class TokenEmbed(nn.Module):
+    """Token embedding plus a learned position embedding of the first T positions."""
+
+    vocab: int
+    width: int
+    context: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, tokens, deterministic: bool = True):
+        h = nn.Embed(self.vocab, self.width, embedding_init=INIT, name="token")(tokens)
+        position = self.param("position", INIT, (self.context, self.width))
+        h = h + position[:tokens.shape[1]][None].astype(h.dtype)
+        return nn.Dropout(self.dropout, deterministic=deterministic)(h)
+
+
+class CausalBlock(nn.Module):
+    """x + Dropout(CausalSelfAttention(LN(x))), then x + Dropout(MLP(LN(x))); the
+    MLP is Dense(4·width), GELU, Dense(width)."""
+
+    width: int
+    heads: int
+    depth: int
+    dropout: float = 0.0
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        h = nn.LayerNorm(name="norm1")(x)
+        h = nn.MultiHeadDotProductAttention(
+            self.heads, use_bias=False, kernel_init=INIT, out_kernel_init=residual_init(self.depth),
+            dropout_rate=self.dropout, deterministic=deterministic, name="attention")(
+                h, h, mask=causal_mask(x))
+        x = x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
+        h = nn.Dense(4 * self.width, kernel_init=INIT, name="up")(nn.LayerNorm(name="norm2")(x))
+        h = nn.Dense(self.width, kernel_init=residual_init(self.depth), name="down")(nn.gelu(h))
+        return x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
+
+
+class LMHead(nn.Module):
+    """Final LayerNorm and a linear map to the vocabulary's logits (no bias)."""
+
+    vocab: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.vocab, use_bias=False, kernel_init=INIT, name="logits")(
+            nn.LayerNorm(name="norm")(x))
+
+
+def gpt(depth: int = 6, width: int = 128, heads: int = 4, context: int = 128, vocab: int = 256,
+        dropout: float = 0.0, *, api: str = "linen", rngs: nnx.Rngs | None = None) -> list:
+    """A GPT of `depth` blocks of `width` with `heads` heads over `context`
+    tokens of a `vocab`-token vocabulary (256: bytes); `depth + 2` layers.
+    `api="nnx"` builds the NNX twins (models/nnx_modules.py) from `rngs`."""
+    if width % heads:
+        raise ConfigError(f"pj.models.gpt(width={width}, heads={heads}): the width must be a "
+                      f"multiple of the heads; use width={width // heads * heads or heads}")
+    N = nnx_modules
+    b = Builder("gpt", api, (context,), rngs, dtype=jnp.int32)
+    b.add(TokenEmbed(vocab, width, context, dropout),
+          lambda f, r: N.TokenEmbed(vocab, width, context, dropout, rngs=r))
+    for _ in range(depth):
+        b.add(CausalBlock(width, heads, depth, dropout),
+              lambda f, r: N.CausalBlock(width, heads, depth, dropout, rngs=r))
+    return b.add(LMHead(vocab), lambda f, r: N.LMHead(width, vocab, rngs=r)).layers
+

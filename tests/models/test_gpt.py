@@ -1,0 +1,152 @@
+"""The GPT layer list: pipelined 1F1B equals the same layers run in sequence
+under the next-token loss; it is causal; its NNX twin computes what the linen
+model does; shared modules and bad settings are clear errors."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import pipejax as pj
+from tests.reference import (nnx_sequential_value_and_grad, rel_err,
+                             sequential_value_and_grad)
+
+MB, M, T = 2, 4, 16
+SIZE = dict(depth=4, width=32, heads=4, context=T)
+
+
+def _tokens(seed, n=M * MB):
+    kx, ky = jax.random.split(jax.random.key(seed))
+    return jax.random.randint(kx, (n, T), 0, 256), jax.random.randint(ky, (n, T), 0, 256)
+
+
+def _pipeline(layers, stages, schedule="1f1b"):
+    return pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((MB, T), jnp.int32),
+                       targets=jnp.zeros((MB, T), jnp.int32), stages=stages, microbatches=M,
+                       schedule=schedule)
+
+
+@pytest.mark.parametrize("stages, dropout", [(2, 0.1), (4, 0.0)])
+def test_gpt_pipelines_exactly(stages, dropout):
+    layers = pj.models.gpt(**SIZE, dropout=dropout)
+    assert [type(layer).__name__ for layer in layers] == (
+        ["TokenEmbed"] + ["CausalBlock"] * 4 + ["LMHead"])
+    pipe = _pipeline(layers, stages)
+    params = pipe.init(jax.random.key(0))
+    x, y = _tokens(1)
+    key = jax.random.key(2)
+    loss, grads = pipe.value_and_grad(params, (x, y), key)
+    ref_loss, ref_grads = sequential_value_and_grad(layers, M, pj.losses.next_token)(
+        pj.unstage(params), x, y, key)
+    assert abs(float(loss) - np.log(256)) < 0.1  # small initial weights: near uniform
+    assert rel_err(loss, ref_loss) < 1e-5
+    assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
+
+
+def test_nnx_gpt_pipelines_exactly():
+    layers = pj.models.gpt(**{**SIZE, "depth": 2}, dropout=0.1, api="nnx", rngs=nnx.Rngs(0))
+    pipe = _pipeline(layers, 2)
+    params = pipe.init()
+    x, y = _tokens(1)
+    key = jax.random.key(2)
+    loss, grads = pipe.value_and_grad(params, (x, y), key)
+    ref_loss, ref_grads = nnx_sequential_value_and_grad(layers, M, pj.losses.next_token)(
+        pj.unstage(params), x, y, key)
+    assert rel_err(loss, ref_loss) < 1e-5
+    assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
+
+
+def _variables(layers, h):
+    """Each linen layer initialized by Flax on the previous one's output."""
+    out = []
+    for i, layer in enumerate(layers):
+        out.append(layer.init(jax.random.key(i), h))
+        h = layer.apply(out[-1], h)
+    return out
+
+
+def test_gpt_is_causal():
+    """Changing the tokens from position 9 on leaves the logits before 9 as
+    they were, and changes those after."""
+    layers = pj.models.gpt(**SIZE)
+    x, _ = _tokens(3, 2)
+    changed = x.at[:, 9:].set((x[:, 9:] + 7) % 256)
+    run = lambda tokens: pj.apply_layers(layers, _variables(layers, x), tokens, train=False)
+    before, after = run(x), run(changed)
+    np.testing.assert_array_equal(before[:, :9], after[:, :9])
+    assert float(jnp.abs(before[:, 9:] - after[:, 9:]).min()) > 0
+
+
+def test_nnx_twin_computes_the_linen_model():
+    """Each NNX layer, given its linen twin's parameters (the same names,
+    path for path), returns the linen layer's output; shorter inputs too."""
+    linen = pj.models.gpt(**SIZE)
+    twin = pj.models.gpt(**SIZE, api="nnx", rngs=nnx.Rngs(1))
+    x, _ = _tokens(4, 2)
+    variables = _variables(linen, x)
+    for i, (layer, module) in enumerate(zip(linen, twin)):
+        flat = {path: value for path, value in
+                jax.tree_util.tree_flatten_with_path(variables[i]["params"])[0]}
+        state = nnx.state(module, nnx.Param)
+        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+        assert len(paths) == len(flat), type(module).__name__
+        for p in paths:  # NNX paths end with the Variable's value
+            key = tuple(k for k in p if not (isinstance(k, jax.tree_util.GetAttrKey)))
+            names = tuple(getattr(k, "key", None) for k in key)
+            value = next(v for q, v in flat.items() if tuple(k.key for k in q) == names)
+            state = _set(state, names, value)
+        nnx.update(module, state)
+    h = x[:, :11]
+    for layer, module, v in zip(linen, twin, variables):
+        ours, theirs = layer.apply(v, h), module(h)
+        np.testing.assert_allclose(theirs, ours, atol=2e-6, rtol=1e-5)
+        h = ours
+
+
+def _set(state, names, value):
+    node = state
+    for name in names[:-1]:
+        node = node[name]
+    node[names[-1]].set_value(value)
+    return state
+
+
+def test_tied_embeddings_are_an_error():
+    class TiedHead(nn.Module):
+        embed: nn.Module
+
+        @nn.compact
+        def __call__(self, x):
+            return self.embed.attend(nn.LayerNorm()(x))
+
+    embed = nn.Embed(256, 32)
+    x = jnp.zeros((MB, T), jnp.int32)
+    with pytest.raises(pj.errors.LayerError, match=r"layers 0 \(Embed\) and 2 \(TiedHead\) share "
+                                                   r"the module Embed .*cannot cross stages"):
+        pj.pipeline([embed, nn.Dense(32), TiedHead(embed)], loss=pj.losses.next_token,
+                    example=x, targets=x, stages=2, microbatches=M)
+
+    class NnxTiedHead(nnx.Module):
+        def __init__(self, embed):
+            self.embed = embed
+
+        def __call__(self, x):
+            return self.embed.attend(x)
+
+    r = nnx.Rngs(0)
+    nnx_embed = nnx.Embed(256, 32, rngs=r)
+    with pytest.raises(pj.errors.LayerError, match=r"layers 0 \(Embed\) and 2 \(NnxTiedHead\) "
+                                                   r"share embed.embedding .*cannot cross stages"):
+        pj.trace([nnx_embed, nnx.Linear(32, 32, rngs=r), NnxTiedHead(nnx_embed)], x)
+
+
+def test_bad_settings_and_targets_are_clear_errors():
+    with pytest.raises(pj.errors.ConfigError, match=r"width=30, heads=4\).*use width=28"):
+        pj.models.gpt(depth=2, width=30, heads=4)
+    x = jnp.zeros((MB, T), jnp.int32)
+    with pytest.raises(pj.errors.LayerError, match=r"next_token: logits \[2, 16, 256\] need "
+                                                   r"targets \[2, 16\].*not \[2\]"):
+        pj.pipeline(pj.models.gpt(depth=2, width=32, heads=4, context=T),
+                    loss=pj.losses.next_token, example=x, stages=2, microbatches=M)
