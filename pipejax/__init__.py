@@ -8,13 +8,14 @@ from pipejax.mesh import make_mesh, simulate_devices
 from pipejax.pipeline import Pipeline, pipeline
 from pipejax.schedules import Schedule, StageInfo
 from pipejax.delayed import Simulation, simulate
-from pipejax.evaluation import evaluator
+from pipejax.evaluation import evaluator, loss_evaluator
+from pipejax.generation import generate
 from pipejax.trace import LayerSpec, apply_layers, trace
 from pipejax.trainer import Trainer
 
 __all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Schedule", "StageInfo", "Staged",
            "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data", "distributed",
-           "errors", "evaluator", "losses", "nnx_layer",
+           "errors", "evaluator", "generate", "loss_evaluator", "losses", "nnx_layer",
            "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules", "simulate",
            "simulate_devices",
            "trace", "transforms", "unstage"]

@@ -20,7 +20,7 @@ killed midway leaves the previous checkpoint the latest one.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -129,20 +129,19 @@ def latest(path: str | os.PathLike) -> int | None:
     return step
 
 
-def _check(meta: dict, trainer) -> None:
-    """Raise unless the checkpoint's layers are the trainer's, naming the
-    first that differs."""
-    specs = trainer.pipeline.specs
+def _check(meta: dict, specs: Sequence[Any]) -> None:
+    """Raise unless the checkpoint's layers are those of `specs` (a traced
+    layer list), naming the first that differs."""
     saved = meta["layers"]
     for i, ((name, shapes), spec) in enumerate(zip(saved, specs)):
         mine = _describe(spec.variables)
         if name != spec.name or shapes != mine:
             raise CheckpointError(
-                f"layer {i} differs: the checkpoint has {name} with {shapes}, this trainer's "
+                f"layer {i} differs: the checkpoint has {name} with {shapes}, this "
                 f"pipeline has {spec.name} with {mine}; restore into a pipeline of the same "
                 "layer list")
     if len(saved) != len(specs):
-        raise CheckpointError(f"the checkpoint holds {len(saved)} layers, this trainer's pipeline "
+        raise CheckpointError(f"the checkpoint holds {len(saved)} layers, this pipeline "
                               f"{len(specs)}; restore into a pipeline of the same layer list")
 
 
@@ -150,20 +149,48 @@ def restore(path: str | os.PathLike, trainer, step: int | None = None) -> TrainS
     """The state saved under `path` (the latest checkpoint, or `step`),
     packed for `trainer`: any number of stages for a synchronous schedule;
     for an asynchronous one the same layout, or any after a flush."""
+    meta, tree = _read(path, step)
+    _check(meta, trainer.pipeline.specs)
+    return _assemble(trainer, meta, tree)
+
+
+def load_variables(path: str | os.PathLike, layers: Sequence[Any], example: Any,
+                   step: int | None = None, replica: int = 0) -> list:
+    """The variables of every layer saved under `path` (the latest checkpoint,
+    or `step`), one entry per layer as `pj.unstage` returns them, without a
+    trainer: to evaluate or sample from a saved run on one device. `example`
+    is an input batch of `layers` (its shape and dtype: what they were
+    traced with); `replica` picks one pipeline replica of a data mesh."""
+    from pipejax.trace import trace
+
+    specs = trace(layers, example)
+    meta, tree = _read(path, step)
+    _check(meta, specs)
+    saved = meta["replicas"]
+    if not 0 <= replica < saved:
+        raise CheckpointError(f"replica {replica} of a checkpoint of {saved} replicas; use 0 to "
+                              f"{saved - 1}")
+    return [_entries(tree, f"layer{i}.", s.variables, lambda a: a[replica])
+            for i, s in enumerate(specs)]
+
+
+def _read(path: str | os.PathLike, step: int | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(meta, arrays by name) of checkpoint `step` (None: the latest) under `path`."""
     manager = _manager(path)
     steps = manager.all_steps()
     if not steps or (step is not None and step not in steps):
+        manager.close()
         raise CheckpointError(f"no checkpoint{'' if step is None else f' of step {step}'} in "
                               f"{os.fspath(path)} (steps there: {sorted(steps)})")
     step = max(steps) if step is None else step
     meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     if meta.get("format") != FORMAT:
+        manager.close()
         raise CheckpointError(f"checkpoint format {meta.get('format')} in {os.fspath(path)}; this "
                               f"pipejax reads format {FORMAT}")
-    _check(meta, trainer)
     tree = manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
     manager.close()
-    return _assemble(trainer, meta, {k: np.asarray(v) for k, v in tree["arrays"].items()})
+    return meta, {k: np.asarray(v) for k, v in tree["arrays"].items()}
 
 
 def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
@@ -184,16 +211,7 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
             f"{meta['ranges']}, {meta['schedule']}, M={meta['microbatches']}, {saved_R} "
             "replicas); flush the trainer before saving to restore into other stages")
 
-    def leaves(prefix: str, template: Any, r: int) -> Any:
-        def get(path, want):
-            name = f"{prefix}{_name(path)}"
-            if name not in tree or rep(tree[name], r).shape != tuple(want.shape):
-                got = "nothing" if name not in tree else f"shape {list(rep(tree[name], r).shape)}"
-                raise CheckpointError(f"checkpoint entry {name}: expected {np.dtype(want.dtype)}"
-                                      f"{list(want.shape)}, found {got}")
-            return rep(tree[name], r).astype(want.dtype)
-        return jax.tree_util.tree_map_with_path(get, template)
-
+    leaves = lambda prefix, template, r: _entries(tree, prefix, template, lambda a: rep(a, r))
     others = _stage_others(meta, tree, K)
     params, states = [], []
     for r in range(R):
@@ -225,6 +243,19 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
         inflight = _layout_bound("inflight.", "the micro-batches in flight", template.inflight,
                                  tree, meta, same_layout, shardings.inflight, flushable=True)
     return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule)
+
+
+def _entries(tree: dict, prefix: str, template: Any, pick: Callable[[np.ndarray], np.ndarray]) -> Any:
+    """`template` (a tree of ShapeDtypeStructs) filled from the checkpoint's
+    entries `prefix` + path, each through `pick` (one replica's slice)."""
+    def get(path, want):
+        name = f"{prefix}{_name(path)}"
+        if name not in tree or pick(tree[name]).shape != tuple(want.shape):
+            got = "nothing" if name not in tree else f"shape {list(pick(tree[name]).shape)}"
+            raise CheckpointError(f"checkpoint entry {name}: expected {np.dtype(want.dtype)}"
+                                  f"{list(want.shape)}, found {got}")
+        return pick(tree[name]).astype(want.dtype)
+    return jax.tree_util.tree_map_with_path(get, template)
 
 
 def _put(a: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

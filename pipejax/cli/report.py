@@ -1,7 +1,8 @@
 """`report.html` of a `pipejax train --out DIR` run: one self-contained page.
 
 Everything a reader of the run needs on one page that opens offline: the
-final accuracy, the learning curves, the schedule's picture, the partition
+final accuracy (a language model's validation loss, bits per byte and a
+sample of its text), the learning curves, the schedule's picture, the partition
 plan, the predicted memory, and every setting of the run. The images are
 inlined as base64 data URIs, so the file has no external assets.
 """
@@ -12,8 +13,8 @@ import base64
 import html
 from pathlib import Path
 
-_RESULTS = ("test_accuracy", "train_accuracy", "steps", "seconds", "compile_seconds",
-           "examples_per_s")
+_RESULTS = ("test_accuracy", "train_accuracy", "validation_loss", "bits_per_byte", "steps",
+            "seconds", "compile_seconds", "examples_per_s", "tokens_per_s")
 
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
           "pre{background:#f6f6f6;padding:.8em;overflow-x:auto}"
@@ -38,11 +39,13 @@ def _pre(text: str) -> str:
     return f"<pre>{html.escape(text)}</pre>"
 
 
-def write_report(out: Path, summary: dict, settings: dict, plan: str, memory: str) -> Path:
+def write_report(out: Path, summary: dict, settings: dict, plan: str, memory: str,
+                 headline: str, sample: str | None = None) -> Path:
     """Write `out/report.html` from the run's `summary` (the last line of
-    metrics.jsonl), its command-line `settings`, the printed pipeline `plan`
-    and `memory` estimate, and the PNGs already in `out` (curve.png,
-    schedule.png); returns its path."""
+    metrics.jsonl) and `headline` (its result in words), its command-line
+    `settings`, the printed pipeline `plan` and `memory` estimate, the
+    PNGs already in `out` (curve.png, schedule.png) and a language model's
+    `sample` of text; returns its path."""
     title = (f"pipejax train: {summary['model']}, {summary['schedule']}, "
              f"K={summary['stages']} stages, M={summary['microbatches']} micro-batches")
     results = {k: summary[k] for k in _RESULTS if k in summary}
@@ -50,9 +53,10 @@ def write_report(out: Path, summary: dict, settings: dict, plan: str, memory: st
     flags = {k: v for k, v in sorted(settings.items()) if k not in resolved}
     body = [
         f"<h1>{html.escape(title)}</h1>",
-        f"<p><b>test accuracy {100 * summary['test_accuracy']:.2f} %</b></p>",
+        f"<p><b>{html.escape(headline)}</b></p>",
         _table(results),
-        "<h2>Learning curves</h2>", _image(out / "curve.png", "train loss and test accuracy"),
+        *(["<h2>Sample</h2>", _pre(sample)] if sample is not None else []),
+        "<h2>Learning curves</h2>", _image(out / "curve.png", "train loss and evaluations"),
         "<h2>Schedule</h2>", _image(out / "schedule.png", f"{summary['schedule']} timeline"),
         "<h2>Plan</h2>", _pre(plan),
         "<h2>Memory</h2>", _pre(memory),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 # Per model: keyword arguments of its builder and the training settings that
-# reach the README's accuracies on MNIST-1D (4 stages, GPipe).
+# reach the README's accuracies on MNIST-1D (4 stages, GPipe); the GPT's
+# reach the README's validation loss on Shakespeare's works.
 MODEL_DEFAULTS = {
     "mlp": ({"depth": 4, "width": 256}, {"lr": 1e-3, "epochs": 60}),
     "snn": ({"depth": 16, "width": 128}, {"lr": 3e-4, "epochs": 40}),
@@ -13,7 +14,38 @@ MODEL_DEFAULTS = {
     "vgg": ({}, {"lr": 1e-3, "epochs": 30}),
     "transformer": ({"layers": 4, "dim": 64, "heads": 4}, {"lr": 1e-3, "epochs": 40}),
     "residual_lstm": ({"layers": 3, "hidden": 64}, {"lr": 3e-3, "epochs": 15}),
+    "gpt": ({"depth": 6, "width": 128, "heads": 4, "context": 128},
+            {"lr": 2e-3, "steps": 2000, "optimizer": "adamw", "lr_schedule": "cosine",
+             "warmup": 100, "batch_size": 32, "eval_every": 250}),
 }
+# What a flag left out means when the model's defaults do not say.
+FLAG_DEFAULTS = {"lr_schedule": "constant", "warmup": 0, "eval_every": 0}
+
+
+def apply_model_defaults(args) -> set[str]:
+    """Fill the flags left out (None) from the model's training defaults, then
+    from FLAG_DEFAULTS; --data from the model's kind (tasks.py). Given --epochs
+    keeps the model's --steps out, given --microbatch-size its --batch-size
+    (each sets the other's quantity). The model's rate is `model_lr(args)`.
+    Returns the flags filled."""
+    from pipejax.cli.tasks import default_data
+
+    args.data = args.data or default_data(args.model)
+    filled = set()
+    for key, value in {**FLAG_DEFAULTS, **MODEL_DEFAULTS[args.model][1]}.items():
+        if key == "lr" or (key == "steps" and getattr(args, "epochs", None) is not None):
+            continue  # --lr stays None: --reference sets the rate when --lr is left out
+        if key == "batch_size" and args.microbatch_size is not None:
+            continue
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+            filled.add(key)
+    return filled
+
+
+def model_lr(args) -> float:
+    """--lr, else the model's default rate."""
+    return args.lr if args.lr is not None else MODEL_DEFAULTS[args.model][1]["lr"]
 
 
 def setup_devices(stages: int, replicas: int = 1, nodes: int = 1):
@@ -37,17 +69,50 @@ def setup_devices(stages: int, replicas: int = 1, nodes: int = 1):
     return pj.make_mesh(stages, replicas, nodes, jax.devices("cpu"))
 
 
+def model_kwargs(name: str, text: str | None = None) -> dict:
+    """The model's builder arguments: its defaults, overridden by --model-args
+    `text` ("depth=2,width=64": numbers, or words for string arguments).
+
+    Raises:
+      ConfigError: naming an argument the builder does not take, or a pair
+        that is not KEY=VALUE.
+    """
+    import inspect
+
+    import pipejax as pj
+
+    kwargs = dict(MODEL_DEFAULTS[name][0])
+    known = [p for p in inspect.signature(pj.models.MODELS[name]).parameters
+             if p not in ("api", "inputs", "rngs", "classes", "vocab")]
+    for pair in filter(None, (text or "").split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq or key.strip() not in known:
+            raise pj.errors.ConfigError(
+                f"--model-args {text!r}: {pair!r} is not KEY=VALUE of an argument of "
+                f"pj.models.{name} ({', '.join(known)})")
+        try:
+            kwargs[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            kwargs[key.strip()] = value.strip()
+    return kwargs
+
+
 def build_layers(name: str, example_shape: tuple, classes: int, api: str = "linen",
-                 seed: int = 0) -> list:
+                 seed: int = 0, kwargs: dict | None = None) -> list:
     """The named model for examples of `example_shape` (signals [L] or images
-    [H, W, C]), in Flax linen or NNX (built from nnx.Rngs(seed))."""
+    [H, W, C]), in Flax linen or NNX (built from nnx.Rngs(seed)); a language
+    model over `classes` tokens. `kwargs`: the builder's arguments
+    (default: `model_kwargs(name)`)."""
     import numpy as np
     from flax import nnx
 
     import pipejax as pj
     from pipejax.models.common import flatten
 
-    kwargs, _ = MODEL_DEFAULTS[name]
+    kwargs = model_kwargs(name) if kwargs is None else kwargs
+    if name == "gpt":
+        return pj.models.gpt(**kwargs, vocab=classes, **(
+            {"api": "nnx", "rngs": nnx.Rngs(seed)} if api == "nnx" else {}))
     image = len(example_shape) == 3
     # The MLP, and the sequence models on images, read flat vectors (the SNN flattens itself).
     needs_flat = name == "mlp" or (image and name != "snn")
@@ -60,18 +125,18 @@ def build_layers(name: str, example_shape: tuple, classes: int, api: str = "line
     return [flatten] + layers if needs_flat else layers
 
 
-def make_pipeline(args, example_shape, classes: int, mesh, weight_stashing: bool = False):
-    import jax.numpy as jnp
-
+def make_pipeline(args, task, mesh, weight_stashing: bool = False):
+    """The model's layers and `pj.pipeline` of them for `task` (cli/tasks.py)."""
     import pipejax as pj
 
     partition = args.partition
     if partition not in ("variance", "bottleneck"):
         partition = [int(n) for n in partition.split(",")]
-    layers = build_layers(args.model, example_shape, classes, args.api, getattr(args, "seed", 0))
+    layers = build_layers(args.model, getattr(task, "example_shape", ()), task.classes, args.api,
+                          getattr(args, "seed", 0), model_kwargs(args.model, args.model_args))
     mb = args.batch_size // (args.microbatches * args.replicas)
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
-                       example=jnp.zeros((mb, *example_shape), jnp.float32),
+    example, targets = task.example(mb)
+    pipe = pj.pipeline(layers, loss=task.loss, example=example, targets=targets,
                        stages=args.stages, microbatches=args.microbatches,
                        schedule=args.schedule, partition=partition, remat=args.remat, mesh=mesh,
                        weight_stashing=weight_stashing, compute_dtype=args.compute_dtype,
@@ -138,6 +203,8 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
         0.9 if args.momentum is None else args.momentum)
     settings = {"optimizer": args.optimizer, "lr_schedule": args.lr_schedule,
                 "update_size": update_size, "updates": updates, "warmup": args.warmup}
+    if args.optimizer == "adamw":
+        settings["weight_decay"] = args.weight_decay
     if args.lr_schedule == "step":
         settings["decay_at"] = list(decay_at)
     if args.reference is None:
@@ -159,12 +226,25 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
     settings.update(lr=peak, momentum=momentum)
     if args.mitigation is None:
         return {"sgd": lambda: optax.sgd(rate), "momentum": lambda: optax.sgd(rate, momentum),
-                "adam": lambda: optax.adam(rate)}[args.optimizer](), False, settings
+                "adam": lambda: optax.adam(rate),
+                "adamw": lambda: optax.adamw(rate, b2=0.95, weight_decay=args.weight_decay,
+                                             mask=_matrices)}[args.optimizer](), False, settings
+    if args.optimizer == "adamw":
+        raise ConfigError(f"--mitigation {args.mitigation} runs on --optimizer momentum or adam; "
+                          "--optimizer adamw trains synchronous schedules")
     mit = T.mitigation(args.mitigation, rate, momentum=momentum,
                        horizon_scale=args.horizon_scale, form=args.form,
                        optimizer="adam" if args.optimizer == "adam" else "momentum",
                        warmup_steps=(args.warmup or per_epoch) if pipemare else None)
     return mit.optimizer, mit.weight_stashing, settings
+
+
+def _matrices(params):
+    """AdamW's decay mask: the weight matrices and embeddings (2-D and up),
+    not the biases and LayerNorm scales."""
+    import jax
+
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 def describe_optimizer(settings: dict) -> str:
@@ -178,7 +258,9 @@ def describe_optimizer(settings: dict) -> str:
         text += f" (cosine decay over {s['updates']} updates)"
     if s["warmup"]:
         text += f", {s['warmup']} warm-up updates"
-    if s["optimizer"] != "adam":
+    if s["optimizer"] == "adamw":
+        text += f", betas (0.9, 0.95), weight decay {s['weight_decay']:g} on matrices"
+    elif s["optimizer"] != "adam":
         text += f", momentum {s['momentum']:.6g}"
     if "reference" in s:
         lr, m, b = s["reference"]

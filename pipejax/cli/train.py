@@ -17,8 +17,12 @@ from typing import Any, Callable
 import jax
 
 from pipejax.cli.report import write_report
-from pipejax.cli.setup import (MODEL_DEFAULTS, describe_optimizer, make_optimizer, make_pipeline,
+from pipejax.cli.run import save_run
+from pipejax.cli.setup import (apply_model_defaults,
+                              describe_optimizer, make_optimizer, make_pipeline, model_kwargs,
+                              model_lr,
                               resolve_batch_size, setup_devices)
+from pipejax.cli.tasks import load_task
 
 XLA_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event, in seconds
 
@@ -81,8 +85,9 @@ class StepCompiles:
         return out
 
 
-def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> None:
-    """metrics.jsonl (last line: the summary), metrics.csv, curve.png, params.msgpack."""
+def _write_outputs(out: Path, rows: list[dict], summary: dict, variables, metric: str) -> None:
+    """metrics.jsonl (last line: the summary), metrics.csv, curve.png (the
+    train loss and the task's `metric`), params.msgpack."""
     import flax.serialization
     import matplotlib
     from flax import nnx
@@ -102,16 +107,22 @@ def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> Non
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in rows if "loss" in r], [r["loss"] for r in rows if "loss" in r],
             label="train loss")
-    evals = [r for r in rows if "test_accuracy" in r]
-    if evals:
+    evals = [r for r in rows if metric in r]
+    label = metric.replace("_", " ")
+    if evals and metric == "validation_loss":  # one axis: both are nats per token
+        ax.plot([r["step"] for r in evals], [r[metric] for r in evals], "o-", label=label)
+        ax.legend()
+    elif evals:
         ax2 = ax.twinx()
-        ax2.plot([r["step"] for r in evals], [r["test_accuracy"] for r in evals], "o-",
-                 color="tab:orange", label="test accuracy")
-        ax2.set_ylabel("test accuracy")
+        ax2.plot([r["step"] for r in evals], [r[metric] for r in evals], "o-",
+                 color="tab:orange", label=label)
+        ax2.set_ylabel(label)
     ax.set_xlabel("step"), ax.set_ylabel("loss")
     if all(r["loss"] > 0 for r in rows if "loss" in r):
         ax.set_yscale("log")
-    ax.set_title(f"test accuracy {100 * summary['test_accuracy']:.2f}%")
+    final = summary[metric]
+    ax.set_title(f"{label} {100 * final:.2f}%" if metric == "test_accuracy" else
+                 f"{label} {final:.4f} ({summary['bits_per_byte']:.4f} bits per byte)")
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=100)
     plt.close(fig)
@@ -120,9 +131,9 @@ def _write_outputs(out: Path, rows: list[dict], summary: dict, variables) -> Non
         {str(i): pure(v) for i, v in enumerate(variables)}))
 
 
-def _loop(args, trainer, state, data, total: int, accuracy):
-    """Steps `state.step` to `total` over shuffled epochs (a resumed run goes
-    on with the batch it would have had next), then a flush; returns the
+def _loop(args, trainer, state, task, total: int):
+    """Steps `state.step` to `total` over the task's batches (a resumed run
+    goes on with the batch it would have had next), then a flush; returns the
     state, the metric rows, the seconds it took and those of the first
     compilation (None if no step ran)."""
     import pipejax as pj
@@ -130,36 +141,31 @@ def _loop(args, trainer, state, data, total: int, accuracy):
 
     rows: list[dict] = []
     step, start = int(state.step), time.perf_counter()
-    per_epoch = len(data.x_train) // args.batch_size
-    epoch, skip = divmod(step, per_epoch)
+    first = step
     bar = tqdm(total=total, initial=step, unit="step", disable=args.quiet, dynamic_ncols=True)
     step_once = StepCompiles(trainer, bar.write if jax.process_index() == 0 else lambda _: None)
+    rate_name = "ex_per_s" if task.unit == "examples" else "tok_per_s"
+    batches = task.batches(args.batch_size, step)
     while step < total:
-        for x, y in pj.data.batches(data.x_train, data.y_train, args.batch_size, args.seed, epoch):
-            if skip:
-                skip -= 1
-                continue
-            if step == total:
-                break
-            state, metrics = step_once(state, (x, y), step + 1)
-            step += 1
-            if args.save_every and step % args.save_every == 0:
-                pj.save(args.resume, trainer, state)
-            if (step % 20 == 0 or step == total) and int(metrics["completed"]):
-                loss = float(metrics["loss"])
-                rate = step * args.batch_size / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:.0f}")
-                rows.append({"step": step, "epoch": epoch, "loss": loss})
-                if "skipped" in metrics:
-                    rows[-1]["skipped"] = int(metrics["skipped"])
-                if "consensus_distance" in metrics:
-                    rows[-1]["consensus_distance"] = float(metrics["consensus_distance"])
-            if args.eval_every and step % args.eval_every == 0:
-                acc = accuracy(pj.unstage(state), data.x_test, data.y_test)
-                rows.append({"step": step, "epoch": epoch, "test_accuracy": acc})
-                bar.write(f"step {step}: test accuracy {100 * acc:.2f}%")
-            bar.update(1)
-        epoch += 1
+        epoch, batch = next(batches)
+        state, metrics = step_once(state, batch, step + 1)
+        step += 1
+        if args.save_every and step % args.save_every == 0:
+            pj.save(args.resume, trainer, state)
+        if (step % 20 == 0 or step == total) and int(metrics["completed"]):
+            loss = float(metrics["loss"])
+            rate = (step - first) * task.items(args.batch_size) / (time.perf_counter() - start)
+            bar.set_postfix({"loss": f"{loss:.4f}", rate_name: f"{rate:.0f}"})
+            rows.append({"step": step, "epoch": epoch, "loss": loss})
+            if "skipped" in metrics:
+                rows[-1]["skipped"] = int(metrics["skipped"])
+            if "consensus_distance" in metrics:
+                rows[-1]["consensus_distance"] = float(metrics["consensus_distance"])
+        if args.eval_every and step % args.eval_every == 0:
+            result = task.evaluate(pj.unstage(state))
+            rows.append({"step": step, "epoch": epoch, **result})
+            bar.write(f"step {step}: {task.describe(result)}")
+        bar.update(1)
     bar.close()
     state, _ = trainer.flush(state)  # an asynchronous pipeline finishes what is in flight
     if args.resume is not None:
@@ -188,10 +194,12 @@ def train(args) -> int:
 
     import pipejax as pj
 
+    defaulted = apply_model_defaults(args)
     args.batch_size = resolve_batch_size(args)
     args.optimizer = args.optimizer or ("momentum" if args.reference else "adam")
     mesh = setup_devices(args.stages, args.replicas, args.nodes)
-    data = pj.data.load(args.data)
+    task = load_task(args.model, args.data, model_kwargs(args.model, args.model_args).get("context"),
+                     args.eval_windows, args.seed)
     if args.batch_size % (args.microbatches * args.replicas):
         raise pj.errors.ConfigError(f"--batch-size {args.batch_size} is not divisible by "
                                     f"--microbatches {args.microbatches} x --replicas "
@@ -201,17 +209,16 @@ def train(args) -> int:
                                     "the directory")
     if jax.process_index() > 0:  # one process reports for the job
         args.quiet, args.out, args.eval_every = True, None, 0
-    defaults = MODEL_DEFAULTS[args.model][1]
-    lr = args.lr if args.lr is not None else defaults["lr"]
-    epochs = args.epochs if args.epochs is not None else defaults["epochs"]
-    per_epoch = len(data.x_train) // args.batch_size
-    total = args.steps if args.steps is not None else epochs * per_epoch
+    per_epoch = task.steps_per_epoch(args.batch_size)
+    total = args.steps if args.steps is not None else args.epochs * per_epoch
+    if "warmup" in defaulted:  # a model's warm-up takes at most a tenth of a short run
+        args.warmup = min(args.warmup, total // 10)
     synchronous = pj.schedules.make_schedule(args.schedule, 1, 1).synchronous
     per_step = 1 if synchronous else args.microbatches  # a stage's updates per step
     optimizer, stash, settings = make_optimizer(
-        args, lr, (total * per_step, per_epoch * per_step),
+        args, model_lr(args), (total * per_step, per_epoch * per_step),
         args.batch_size // (1 if synchronous else args.microbatches), synchronous)
-    layers, pipe = make_pipeline(args, data.x_train.shape[1:], data.classes, mesh, stash)
+    layers, pipe = make_pipeline(args, task, mesh, stash)
     trainer = pipe.trainer(optimizer, _rule(args), clip_norm=args.clip,
                            skip_nonfinite=args.skip_nonfinite)
     memory = str(trainer.memory())
@@ -225,18 +232,18 @@ def train(args) -> int:
             print(f"resumed from step {int(state.step)} in {args.resume}", flush=True)
     else:
         state = trainer.init(pipe.init(jax.random.key(args.seed)), jax.random.key(args.seed + 1))
-    accuracy = pj.evaluator(layers)
+    task.bind(layers)
     first = int(state.step)
-    state, rows, seconds, compile_seconds = _loop(args, trainer, state, data, total, accuracy)
+    state, rows, seconds, compile_seconds = _loop(args, trainer, state, task, total)
     variables = pj.unstage(state)  # gathered from every process; the replicas' mean
-    summary = {"test_accuracy": accuracy(variables, data.x_test, data.y_test),
-               "train_accuracy": accuracy(variables, data.x_train, data.y_train),
+    rate = round((total - first) * task.items(args.batch_size) / seconds, 1)
+    summary = {**task.evaluate(variables, final=True),
                "steps": total, "epochs": round(total / per_epoch, 2),
                "seconds": round(seconds, 1),
                "compile_seconds": None if compile_seconds is None else round(compile_seconds, 2),
-               "examples_per_s": round((total - first) * args.batch_size / seconds, 1),
-               "model": args.model, "api": args.api, "schedule": args.schedule,
-               "stages": args.stages,
+               f"{task.unit}_per_s": rate,
+               "model": args.model, "api": args.api, "data": args.data,
+               "schedule": args.schedule, "stages": args.stages,
                "split": list(pipe.plan.split), "virtual": args.virtual,
                "batch_size": args.batch_size,
                "microbatches": args.microbatches, **settings,
@@ -247,20 +254,31 @@ def train(args) -> int:
                "processes": jax.process_count()}
     if jax.process_index() > 0:
         return 0
+    sample = None
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        _write_outputs(args.out, rows, summary, variables)
+        if task.unit == "tokens":
+            sample = task.sample(layers, variables, args.prompt, args.sample_length, args.seed,
+                                 args.temperature)
+            (args.out / "sample.txt").write_text(sample, encoding="utf-8")
+        save_run(args.out, args, trainer, state)
+        _write_outputs(args.out, rows, summary, variables, task.metric)
         pipe.schedule.plot(str(args.out / "schedule.png"))
         flags = {k: v for k, v in vars(args).items() if k != "command"}
-        write_report(args.out, summary, flags, str(pipe), memory)
-    print(f"\n{'test accuracy':<16}{100 * summary['test_accuracy']:.2f}%\n"
-          f"{'train accuracy':<16}{100 * summary['train_accuracy']:.2f}%\n"
-          f"{'steps':<16}{total} in {seconds:.0f} s ({summary['examples_per_s']:.0f} examples/s)\n"
-          f"{'stages':<16}{args.stages} x {pipe.plan.split} layers"
-          f"{f' in {args.virtual} chunks a device' if args.virtual > 1 else ''}, {args.schedule}, "
-          f"{args.microbatches} micro-batches, mitigation {summary['mitigation']}"
-          + (f"\n{'replicas':<16}{args.replicas}, rule {summary['rule']}" if args.replicas > 1
-             else "")
-          + (f", {jax.process_count()} processes" if jax.process_count() > 1 else "")
-          + (f"\n{'report':<16}{args.out / 'report.html'}" if args.out else ""))
+        write_report(args.out, summary, flags, str(pipe), memory, task.describe(summary), sample)
+    unit = "tokens/s" if task.unit == "tokens" else "examples/s"
+    lines = task.lines(summary) + [
+        ("steps", f"{total} in {seconds:.0f} s ({rate:.0f} {unit})"),
+        ("stages", f"{args.stages} x {pipe.plan.split} layers"
+                   f"{f' in {args.virtual} chunks a device' if args.virtual > 1 else ''}, "
+                   f"{args.schedule}, {args.microbatches} micro-batches, mitigation "
+                   f"{summary['mitigation']}")]
+    if args.replicas > 1:
+        lines.append(("replicas", f"{args.replicas}, rule {summary['rule']}"
+                      + (f", {jax.process_count()} processes" if jax.process_count() > 1 else "")))
+    if args.out:
+        lines.append(("report", str(args.out / "report.html")))
+    print("\n" + "\n".join(f"{name:<16}{value}" for name, value in lines))
+    if sample is not None:
+        print(f"\nsample (temperature {args.temperature}):\n{sample}")
     return 0

@@ -1,0 +1,61 @@
+"""A trained run on disk: what `pipejax train --out DIR` leaves for `pipejax sample`.
+
+`DIR/run.json` names the model (zoo name, API, seed, data) and
+`DIR/checkpoint/` holds the final state as a layout-free orbax checkpoint
+(`pj.save`), so the layer list is rebuilt and its variables read back
+(`pj.checkpoint.load_variables`) on one device, without the pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RUN = "run.json"
+CHECKPOINT = "checkpoint"
+
+
+def save_run(out: Path, args, trainer, state) -> None:
+    """The final `state` of `trainer` in `out/checkpoint`, the model in `out/run.json`."""
+    import pipejax as pj
+    from pipejax.cli.setup import model_kwargs
+
+    pj.save(out / CHECKPOINT, trainer, state)
+    run = {"model": args.model, "model_args": model_kwargs(args.model, args.model_args),
+           "api": args.api, "seed": args.seed, "data": args.data, "step": int(state.step)}
+    (out / RUN).write_text(json.dumps(run, indent=1) + "\n")
+
+
+def sample(args) -> int:
+    """`pipejax sample --from DIR`: text from the language model of a saved run."""
+    import jax
+    import jax.numpy as jnp
+
+    import pipejax as pj
+    from pipejax.cli.setup import build_layers
+    from pipejax.cli.tasks import LANGUAGE_MODELS
+
+    where = Path(args.from_)
+    if not (where / RUN).exists() or not (where / CHECKPOINT).is_dir():
+        raise pj.errors.CheckpointError(
+            f"{where} holds no {RUN} and {CHECKPOINT}/; give the --out directory of a "
+            "`pipejax train --model gpt --out DIR` run")
+    run = json.loads((where / RUN).read_text())
+    if run["model"] not in LANGUAGE_MODELS:
+        raise pj.errors.ConfigError(f"the run in {where} trained --model {run['model']}, a "
+                                    f"classifier; sample from a language model "
+                                    f"({', '.join(LANGUAGE_MODELS)})")
+    if args.length < 0 or args.temperature < 0:
+        raise pj.errors.ConfigError(f"--length {args.length} --temperature {args.temperature}: "
+                                    "both must be 0 or more")
+    kwargs = run["model_args"]
+    context = kwargs["context"]
+    layers = build_layers(run["model"], (), 256, run["api"], run["seed"],
+                          kwargs)
+    variables = pj.checkpoint.load_variables(where / CHECKPOINT, layers,
+                                             jnp.zeros((1, context), jnp.int32))
+    tokens = pj.generate(layers, variables, pj.data.encode(args.prompt), args.length,
+                         context=context, key=jax.random.key(args.seed),
+                         temperature=args.temperature, top_k=args.top_k)
+    print(args.prompt + pj.data.decode(tokens))
+    return 0
