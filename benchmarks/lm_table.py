@@ -1,0 +1,199 @@
+"""The synchronous schedules on a language model: the same training, every table.
+
+A byte-level GPT (`pj.models.gpt(depth=14, width=128, heads=4, context=128)`:
+16 layers, so K = 8 stages hold v = 2 chunks each) trains on Shakespeare's
+works (`pj.data.shakespeare`) with AdamW (betas 0.9/0.95, weight decay 0.1
+on matrices, 3e-3 after 5 warm-up updates), M = 16 micro-batches of 4
+windows a step (8,192 tokens), from one initialization and on the same
+windows, for `--steps` steps: as a plain `jax.jit` of the layer list on one
+device (a scan over the micro-batches, the reference), as the pipelined
+step at K = 1, and at K = 4 and 8 with gpipe, 1f1b, interleaved (v = 2) and
+zb-h1; in float32 and with bfloat16 compute (float32 master weights). All
+run with `remat="none"`, the plain jit's work. Each row: the validation loss
+after the same tokens (64 validation windows; every float32 row must agree
+with the plain jit to float tolerance), tokens/s (median step of the last
+steps), compiled temp memory per device, XLA's bytes accessed, compile time.
+
+The performance goals are ratios of two steps alternated in one process
+(`pipejax.bench.speed.alternate`): the pipelined step at K = 1 against the
+plain jit (goal ≤ 1.05, with equal bytes accessed) and K = 8 1f1b against
+K = 1 for the same micro-batches (goal ≤ 1.15). On simulated CPU devices
+sharing two cores pipelining cannot speed anything up: K = 8 does K = 1's
+work plus the bubble's bookkeeping.
+
+Rows already in the JSON are skipped, so the table can be made in parts.
+Run: python benchmarks/lm_table.py [--steps 10] [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import pipejax as pj
+from common import RESULTS, save, table
+from pipejax.bench.speed import alternate, cost
+
+SIZE = dict(depth=14, width=128, heads=4, context=128)
+T, MB, M = SIZE["context"], 4, 16
+EVAL_WINDOWS = 64
+# (name, schedule, K, v); "plain" is the jax.jit reference.
+CONFIGS = [("plain jit", None, 1, 1), ("K=1", "gpipe", 1, 1)] + [
+    (f"{name} K={K}", name, K, v) for K in (4, 8)
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))]
+DTYPES = ("float32", "bfloat16")
+PATH = RESULTS / "lm_table.json"
+
+
+def optimizer(steps: int) -> optax.GradientTransformation:
+    rate = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 5, max(steps, 6))
+    return optax.adamw(rate, b2=0.95, weight_decay=0.1,
+                       mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p))
+
+
+def data(steps: int):
+    corpus = pj.data.shakespeare()
+    batches = [tuple(jnp.asarray(a) for a in pj.data.windows(corpus.train, M * MB, T, 0, s))
+               for s in range(steps)]
+    return batches, pj.data.evaluation_windows(corpus.validation, T, EVAL_WINDOWS)
+
+
+def pipelined(layers, schedule: str, K: int, v: int, dtype: str, steps: int):
+    """(a step function of (state, batch), its initial state, the compiled
+    program, seconds to compile, a function state -> variables)."""
+    pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((MB, T), jnp.int32),
+                       targets=jnp.zeros((MB, T), jnp.int32), stages=K, microbatches=M,
+                       schedule=schedule, virtual=v, remat="none",
+                       compute_dtype=None if dtype == "float32" else dtype)
+    trainer = pipe.trainer(optimizer(steps))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    return trainer.step, state, pj.unstage
+
+
+def plain(layers, dtype: str, steps: int):
+    """The reference: value_and_grad of the layer list over a scan of the
+    micro-batches, AdamW, one jit on one device."""
+    opt = optimizer(steps)
+    compute = jnp.float32 if dtype == "float32" else jnp.dtype(dtype)
+
+    def loss(v, x, y):
+        v = jax.tree.map(lambda a: a.astype(compute), v)
+        return pj.losses.next_token(pj.apply_layers(layers, v, x), y)
+
+    @jax.jit
+    def step(state, batch):
+        v, s = state
+        split = lambda a: a.reshape(M, MB, *a.shape[1:])
+
+        def one(acc, xy):
+            value, g = jax.value_and_grad(loss)(v, *xy)
+            return jax.tree.map(jnp.add, acc, (value, g)), None
+        (value, g), _ = jax.lax.scan(one, (jnp.zeros(()), jax.tree.map(jnp.zeros_like, v)),
+                                     tuple(map(split, batch)))
+        u, s = opt.update(jax.tree.map(lambda a: a / M, g), s, v)
+        return (optax.apply_updates(v, u), s), {"loss": value / M}
+
+    reference = pj.pipeline(layers, loss=pj.losses.next_token,
+                            example=jnp.zeros((MB, T), jnp.int32),
+                            targets=jnp.zeros((MB, T), jnp.int32), stages=1, microbatches=M)
+    variables = pj.unstage(reference.init(jax.random.key(0)))
+    return step, (variables, opt.init(variables)), lambda s: s[0]
+
+
+def build(layers, schedule, K, v, dtype, steps):
+    return (plain(layers, dtype, steps) if schedule is None
+            else pipelined(layers, schedule, K, v, dtype, steps))
+
+
+def measure(layers, config, dtype: str, steps: int, batches, validation) -> dict:
+    name, schedule, K, v = config
+    step, state, variables = build(layers, schedule, K, v, dtype, steps)
+    start = time.perf_counter()
+    compiled = step.lower(state, batches[0]).compile()
+    compile_s = time.perf_counter() - start
+    seconds = []
+    for batch in batches:
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics["loss"])
+        seconds.append(time.perf_counter() - start)
+    loss = pj.loss_evaluator(layers, pj.losses.next_token)(variables(state), *validation)
+    median = float(np.median(seconds[3:]))
+    return {"config": name, "schedule": schedule or "plain jit", "K": K, "v": v, "dtype": dtype,
+            "validation_loss": round(loss, 6), "train_loss_last": float(metrics["loss"]),
+            "step_s": round(median, 4), "tokens_per_s": round(M * MB * T / median, 1),
+            "temp_mb_per_device": round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 2),
+            "gb_accessed": round(cost(compiled).get("bytes accessed", 0) / 1e9, 3),
+            "compile_s": round(compile_s, 1), "steps": steps}
+
+
+def ratio(layers, a, b, rounds: int, batches) -> dict:
+    """Step time of config `a` over `b` (float32), alternated `rounds` times;
+    and their bytes accessed."""
+    runs, compiled = {}, {}
+    for config in (a, b):
+        step, state, _ = build(layers, *config[1:], "float32", len(batches))
+        compiled[config[0]] = step.lower(state, batches[0]).compile()
+        held = {"state": state}
+
+        def run(c=compiled[config[0]], held=held):
+            held["state"], metrics = c(held["state"], batches[0])
+            jax.block_until_ready(metrics["loss"])
+        runs[config[0]] = run
+    times = alternate(runs, rounds)
+    accessed = {n: cost(c).get("bytes accessed", 0) for n, c in compiled.items()}
+    return {"pair": f"{a[0]} / {b[0]}", "ratio": round(float(np.median(times[a[0]] / times[b[0]])), 3),
+            "seconds": {n: round(float(np.median(t)), 4) for n, t in times.items()},
+            "bytes_accessed_ratio": round(accessed[a[0]] / accessed[b[0]], 4), "rounds": rounds}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--only", nargs="*", default=None, help="config names to run (default all)")
+    args = p.parse_args()
+    old = json.loads(PATH.read_text()) if PATH.exists() else {}
+    rows, ratios = old.get("rows", []), old.get("ratios", [])
+    done = {(r["config"], r["dtype"]) for r in rows if r["steps"] == args.steps}
+    layers = pj.models.gpt(**SIZE)
+    batches, validation = data(args.steps)
+    for dtype in DTYPES:
+        for config in CONFIGS:
+            if (config[0], dtype) in done or (args.only and config[0] not in args.only):
+                continue
+            rows.append(measure(layers, config, dtype, args.steps, batches, validation))
+            print(json.dumps(rows[-1]), flush=True)
+            save("lm_table", {"model": SIZE, "microbatch": MB, "microbatches": M,
+                              "rows": rows, "ratios": ratios})
+    named = {c[0]: c for c in CONFIGS}
+    pairs = [(named["K=1"], named["plain jit"]), (named["1f1b K=8"], named["K=1"])]
+    have = {r["pair"] for r in ratios}
+    for a, b in pairs:
+        if f"{a[0]} / {b[0]}" not in have and not args.only:
+            ratios.append(ratio(layers, a, b, args.rounds, batches))
+            print(json.dumps(ratios[-1]), flush=True)
+            save("lm_table", {"model": SIZE, "microbatch": MB, "microbatches": M,
+                              "rows": rows, "ratios": ratios})
+    reference = {r["dtype"]: r["validation_loss"] for r in rows if r["schedule"] == "plain jit"}
+    columns = ["config", "dtype", "validation_loss", "vs_plain", "tokens_per_s",
+               "temp_mb_per_device", "gb_accessed", "compile_s"]
+    print(table([{k: r.get(k) for k in columns} | {"vs_plain": None if r["dtype"] not in reference
+                 else round(r["validation_loss"] - reference[r["dtype"]], 6)} for r in rows]))
+    if ratios:
+        print(table([{k: r[k] for k in ("pair", "ratio", "bytes_accessed_ratio", "rounds")}
+                     for r in ratios]))
+
+
+if __name__ == "__main__":
+    main()
