@@ -8,8 +8,11 @@ windows a step (8,192 tokens), from one initialization and on the same
 windows, for `--steps` steps: as a plain `jax.jit` of the layer list on one
 device (a scan over the micro-batches, the reference), as the pipelined
 step at K = 1, and at K = 4 and 8 with gpipe, 1f1b, interleaved (v = 2) and
-zb-h1; in float32 and with bfloat16 compute (float32 master weights). All
-run with `remat="none"`, the plain jit's work. Each row: the validation loss
+zb-h1; in float32 and with bfloat16 compute (float32 master weights). The
+pipelined steps run with `--remat stage` (the library's default: a stage's
+forward recomputed in its backward; at K = 1 the forward and backward are
+one vjp, the plain jit's work) or `--remat none` (residuals kept in ring
+buffers until the backward). Each row: the validation loss
 after the same tokens (64 validation windows; every float32 row must agree
 with the plain jit to float tolerance), tokens/s (median step of the last
 steps), compiled temp memory per device, XLA's bytes accessed, compile time.
@@ -22,7 +25,7 @@ sharing two cores pipelining cannot speed anything up: K = 8 does K = 1's
 work plus the bubble's bookkeeping.
 
 Rows already in the JSON are skipped, so the table can be made in parts.
-Run: python benchmarks/lm_table.py [--steps 10] [--rounds 8]
+Run: python benchmarks/lm_table.py --remat stage; python benchmarks/lm_table.py --remat none
 """
 
 from __future__ import annotations
@@ -68,12 +71,12 @@ def data(steps: int):
     return batches, pj.data.evaluation_windows(corpus.validation, T, EVAL_WINDOWS)
 
 
-def pipelined(layers, schedule: str, K: int, v: int, dtype: str, steps: int):
+def pipelined(layers, schedule: str, K: int, v: int, dtype: str, steps: int, remat: str):
     """(a step function of (state, batch), its initial state, the compiled
     program, seconds to compile, a function state -> variables)."""
     pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((MB, T), jnp.int32),
                        targets=jnp.zeros((MB, T), jnp.int32), stages=K, microbatches=M,
-                       schedule=schedule, virtual=v, remat="none",
+                       schedule=schedule, virtual=v, remat=remat,
                        compute_dtype=None if dtype == "float32" else dtype)
     trainer = pipe.trainer(optimizer(steps))
     state = trainer.init(pipe.init(jax.random.key(0)))
@@ -110,14 +113,14 @@ def plain(layers, dtype: str, steps: int):
     return step, (variables, opt.init(variables)), lambda s: s[0]
 
 
-def build(layers, schedule, K, v, dtype, steps):
+def build(layers, schedule, K, v, dtype, steps, remat):
     return (plain(layers, dtype, steps) if schedule is None
-            else pipelined(layers, schedule, K, v, dtype, steps))
+            else pipelined(layers, schedule, K, v, dtype, steps, remat))
 
 
-def measure(layers, config, dtype: str, steps: int, batches, validation) -> dict:
+def measure(layers, config, dtype: str, steps: int, remat: str, batches, validation) -> dict:
     name, schedule, K, v = config
-    step, state, variables = build(layers, schedule, K, v, dtype, steps)
+    step, state, variables = build(layers, schedule, K, v, dtype, steps, remat)
     start = time.perf_counter()
     compiled = step.lower(state, batches[0]).compile()
     compile_s = time.perf_counter() - start
@@ -130,6 +133,7 @@ def measure(layers, config, dtype: str, steps: int, batches, validation) -> dict
     loss = pj.loss_evaluator(layers, pj.losses.next_token)(variables(state), *validation)
     median = float(np.median(seconds[3:]))
     return {"config": name, "schedule": schedule or "plain jit", "K": K, "v": v, "dtype": dtype,
+            "remat": remat if schedule else "none",
             "validation_loss": round(loss, 6), "train_loss_last": float(metrics["loss"]),
             "step_s": round(median, 4), "tokens_per_s": round(M * MB * T / median, 1),
             "temp_mb_per_device": round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 2),
@@ -137,12 +141,12 @@ def measure(layers, config, dtype: str, steps: int, batches, validation) -> dict
             "compile_s": round(compile_s, 1), "steps": steps}
 
 
-def ratio(layers, a, b, rounds: int, batches) -> dict:
+def ratio(layers, a, b, remat: str, rounds: int, batches) -> dict:
     """Step time of config `a` over `b` (float32), alternated `rounds` times;
     and their bytes accessed."""
     runs, compiled = {}, {}
     for config in (a, b):
-        step, state, _ = build(layers, *config[1:], "float32", len(batches))
+        step, state, _ = build(layers, *config[1:], "float32", len(batches), remat)
         compiled[config[0]] = step.lower(state, batches[0]).compile()
         held = {"state": state}
 
@@ -154,44 +158,47 @@ def ratio(layers, a, b, rounds: int, batches) -> dict:
     accessed = {n: cost(c).get("bytes accessed", 0) for n, c in compiled.items()}
     return {"pair": f"{a[0]} / {b[0]}", "ratio": round(float(np.median(times[a[0]] / times[b[0]])), 3),
             "seconds": {n: round(float(np.median(t)), 4) for n, t in times.items()},
-            "bytes_accessed_ratio": round(accessed[a[0]] / accessed[b[0]], 4), "rounds": rounds}
+            "bytes_accessed_ratio": round(accessed[a[0]] / accessed[b[0]], 4), "rounds": rounds,
+            "remat": remat}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--remat", default="stage", choices=["stage", "none"])
     p.add_argument("--only", nargs="*", default=None, help="config names to run (default all)")
     args = p.parse_args()
     old = json.loads(PATH.read_text()) if PATH.exists() else {}
     rows, ratios = old.get("rows", []), old.get("ratios", [])
-    done = {(r["config"], r["dtype"]) for r in rows if r["steps"] == args.steps}
+    done = {(r["config"], r["dtype"], r["remat"]) for r in rows if r["steps"] == args.steps}
     layers = pj.models.gpt(**SIZE)
     batches, validation = data(args.steps)
     for dtype in DTYPES:
         for config in CONFIGS:
-            if (config[0], dtype) in done or (args.only and config[0] not in args.only):
+            remat = args.remat if config[1] else "none"  # the plain jit keeps its residuals
+            if (config[0], dtype, remat) in done or (args.only and config[0] not in args.only):
                 continue
-            rows.append(measure(layers, config, dtype, args.steps, batches, validation))
+            rows.append(measure(layers, config, dtype, args.steps, remat, batches, validation))
             print(json.dumps(rows[-1]), flush=True)
             save("lm_table", {"model": SIZE, "microbatch": MB, "microbatches": M,
                               "rows": rows, "ratios": ratios})
     named = {c[0]: c for c in CONFIGS}
     pairs = [(named["K=1"], named["plain jit"]), (named["1f1b K=8"], named["K=1"])]
-    have = {r["pair"] for r in ratios}
+    have = {(r["pair"], r["remat"]) for r in ratios}
     for a, b in pairs:
-        if f"{a[0]} / {b[0]}" not in have and not args.only:
-            ratios.append(ratio(layers, a, b, args.rounds, batches))
+        if (f"{a[0]} / {b[0]}", args.remat) not in have and not args.only:
+            ratios.append(ratio(layers, a, b, args.remat, args.rounds, batches))
             print(json.dumps(ratios[-1]), flush=True)
             save("lm_table", {"model": SIZE, "microbatch": MB, "microbatches": M,
                               "rows": rows, "ratios": ratios})
     reference = {r["dtype"]: r["validation_loss"] for r in rows if r["schedule"] == "plain jit"}
-    columns = ["config", "dtype", "validation_loss", "vs_plain", "tokens_per_s",
+    columns = ["config", "dtype", "remat", "validation_loss", "vs_plain", "tokens_per_s",
                "temp_mb_per_device", "gb_accessed", "compile_s"]
     print(table([{k: r.get(k) for k in columns} | {"vs_plain": None if r["dtype"] not in reference
                  else round(r["validation_loss"] - reference[r["dtype"]], 6)} for r in rows]))
     if ratios:
-        print(table([{k: r[k] for k in ("pair", "ratio", "bytes_accessed_ratio", "rounds")}
+        print(table([{k: r[k] for k in ("pair", "remat", "ratio", "bytes_accessed_ratio", "rounds")}
                      for r in ratios]))
 
 
