@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all plan bench reproduce reproduce-more
+.PHONY: demo test test-all plan bench reproduce reproduce-more lm
 
 $(BIN)/pipejax: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,3 +35,9 @@ reproduce: $(BIN)/pipejax
 # SpecTrain's Table 1 (20 minutes) and the data-parallel rules at three batch sizes (12 minutes).
 reproduce-more: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python spectrain_table.py && ../$(BIN)/python data_parallel.py
+
+# The language model: the synchronous schedules' table (25 minutes) and the default GPT's
+# validation loss and sample (15 minutes); both fetch the Shakespeare corpus once.
+lm: $(BIN)/pipejax
+	cd benchmarks && ../$(BIN)/python lm_table.py --remat stage && ../$(BIN)/python lm_table.py --remat none \
+		&& ../$(BIN)/python lm_sample.py

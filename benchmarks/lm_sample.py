@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -40,8 +41,8 @@ def run(flags: list[str]) -> dict:
         with contextlib.redirect_stdout(printed):
             if pipejax(sample) != 0:
                 raise SystemExit("pipejax sample failed")
-        return {"command": "pipejax " + " ".join(command[:1] + command[2:4] + flags),
-                "sample_command": "pipejax " + " ".join(sample[:1] + sample[3:]),
+        shown = lambda argv: shlex.join(["pipejax", *argv]).replace(str(out), "DIR")
+        return {"command": shown(command), "sample_command": shown(sample),
                 "summary": rows[-1],
                 "validation": [{"step": r["step"], "validation_loss": round(r["validation_loss"], 4)}
                                for r in rows[:-1] if "validation_loss" in r],
