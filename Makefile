@@ -40,4 +40,4 @@ reproduce-more: $(BIN)/pipejax
 # validation loss and sample (15 minutes); both fetch the Shakespeare corpus once.
 lm: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python lm_table.py --remat stage && ../$(BIN)/python lm_table.py --remat none \
-		&& ../$(BIN)/python lm_sample.py
+		&& ../$(BIN)/python ring_copies.py && ../$(BIN)/python lm_sample.py

@@ -72,8 +72,8 @@ def data(steps: int):
 
 
 def pipelined(layers, schedule: str, K: int, v: int, dtype: str, steps: int, remat: str):
-    """(a step function of (state, batch), its initial state, the compiled
-    program, seconds to compile, a function state -> variables)."""
+    """(a step function of (state, batch), its initial state, a function
+    state -> the layers' variables)."""
     pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((MB, T), jnp.int32),
                        targets=jnp.zeros((MB, T), jnp.int32), stages=K, microbatches=M,
                        schedule=schedule, virtual=v, remat=remat,

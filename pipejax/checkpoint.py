@@ -155,23 +155,24 @@ def restore(path: str | os.PathLike, trainer, step: int | None = None) -> TrainS
 
 
 def load_variables(path: str | os.PathLike, layers: Sequence[Any], example: Any,
-                   step: int | None = None, replica: int = 0) -> list:
+                   step: int | None = None, replica: int | None = None) -> list:
     """The variables of every layer saved under `path` (the latest checkpoint,
     or `step`), one entry per layer as `pj.unstage` returns them, without a
     trainer: to evaluate or sample from a saved run on one device. `example`
     is an input batch of `layers` (its shape and dtype: what they were
-    traced with); `replica` picks one pipeline replica of a data mesh."""
+    traced with); `replica` picks one pipeline replica of a data mesh, None
+    their mean (as `pj.unstage` gives it)."""
     from pipejax.trace import trace
 
     specs = trace(layers, example)
     meta, tree = _read(path, step)
     _check(meta, specs)
     saved = meta["replicas"]
-    if not 0 <= replica < saved:
+    if replica is not None and not 0 <= replica < saved:
         raise CheckpointError(f"replica {replica} of a checkpoint of {saved} replicas; use 0 to "
-                              f"{saved - 1}")
-    return [_entries(tree, f"layer{i}.", s.variables, lambda a: a[replica])
-            for i, s in enumerate(specs)]
+                              f"{saved - 1}, or None for their mean")
+    pick = (lambda a: a.mean(0)) if replica is None else (lambda a: a[replica])
+    return [_entries(tree, f"layer{i}.", s.variables, pick) for i, s in enumerate(specs)]
 
 
 def _read(path: str | os.PathLike, step: int | None) -> tuple[dict, dict[str, np.ndarray]]:

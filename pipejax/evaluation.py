@@ -35,7 +35,7 @@ def loss_evaluator(layers: Sequence[Layer], loss: Callable[[Any, Any], jax.Array
                    batch: int = 64) -> Callable[[Sequence[Variables], Any, Any], float]:
     """`mean_loss(variables, x, y)`: `loss(outputs, targets)` averaged over the
     examples of `x` (each chunk of `batch` weighted by its size), the layers
-    run with `train=False`; compiled once per `loss_evaluator`. With
+    run with `train=False`; compiled once per chunk size. With
     `pj.losses.next_token` on `pj.data.evaluation_windows`, the validation
     loss in nats per token; over byte tokens, / ln 2 gives bits per byte."""
     layers = layer_list(layers)

@@ -38,6 +38,8 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
         raise ConfigError(f"generate: prompt of {len(prompt)} tokens, length {length}, context "
                           f"{context}, temperature {temperature}; give at least one prompt "
                           "token, length ≥ 0, context ≥ 1 and temperature ≥ 0")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"generate: top_k={top_k}; draw among 1 or more tokens, or give None")
     layers, n = layer_list(layers), len(prompt)
     tokens = jnp.zeros((n + length,), jnp.int32).at[:n].set(prompt)
 
@@ -47,7 +49,7 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
         window = jax.lax.dynamic_slice(tokens, (start,), (min(context, n + length),))
         logits = apply_layers(layers, variables, window[None], train=False)[0]
         logits = logits[jnp.minimum(t, context) - 1].astype(jnp.float32)
-        if top_k is not None:
+        if top_k is not None and top_k < logits.shape[-1]:
             logits = jnp.where(logits < jax.lax.top_k(logits, top_k)[0][-1], -jnp.inf, logits)
         token = (jnp.argmax(logits) if temperature == 0 else
                  jax.random.categorical(step_key, logits / temperature)).astype(jnp.int32)

@@ -229,9 +229,11 @@ def _own_linen_submodules(layers: Sequence[Any], i: int, owner: dict) -> None:
             for key, item in value.items():
                 yield from walk(item, f"{path}[{key!r}]")
 
-    if not isinstance(layers[i], nn.Module):
-        return
-    top = {id(layer): j for j, layer in enumerate(layers)}
+    top = {}
+    for j, layer in enumerate(layers):
+        top.setdefault(id(layer), j)
+    if not isinstance(layers[i], nn.Module) or top[id(layers[i])] != i:
+        return  # a function, or a layer listed again: its copy was walked
     for path, module in list(walk(layers[i], ""))[1:]:
         j = owner.setdefault(id(module), i)
         j = top.get(id(module), j) if j == i else j

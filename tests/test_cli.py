@@ -5,6 +5,7 @@ import json
 import re
 import types
 
+import chex
 import flax.serialization
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+import pipejax as pj
 from pipejax.cli import main
 from pipejax.cli.train import StepCompiles
 
@@ -241,13 +243,20 @@ def test_train_a_language_model_then_sample_from_it(tmp_path, capsys, corpus_cac
     assert summary["tokens_per_s"] > 0 and summary["data"] == "shakespeare"
     assert f"bits per byte   {summary['bits_per_byte']:.4f}" in out
     sample = (run / "sample.txt").read_text()
-    assert sample.startswith("To be") and len(sample.encode()) >= 5 + 16 - 3 * 8  # bytes, UTF-8
+    assert sample.startswith("To be") and len(sample.encode()) >= 5 + 16  # a byte: 1 or more
     page = (run / "report.html").read_text()
     assert "<h2>Sample</h2>" in page and "bits per byte" in page
     assert main(["sample", "--from", str(run), "--prompt", "Once", "--length", "12",
                  "--temperature", "0"]) == 0
     first = capsys.readouterr().out
     assert first.startswith("Once")
+    trained = flax.serialization.msgpack_restore((run / "params.msgpack").read_bytes())
+    layers = pj.models.gpt(depth=2, width=16, heads=2, context=32)
+    saved = pj.checkpoint.load_variables(run / "checkpoint", layers, jnp.zeros((1, 32), jnp.int32))
+    chex.assert_trees_all_equal([dict(v) for v in saved], [trained[str(i)] for i in range(4)])
+    assert first == "Once" + pj.data.decode(pj.generate(  # the trained weights' text
+        layers, saved, pj.data.encode("Once"), 12, context=32, key=jax.random.key(0),
+        temperature=0)) + "\n"
     assert main(["sample", "--from", str(run), "--prompt", "Once", "--length", "12",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out == first  # the most likely bytes: the same text
@@ -263,7 +272,10 @@ def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
     assert main(["train", "--model", "mlp", "--data", "shakespeare", "--stages", "2"]) == 2
     assert "--model mlp trains on a classification data set" in capsys.readouterr().err
     assert main(["train", "--model", "gpt", "--stages", "2", "--schedule", "pb",
-                 "--mitigation", "lwp"]) == 2
-    assert "--optimizer adamw trains synchronous schedules" in capsys.readouterr().err
+                 "--optimizer", "adamw", "--mitigation", "lwp"]) == 2
+    assert "--mitigation lwp runs on --optimizer momentum or adam, not adamw" in (
+        capsys.readouterr().err)
+    assert main(["train", "--model", "gpt", "--stages", "2", "--prompt", ""]) == 2
+    assert "the report's sample needs a prompt of one byte or more" in capsys.readouterr().err
     assert main(["sample", "--from", str(tmp_path)]) == 2
     assert "give the --out directory of a `pipejax train --model gpt" in capsys.readouterr().err

@@ -16,11 +16,16 @@ CHECKPOINT = "checkpoint"
 
 
 def save_run(out: Path, args, trainer, state) -> None:
-    """The final `state` of `trainer` in `out/checkpoint`, the model in `out/run.json`."""
+    """The final `state` of `trainer` in `out/checkpoint` (every process of a
+    job takes part), the model in `out/run.json` (the first process writes it)."""
+    import jax
+
     import pipejax as pj
     from pipejax.cli.setup import model_kwargs
 
     pj.save(out / CHECKPOINT, trainer, state)
+    if jax.process_index() > 0:
+        return
     run = {"model": args.model, "model_args": model_kwargs(args.model, args.model_args),
            "api": args.api, "seed": args.seed, "data": args.data, "step": int(state.step)}
     (out / RUN).write_text(json.dumps(run, indent=1) + "\n")
@@ -28,12 +33,11 @@ def save_run(out: Path, args, trainer, state) -> None:
 
 def sample(args) -> int:
     """`pipejax sample --from DIR`: text from the language model of a saved run."""
-    import jax
     import jax.numpy as jnp
 
     import pipejax as pj
     from pipejax.cli.setup import build_layers
-    from pipejax.cli.tasks import LANGUAGE_MODELS
+    from pipejax.cli.tasks import LANGUAGE_MODELS, sample_text
 
     where = Path(args.from_)
     if not (where / RUN).exists() or not (where / CHECKPOINT).is_dir():
@@ -45,17 +49,12 @@ def sample(args) -> int:
         raise pj.errors.ConfigError(f"the run in {where} trained --model {run['model']}, a "
                                     f"classifier; sample from a language model "
                                     f"({', '.join(LANGUAGE_MODELS)})")
-    if args.length < 0 or args.temperature < 0:
-        raise pj.errors.ConfigError(f"--length {args.length} --temperature {args.temperature}: "
-                                    "both must be 0 or more")
     kwargs = run["model_args"]
     context = kwargs["context"]
     layers = build_layers(run["model"], (), 256, run["api"], run["seed"],
                           kwargs)
     variables = pj.checkpoint.load_variables(where / CHECKPOINT, layers,
-                                             jnp.zeros((1, context), jnp.int32))
-    tokens = pj.generate(layers, variables, pj.data.encode(args.prompt), args.length,
-                         context=context, key=jax.random.key(args.seed),
-                         temperature=args.temperature, top_k=args.top_k)
-    print(args.prompt + pj.data.decode(tokens))
+                                             jnp.zeros((1, context), jnp.int32), run["step"])
+    print(sample_text(layers, variables, args.prompt, args.length, context, args.seed,
+                      args.temperature, args.top_k))
     return 0

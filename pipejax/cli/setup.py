@@ -37,6 +37,9 @@ def apply_model_defaults(args) -> set[str]:
             continue  # --lr stays None: --reference sets the rate when --lr is left out
         if key == "batch_size" and args.microbatch_size is not None:
             continue
+        if key == "optimizer" and (getattr(args, "reference", None)
+                                   or getattr(args, "mitigation", None)):
+            continue  # they run on momentum (or adam), not on a model's adamw
         if getattr(args, key, None) is None:
             setattr(args, key, value)
             filled.add(key)
@@ -230,8 +233,8 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
                 "adamw": lambda: optax.adamw(rate, b2=0.95, weight_decay=args.weight_decay,
                                              mask=_matrices)}[args.optimizer](), False, settings
     if args.optimizer == "adamw":
-        raise ConfigError(f"--mitigation {args.mitigation} runs on --optimizer momentum or adam; "
-                          "--optimizer adamw trains synchronous schedules")
+        raise ConfigError(f"--mitigation {args.mitigation} runs on --optimizer momentum or adam, "
+                          "not adamw; give one of them (or leave --optimizer out: adam)")
     mit = T.mitigation(args.mitigation, rate, momentum=momentum,
                        horizon_scale=args.horizon_scale, form=args.form,
                        optimizer="adam" if args.optimizer == "adam" else "momentum",

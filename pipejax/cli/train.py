@@ -207,6 +207,14 @@ def train(args) -> int:
     if args.save_every and args.resume is None:
         raise pj.errors.ConfigError("--save-every N writes checkpoints into --resume DIR; give "
                                     "the directory")
+    if task.unit == "tokens" and (not args.prompt or args.sample_length < 0
+                                  or args.temperature < 0 or args.eval_windows < 1):
+        raise pj.errors.ConfigError(
+            f"--prompt {args.prompt!r} --sample-length {args.sample_length} --temperature "
+            f"{args.temperature} --eval-windows {args.eval_windows}: the report's sample needs a "
+            "prompt of one byte or more, a length and temperature of 0 or more, and the "
+            "evaluations 1 window or more")
+    save_dir = args.out  # every process takes part in saving the checkpoint
     if jax.process_index() > 0:  # one process reports for the job
         args.quiet, args.out, args.eval_every = True, None, 0
     per_epoch = task.steps_per_epoch(args.batch_size)
@@ -252,19 +260,19 @@ def train(args) -> int:
                "replicas": args.replicas, "nodes": args.nodes,
                "rule": trainer.rule.name if trainer.rule else "none",
                "processes": jax.process_count()}
+    if save_dir:
+        save_run(save_dir, args, trainer, state)
     if jax.process_index() > 0:
         return 0
     sample = None
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        if task.unit == "tokens":
-            sample = task.sample(layers, variables, args.prompt, args.sample_length, args.seed,
-                                 args.temperature)
-            (args.out / "sample.txt").write_text(sample, encoding="utf-8")
-        save_run(args.out, args, trainer, state)
         _write_outputs(args.out, rows, summary, variables, task.metric)
         pipe.schedule.plot(str(args.out / "schedule.png"))
         flags = {k: v for k, v in vars(args).items() if k != "command"}
+        if task.unit == "tokens":
+            sample = task.sample(layers, variables, args)
+            (args.out / "sample.txt").write_text(sample, encoding="utf-8")
         write_report(args.out, summary, flags, str(pipe), memory, task.describe(summary), sample)
     unit = "tokens/s" if task.unit == "tokens" else "examples/s"
     lines = task.lines(summary) + [

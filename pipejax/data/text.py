@@ -61,9 +61,10 @@ def windows(tokens: np.ndarray, batch: int, context: int, seed: int,
 
 def evaluation_windows(tokens: np.ndarray, context: int,
                        count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Consecutive windows of `context + 1` tokens (overlapping by one, so every
-    token but the first is a target once): all of them, or `count` spread
-    evenly over the text. Deterministic: a validation set."""
+    """Consecutive windows of `context + 1` tokens, overlapping by one so that
+    each token they cover but the first is a target once (a last part shorter
+    than a window is left out): all of them, or `count` spread evenly over the
+    text. Deterministic: a validation set."""
     _check(tokens, context, "evaluation_windows")
     starts = np.arange(0, len(tokens) - context, context)
     if count is not None and count < len(starts):

@@ -136,6 +136,17 @@ def test_tied_embeddings_are_an_error():
         def __call__(self, x):
             return self.embed.attend(x)
 
+    class Wrapper(nn.Module):  # one layer object listed twice is two layers, as before
+        inner: nn.Module
+
+        @nn.compact
+        def __call__(self, x):
+            return self.inner(x)
+
+    twice = Wrapper(nn.Dense(32))
+    specs = pj.trace([embed, twice, twice], x)
+    assert [s.name for s in specs] == ["Embed", "Wrapper", "Wrapper"]
+
     r = nnx.Rngs(0)
     nnx_embed = nnx.Embed(256, 32, rngs=r)
     with pytest.raises(pj.errors.LayerError, match=r"layers 0 \(Embed\) and 2 \(NnxTiedHead\) "
