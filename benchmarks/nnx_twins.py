@@ -1,4 +1,4 @@
-"""What an NNX layer list costs against the same model in linen (issue 20).
+"""What an NNX layer list costs against the same model in linen.
 
 pipejax splits each NNX module once (graphdef, parameters, streams,
 constants) and merges a throwaway copy inside its stage branch, at trace

@@ -4,7 +4,7 @@
    remat="none", over a plain `jax.jit` of the same model and optimizer
    doing the same work: the batch as 4 micro-batches whose gradients are
    summed by a `lax.scan` (MLP depth 8, width 512, batch 256; Transformer
-   4 x 256, batch 32). Targets <= 1.05 both (issue 19). For reference, also
+   4 x 256, batch 32). Targets <= 1.05 both. For reference, also
    over a plain jit of the whole batch (no micro-batches): on a CPU, 64-row
    matrix products are slower per row than 256-row ones, a cost of
    micro-batching itself rather than of the pipeline.

@@ -5,7 +5,7 @@ a 16-layer MLP (width 256, micro-batch 16): ticks per step, bubble fraction
 (one step; for the asynchronous ones also over 32 steps), ring-buffer slots
 for stage inputs, output gradients, kept values and (zero bubble) the B→W
 bridge, compiled `temp_size_in_bytes` of the training step, and its compile
-time. The new tables (Schedules II): interleaved and GPipe over v = 2
+time. The virtual-stage and zero-bubble tables: interleaved and GPipe over v = 2
 chunks per device, zb-h1 and zb-h2 at v = 1 and zb-h1 at v = 2.
 Acceptance: 1F1B's compiled memory is below GPipe's at K = 4, M = 16; a
 zero-bubble step executes 1F1B's FLOPs within 5 % (table × each op's XLA

@@ -14,7 +14,9 @@ schedules, or for asynchronous ones after a flush (nothing in flight).
 Every array carries a leading replica axis (R pipeline replicas on a data
 mesh); a checkpoint of one replica restores into R. Writing is atomic
 (orbax writes a temporary directory and renames it when complete), so a save
-killed midway leaves the previous checkpoint the latest one.
+killed midway leaves the previous checkpoint the latest one. The entries'
+names, reading a checkpoint back and checking its layers are
+checkpoint_files.py's.
 """
 
 from __future__ import annotations
@@ -28,25 +30,9 @@ import orbax.checkpoint as ocp
 
 from pipejax.compile.build import Build
 from pipejax.compile.state import Staged, TrainState, host_array, unstage
+from pipejax import checkpoint_files as files
+from pipejax.checkpoint_files import latest
 from pipejax.errors import CheckpointError
-
-FORMAT = 1
-
-
-def _name(path: tuple) -> str:
-    """A key path as a short dotted name ('params.kernel')."""
-    parts = [str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path]
-    return ".".join(parts)
-
-
-def _flat(prefix: str, tree: Any) -> dict[str, Any]:
-    return {f"{prefix}{_name(path)}": leaf for path, leaf in jax.tree.flatten_with_path(tree)[0]}
-
-
-def _describe(tree: Any) -> str:
-    return ", ".join(f"{_name(p)} {np.dtype(x.dtype)}{list(x.shape)}"
-                     for p, x in jax.tree.flatten_with_path(tree)[0]) or "no variables"
-
 
 def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     """A stage's optax state as (treedef, its parts, which parts are shaped
@@ -64,11 +50,6 @@ def _layout(build: Build) -> dict:
             "replicas": build.R}
 
 
-def _manager(path: str | os.PathLike, keep: int | None = None) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(os.path.abspath(os.fspath(path)),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-
-
 def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None = None) -> int:
     """Write `state` of `trainer` as checkpoint `state.step` under directory
     `path` (replacing one of the same step); keep the last `keep` (all if
@@ -84,7 +65,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     stack = lambda *xs: np.stack([np.asarray(x) for x in xs])
     tree: dict[str, Any] = {}
     for i, layer in enumerate(zip(*[unstage(state.params, replica=r) for r in range(R)])):
-        tree.update(_flat(f"layer{i}.", jax.tree.map(stack, *layer)))
+        tree.update(files.flat(f"layer{i}.", jax.tree.map(stack, *layer)))
     for k in range(K):
         split = [_split(opts[r][k], replicas[r][k]) for r in range(R)]
         is_slot = split[0][2]
@@ -92,24 +73,24 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
         others = [[p for p, slot in zip(parts, is_slot) if not slot] for _, parts, _ in split]
         for j in range(sum(is_slot)):
             for n, i in enumerate(pipe.plan.device_layers(k)):
-                tree.update(_flat(f"opt{j}.layer{i}.", jax.tree.map(
+                tree.update(files.flat(f"opt{j}.layer{i}.", jax.tree.map(
                     stack, *[rep[j][n] for rep in slots])))
         for n, leaves in enumerate(zip(*others)):
             tree[f"stage{k}.opt.{n}"] = stack(*leaves)
-    tree.update(_flat("rule.", jax.tree.map(host_array, state.rule_state)))
+    tree.update(files.flat("rule.", jax.tree.map(host_array, state.rule_state)))
     inflight = state.inflight
     flushed = True
     if inflight is not None:
-        tree.update(_flat("inflight.", jax.tree.map(host_array, inflight)))
+        tree.update(files.flat("inflight.", jax.tree.map(host_array, inflight)))
         flushed = bool(np.asarray(inflight.start) == np.asarray(inflight.fed))
     tree["step"] = np.asarray(state.step)
     tree["key"] = np.asarray(jax.random.key_data(state.key))
-    meta = {"format": FORMAT, "step": int(state.step), "stages": K,
-            "layers": [[s.name, _describe(s.variables)] for s in pipe.specs],
+    meta = {"format": files.FORMAT, "step": int(state.step), "stages": K,
+            "layers": [[s.name, files.describe(s.variables)] for s in pipe.specs],
             "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
             "synchronous": pipe.schedule.synchronous, **_layout(trainer.build)}
     step = int(state.step)
-    manager = _manager(path, keep)
+    manager = files.manager(path, keep)
     if step in manager.all_steps():
         manager.delete(step)
     manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(tree),
@@ -119,38 +100,12 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     return step
 
 
-def latest(path: str | os.PathLike) -> int | None:
-    """The step of the latest complete checkpoint under `path`, or None."""
-    if not os.path.isdir(path):
-        return None
-    manager = _manager(path)
-    step = manager.latest_step()
-    manager.close()
-    return step
-
-
-def _check(meta: dict, specs: Sequence[Any]) -> None:
-    """Raise unless the checkpoint's layers are those of `specs` (a traced
-    layer list), naming the first that differs."""
-    saved = meta["layers"]
-    for i, ((name, shapes), spec) in enumerate(zip(saved, specs)):
-        mine = _describe(spec.variables)
-        if name != spec.name or shapes != mine:
-            raise CheckpointError(
-                f"layer {i} differs: the checkpoint has {name} with {shapes}, this "
-                f"pipeline has {spec.name} with {mine}; restore into a pipeline of the same "
-                "layer list")
-    if len(saved) != len(specs):
-        raise CheckpointError(f"the checkpoint holds {len(saved)} layers, this pipeline "
-                              f"{len(specs)}; restore into a pipeline of the same layer list")
-
-
 def restore(path: str | os.PathLike, trainer, step: int | None = None) -> TrainState:
     """The state saved under `path` (the latest checkpoint, or `step`),
     packed for `trainer`: any number of stages for a synchronous schedule;
     for an asynchronous one the same layout, or any after a flush."""
-    meta, tree = _read(path, step)
-    _check(meta, trainer.pipeline.specs)
+    meta, tree = files.read(path, step)
+    files.check(meta, trainer.pipeline.specs)
     return _assemble(trainer, meta, tree)
 
 
@@ -165,33 +120,14 @@ def load_variables(path: str | os.PathLike, layers: Sequence[Any], example: Any,
     from pipejax.trace import trace
 
     specs = trace(layers, example)
-    meta, tree = _read(path, step)
-    _check(meta, specs)
+    meta, tree = files.read(path, step)
+    files.check(meta, specs)
     saved = meta["replicas"]
     if replica is not None and not 0 <= replica < saved:
         raise CheckpointError(f"replica {replica} of a checkpoint of {saved} replicas; use 0 to "
                               f"{saved - 1}, or None for their mean")
     pick = (lambda a: a.mean(0)) if replica is None else (lambda a: a[replica])
-    return [_entries(tree, f"layer{i}.", s.variables, pick) for i, s in enumerate(specs)]
-
-
-def _read(path: str | os.PathLike, step: int | None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, arrays by name) of checkpoint `step` (None: the latest) under `path`."""
-    manager = _manager(path)
-    steps = manager.all_steps()
-    if not steps or (step is not None and step not in steps):
-        manager.close()
-        raise CheckpointError(f"no checkpoint{'' if step is None else f' of step {step}'} in "
-                              f"{os.fspath(path)} (steps there: {sorted(steps)})")
-    step = max(steps) if step is None else step
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    if meta.get("format") != FORMAT:
-        manager.close()
-        raise CheckpointError(f"checkpoint format {meta.get('format')} in {os.fspath(path)}; this "
-                              f"pipejax reads format {FORMAT}")
-    tree = manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
-    manager.close()
-    return meta, {k: np.asarray(v) for k, v in tree["arrays"].items()}
+    return [files.entries(tree, f"layer{i}.", s.variables, pick) for i, s in enumerate(specs)]
 
 
 def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
@@ -212,7 +148,7 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
             f"{meta['ranges']}, {meta['schedule']}, M={meta['microbatches']}, {saved_R} "
             "replicas); flush the trainer before saving to restore into other stages")
 
-    leaves = lambda prefix, template, r: _entries(tree, prefix, template, lambda a: rep(a, r))
+    leaves = lambda prefix, template, r: files.entries(tree, prefix, template, lambda a: rep(a, r))
     others = _stage_others(meta, tree, K)
     params, states = [], []
     for r in range(R):
@@ -244,19 +180,6 @@ def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
         inflight = _layout_bound("inflight.", "the micro-batches in flight", template.inflight,
                                  tree, meta, same_layout, shardings.inflight, flushable=True)
     return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule)
-
-
-def _entries(tree: dict, prefix: str, template: Any, pick: Callable[[np.ndarray], np.ndarray]) -> Any:
-    """`template` (a tree of ShapeDtypeStructs) filled from the checkpoint's
-    entries `prefix` + path, each through `pick` (one replica's slice)."""
-    def get(path, want):
-        name = f"{prefix}{_name(path)}"
-        if name not in tree or pick(tree[name]).shape != tuple(want.shape):
-            got = "nothing" if name not in tree else f"shape {list(pick(tree[name]).shape)}"
-            raise CheckpointError(f"checkpoint entry {name}: expected {np.dtype(want.dtype)}"
-                                  f"{list(want.shape)}, found {got}")
-        return pick(tree[name]).astype(want.dtype)
-    return jax.tree_util.tree_map_with_path(get, template)
 
 
 def _put(a: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -303,7 +226,7 @@ def _layout_bound(prefix: str, what: str, template: Any, tree: dict, meta: dict,
     saved when the layouts agree; for the in-flight state (`flushable`) of a
     flushed checkpoint, an empty pipeline continuing the saved ids; else an
     error (the caller checked that an unflushed one has the same layout)."""
-    names = list(_flat(prefix, template))
+    names = list(files.flat(prefix, template))
     if not names:
         return template
     if same_layout:

@@ -2,7 +2,7 @@
 
 An NNX module holds its variables; a pipeline needs a pure function of
 (variables, input) that each stage's branch runs on its own slots. Following
-DESIGN.md (Flax NNX layers) and Flax's functional API ("use nnx.split and
+Flax's functional API ("use nnx.split and
 nnx.merge when crossing a JAX transform", as MaxText's `NNXPipeline` does
 inside its scan), each module of the list is split ONCE, when the list is
 given, with `nnx.split(module, nnx.Param, nnx.RngState, ...)`:

@@ -1,6 +1,6 @@
 """Trace a layer list: shapes, parameters and cost of every layer.
 
-First step of the data flow (DESIGN.md): `jax.eval_shape` runs through the
+First step of the data flow: `jax.eval_shape` runs through the
 list with one example micro-batch, so no parameter is allocated. Each layer
 gets a `LayerSpec` with its input/output shapes and dtypes, its parameter
 shapes, and its cost: forward+backward FLOPs from XLA's `cost_analysis()` of
@@ -162,7 +162,7 @@ def _check_writes(i: int, layer: NnxLayer, variables: Any, h: Any, key: Any) -> 
 
 
 def _fwd_bwd(layer: Layer) -> Callable:
-    """Forward + backward of one layer, seeded with ones (DESIGN.md: ones_like)."""
+    """Forward + backward of one layer, seeded with `ones_like` of its output."""
     def run(variables, h, key):
         out, vjp = jax.vjp(lambda v, x: apply_layer(layer, v, x, key), variables, h)
         return out, vjp(jax.tree.map(jnp.ones_like, out))  # out too, or its work is dropped

@@ -1,7 +1,6 @@
 """What a step executes, from its table and the cost of each op.
 
-XLA's cost analysis counts a loop body once, not once per trip (DESIGN.md,
-measuring on a CPU-only machine), so the work of a step is derived: every
+XLA's cost analysis counts a loop body once, not once per trip, so the work of a step is derived: every
 op of every virtual stage (F, the fused backward BW, zero bubble's B and W)
 is compiled alone on abstract inputs, and the table says how often each
 runs. `executed` sums them over the table's tasks; `critical_path` sums,

@@ -1,6 +1,6 @@
 """The asynchronous programs: a step that feeds M micro-batches, and the flush.
 
-PipeDream and pipelined backpropagation never drain (DESIGN.md): their table
+PipeDream and pipelined backpropagation never drain: their table
 is one period of the steady state. A step writes its batch into the data
 rings (slot `id mod capacity`) and runs one period with micro-batch ids
 base + relative id; each stage updates its weights right after each backward,

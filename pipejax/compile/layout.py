@@ -1,7 +1,7 @@
 """The buffer layout of a compiled pipeline, and what it costs.
 
-Every device runs one program on buffers of one shape (DESIGN.md,
-heterogeneous stages in SPMD), so each buffer is as large as the largest
+Every device runs one program on buffers of one shape
+(heterogeneous stages in SPMD), so each buffer is as large as the largest
 stage needs. The `Layout` gathers, from the stage code and the schedule, the
 packings (parameters, boundary activations, kept residuals) and the slots of
 every ring buffer (the schedule's capacities), allocates the empty rings, and

@@ -1,6 +1,6 @@
 """The outer part of an update: the pieces that run around the per-stage chains.
 
-An update is two parts, as optax chains transforms (DESIGN.md: collectives
+An update is two parts, as optax chains transforms (collectives
 never sit in a branch of the stage switch):
 
 - the outer part, over the packed buffers of a device, outside the switch,

@@ -2,7 +2,7 @@
 
 Stages of a heterogeneous model have different parameter (and optimizer
 state, activation, residual) trees, yet SPMD needs one array shape on every
-device (DESIGN.md, heterogeneous stages in SPMD). A `Packing` gives every
+device (heterogeneous stages in SPMD). A `Packing` gives every
 leaf of every stage a *slot*: a flat buffer of one dtype, as long as the
 largest leaf any stage puts there. Within a dtype, each stage's leaves are
 ranked by size, and the j-th largest leaf of every stage shares slot j; so

@@ -3,7 +3,7 @@
 Each stage's code is a branch of a `lax.switch` on the stage index, and XLA
 compiles every branch: a model of identical blocks split into K stages held
 K copies of one block's code, so compile time grew with depth (6.7 s for
-257 layers at K = 32, issue 10). Stages whose layers are equal with equal
+257 layers at K = 32). Stages whose layers are equal with equal
 shapes form one group; the switch indexes a static table from stage to
 group, so the program holds one branch per distinct stage structure. What
 differs between a group's stages (the global index of its first layer, for

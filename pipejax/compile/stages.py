@@ -2,7 +2,7 @@
 
 Every device runs the same program (SPMD), so the per-stage functions are
 branches the programs switch between, each reading its own trees out of the
-shared slot buffers (DESIGN.md, heterogeneous stages in SPMD); stages of
+shared slot buffers (heterogeneous stages in SPMD); stages of
 identical structure share one branch (sharing.py). The branches are per
 virtual stage j (= the stage when v = 1; with v chunks per device, chunk
 j // K of device j mod K): j runs its layers as f_j(params, h), the last

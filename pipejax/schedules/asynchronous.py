@@ -3,8 +3,8 @@ weights after every backward, so a micro-batch's gradient is stale by the
 stage's delay D_k (SpecTrain §3.2; Kosson et al. 2020, §2).
 
 Each table is ONE period of the steady state; step s runs it with micro-batch
-ids s·M + relative id, so fill, steady state and drain are one program
-(DESIGN.md). Relative ids below 0 are micro-batches fed by earlier steps.
+ids s·M + relative id, so fill, steady state and drain are one program.
+Relative ids below 0 are micro-batches fed by earlier steps.
 
 - PipeDream (Harlap et al. 2018), asynchronous 1F1B: one op per stage and
   tick; F(k, g) at tick 2g + k, B(k, g) at tick 2g + 2K − 1 − k. Period 2M.

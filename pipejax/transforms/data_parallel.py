@@ -16,7 +16,7 @@ its axis, and element-wise, so it is exact on a pipeline's packed buffers.
 `elastic_average` on the optimizer's final update, given the parameters,
 after it. A pipeline trainer takes them as a `DataRule` (before, after) and
 not inside the per-stage optax chain, because that chain runs in the
-per-stage `lax.switch`, where DESIGN.md keeps collectives out: the executor
+per-stage `lax.switch`, where collectives must not sit: the executor
 runs the rule's two halves around the switch, on the packed buffers.
 """
 

@@ -1,4 +1,4 @@
-"""Synchronous pipelines equal the sequential computation (DESIGN.md; GPipe §2)."""
+"""Synchronous pipelines equal the sequential computation (GPipe §2)."""
 
 import jax
 import jax.numpy as jnp

@@ -18,12 +18,12 @@ from tests.reference import (batch, fill_microbatches, heterogeneous_layers, rel
 MB = 2
 
 
-ISSUE_GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
+GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
 # GPipe at the grid points that tests/compile/test_equivalence.py does not cover.
-GPIPE_REST = [(K, M) for K, M in ISSUE_GRID if not (K in (1, 2, 4, 8) and M in (1, 4, 8))]
+GPIPE_REST = [(K, M) for K, M in GRID if not (K in (1, 2, 4, 8) and M in (1, 4, 8))]
 
 
-@pytest.mark.parametrize("schedule,K,M", [("1f1b", K, M) for K, M in ISSUE_GRID] +
+@pytest.mark.parametrize("schedule,K,M", [("1f1b", K, M) for K, M in GRID] +
                          [("gpipe", K, M) for K, M in GPIPE_REST])
 def test_synchronous_schedules_equal_sequential(schedule, K, M):
     layers = heterogeneous_layers()

@@ -1,4 +1,4 @@
-"""Schedules II on the one interpreter: virtual stages (interleaved, GPipe
+"""Virtual stages and zero bubble on the one interpreter: virtual stages (interleaved, GPipe
 over chunks) and the zero-bubble split (B, W) give the sequential model's
 loss and gradients, W reuses what B computed (no forward again, the fused
 backward's FLOPs), and a device's chunks unstage into layer order."""
@@ -18,7 +18,7 @@ from tests.reference import batch, heterogeneous_layers, rel_err, sequential_val
 
 MB = 2
 # At v = 1 the gpipe and interleaved tables are GPipe's and 1F1B's (test_schedules.py;
-# the tables' equality: tests/schedules/test_schedules_ii_tables.py).
+# the tables' equality: tests/schedules/test_virtual_and_zero_bubble_tables.py).
 GRID = [(s, K, v) for s in ("interleaved", "gpipe", "zb-h1", "zb-h2") for K in (2, 4)
         for v in (1, 2) if not (s in ("gpipe", "interleaved") and v == 1)]
 GRID += [("zb-h1", 1, 1), ("zb-h2", 1, 1)]  # one lane of F, B and W with no idle cell

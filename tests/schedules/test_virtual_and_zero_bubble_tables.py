@@ -1,4 +1,4 @@
-"""Schedules II as tables: the bubble read off each table equals its closed
+"""Virtual-stage and zero-bubble tables: the bubble read off each table equals its closed
 form, chunks go round the devices, B precedes its W, and the stash each
 table needs is what the papers say."""
 
