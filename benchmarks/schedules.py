@@ -71,7 +71,7 @@ def flops(K: int = 4, M: int = 16) -> list[dict]:
     for schedule, v in (("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("interleaved", 2),
                         ("zb-h1", 2)):
         pipe = _pipe(schedule, K, M, v)
-        costs = op_flops(pipe.code)
+        costs = op_flops(pipe.build.code)
         total, path = executed(pipe.schedule, costs), critical_path(pipe.schedule, costs)
         base = base or (total, path)
         rows.append({"schedule": schedule, "v": v, "K": K, "M": M,

@@ -6,6 +6,7 @@ from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
 from pipejax.mesh import make_mesh, simulate_devices
 from pipejax.pipeline import Pipeline, pipeline
+from pipejax.placement import Placement
 from pipejax.schedules import Schedule, StageInfo
 from pipejax.delayed import Simulation, simulate
 from pipejax.evaluation import evaluator, loss_evaluator
@@ -13,7 +14,8 @@ from pipejax.generation import generate
 from pipejax.trace import LayerSpec, apply_layers, trace
 from pipejax.trainer import Trainer
 
-__all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Schedule", "StageInfo", "Staged",
+__all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Placement", "Schedule", "StageInfo",
+           "Staged",
            "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data", "distributed",
            "errors", "evaluator", "generate", "loss_evaluator", "losses", "nnx_layer",
            "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules", "simulate",

@@ -28,11 +28,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from pipejax.compile.build import Build
 from pipejax.compile.state import Staged, TrainState, host_array, unstage
 from pipejax import checkpoint_files as files
 from pipejax.checkpoint_files import latest
 from pipejax.errors import CheckpointError
+from pipejax.trainer import Trainer
 
 def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     """A stage's optax state as (treedef, its parts, which parts are shaped
@@ -43,23 +43,25 @@ def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     return treedef, parts, [is_slot(p) for p in parts]
 
 
-def _layout(build: Build) -> dict:
+def _layout(trainer: Trainer) -> dict:
     """What must be equal for the layout-bound parts to restore as saved."""
-    return {"ranges": [[r.start, r.stop] for r in build.code.plan.ranges],
-            "virtual": build.code.v, "schedule": build.schedule.name, "microbatches": build.M,
-            "replicas": build.R}
+    plan, schedule = trainer.plan, trainer.schedule
+    return {"ranges": [[r.start, r.stop] for r in plan.ranges],
+            "virtual": plan.placement.virtual, "schedule": schedule.name,
+            "microbatches": schedule.microbatches, "replicas": trainer.replicas}
 
 
-def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None = None) -> int:
+def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
+         keep: int | None = None) -> int:
     """Write `state` of `trainer` as checkpoint `state.step` under directory
     `path` (replacing one of the same step); keep the last `keep` (all if
     None). Returns the step."""
-    pipe, R = trainer.pipeline, trainer.build.R
-    if not isinstance(state, TrainState) or state.params.packing != pipe.code.params:
+    plan, R = trainer.plan, trainer.replicas
+    if not isinstance(state, TrainState) or state.params.packing != trainer.packings.params:
         raise CheckpointError(f"pj.save takes the TrainState of the trainer it is given, not "
                               f"{type(state).__name__}"
                               + (" of another pipeline" if isinstance(state, TrainState) else ""))
-    K = pipe.plan.stages
+    K = plan.stages
     replicas = [state.params.per_stage(r) for r in range(R)]
     opts = [trainer.opt_state(state, r) for r in range(R)]
     stack = lambda *xs: np.stack([np.asarray(x) for x in xs])
@@ -72,7 +74,7 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
         slots = [[p for p, slot in zip(parts, is_slot) if slot] for _, parts, _ in split]
         others = [[p for p, slot in zip(parts, is_slot) if not slot] for _, parts, _ in split]
         for j in range(sum(is_slot)):
-            for n, i in enumerate(pipe.plan.device_layers(k)):
+            for n, i in enumerate(plan.device_layers(k)):
                 tree.update(files.flat(f"opt{j}.layer{i}.", jax.tree.map(
                     stack, *[rep[j][n] for rep in slots])))
         for n, leaves in enumerate(zip(*others)):
@@ -86,9 +88,9 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     tree["step"] = np.asarray(state.step)
     tree["key"] = np.asarray(jax.random.key_data(state.key))
     meta = {"format": files.FORMAT, "step": int(state.step), "stages": K,
-            "layers": [[s.name, files.describe(s.variables)] for s in pipe.specs],
+            "layers": [[s.name, files.describe(s.variables)] for s in trainer.specs],
             "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
-            "synchronous": pipe.schedule.synchronous, **_layout(trainer.build)}
+            "synchronous": trainer.schedule.synchronous, **_layout(trainer)}
     step = int(state.step)
     manager = files.manager(path, keep)
     if step in manager.all_steps():
@@ -100,12 +102,12 @@ def save(path: str | os.PathLike, trainer, state: TrainState, keep: int | None =
     return step
 
 
-def restore(path: str | os.PathLike, trainer, step: int | None = None) -> TrainState:
+def restore(path: str | os.PathLike, trainer: Trainer, step: int | None = None) -> TrainState:
     """The state saved under `path` (the latest checkpoint, or `step`),
     packed for `trainer`: any number of stages for a synchronous schedule;
     for an asynchronous one the same layout, or any after a flush."""
     meta, tree = files.read(path, step)
-    files.check(meta, trainer.pipeline.specs)
+    files.check(meta, trainer.specs)
     return _assemble(trainer, meta, tree)
 
 
@@ -130,18 +132,18 @@ def load_variables(path: str | os.PathLike, layers: Sequence[Any], example: Any,
     return [files.entries(tree, f"layer{i}.", s.variables, pick) for i, s in enumerate(specs)]
 
 
-def _assemble(trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
-    """The `TrainState` of `trainer` (its build, shardings and abstract state)
-    from a checkpoint's entries."""
-    build, opt_packing = trainer.build, trainer.optimizers.packing
-    params_packing, specs, plan = build.code.params, trainer.pipeline.specs, build.code.plan
-    K, R, saved_R = build.K, build.R, meta["replicas"]
+def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> TrainState:
+    """The `TrainState` of `trainer` (its plan, packings, shardings and
+    abstract state) from a checkpoint's entries."""
+    params_packing, opt_packing = trainer.packings
+    specs, plan = trainer.specs, trainer.plan
+    K, R, saved_R = plan.stages, trainer.replicas, meta["replicas"]
     if saved_R not in (1, R):
         raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
                               f"{R}; restore into {saved_R} replicas (or save one replica)")
     rep = lambda a, r: a[r if saved_R > 1 else 0]
     # Checkpoints written before virtual stages hold one chunk per device.
-    same_layout = {k: meta.get(k, 1) for k in _layout(build)} == _layout(build)
+    same_layout = {k: meta.get(k, 1) for k in _layout(trainer)} == _layout(trainer)
     if not (same_layout or meta["flushed"]):
         raise CheckpointError(
             f"the checkpoint holds micro-batches in flight for another layout (layer ranges "

@@ -23,6 +23,7 @@ import optax
 from jax import lax
 
 from pipejax.errors import ConfigError
+from pipejax.placement import Placement
 from pipejax.nnx_layer import layer_list
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
@@ -43,7 +44,7 @@ class SimState(NamedTuple):
 
 def _stage_infos(delays: Any, K: int) -> list[StageInfo]:
     if isinstance(delays, (str, Schedule)):
-        table = make_schedule(delays, K, 2) if isinstance(delays, str) else delays
+        table = make_schedule(delays, Placement(K), 2) if isinstance(delays, str) else delays
         if table.stages != K:
             raise ConfigError(f"schedule {table.name!r} has {table.stages} stages, the split {K}")
         return [table.stage_info(k) for k in range(K)]

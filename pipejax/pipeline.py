@@ -17,20 +17,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from pipejax import settings
-from pipejax.compile import StageCode, Staged, guarded, synchronous, unstage
-from pipejax.compile.branches import init as init_branches
-from pipejax.compile.build import Build
-from pipejax.compile.lanes import lane_plan
-from pipejax.compile.layout import Layout
-from pipejax.compile.stages import Model
-from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
-from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax import checks
+from pipejax.compile.programs import (Build, Model, PipelinePrograms, Staged, build,
+                                      check_params, key_or_default, pipeline_programs,
+                                      stage_rows, unstage)
+from pipejax.errors import ConfigError
 from pipejax.mesh import stage_mesh
 from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.partition import make_plan
-from pipejax.schedules import Op, Schedule, make_schedule
+from pipejax.placement import Placement
+from pipejax.schedules import Schedule, make_schedule
 from pipejax.trace import Layer, LayerSpec, trace, trace_loss
+from pipejax.trainer import Trainer
+from pipejax.transforms.data_parallel import DataRule
+from pipejax.transforms.per_stage import Optimizer
+
 
 def _struct(tree: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), tree)
@@ -46,44 +47,22 @@ def _describe(tree: Any) -> str:
 class Pipeline:
     """A layer list compiled for a stage mesh. Build it with `pj.pipeline`.
 
-    It holds the traced layers (`specs`) and the `Build` every program is
-    made from; `plan`, `schedule`, `layout`, `mesh`, `layers`, `loss`,
-    `remat`, `example` and `targets` are read off them."""
+    It holds the traced layers (`specs`), the `Build` every program is made
+    from (placement, stage code, schedule, layout, mesh) and the programs
+    that need no optimizer; `plan`, `schedule`, `layout`, `mesh`, `layers`,
+    `K` and `M` are read off the build."""
 
     specs: tuple[LayerSpec, ...]
     build: Build
+    programs: PipelinePrograms
 
-    def __post_init__(self):
-        build, code, mesh = self.build, self.code, self.mesh
-        branches = init_branches(code)
-        body = lambda key: lead(code.device_groups.switch(branches, key))
-        object.__setattr__(self, "_init", guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)),
-                                                  mesh))
-        vg = None
-        if self.schedule.synchronous:
-            vg = guarded(jax.jit(synchronous.value_and_grad(build)), mesh)
-        object.__setattr__(self, "_value_and_grad", vg)
-
-    code = property(lambda self: self.build.code, doc="The stages' code (StageCode).")
-    plan = property(lambda self: self.code.plan, doc="Which layers each stage holds (Plan).")
+    plan = property(lambda self: self.build.code.plan, doc="Which layers each stage holds (Plan).")
     schedule = property(lambda self: self.build.schedule, doc="The schedule table.")
     layout = property(lambda self: self.build.layout, doc="Buffers and their bytes (Layout).")
     mesh = property(lambda self: self.build.mesh, doc="The stage mesh.")
-    layers = property(lambda self: self.code.model.layers, doc="The layer list.")
-    loss = property(lambda self: self.code.model.loss, doc="The loss of one micro-batch.")
-    remat = property(lambda self: self.code.model.remat, doc="The remat mode.")
-    example = property(lambda self: self.build.example,
-                       doc="ShapeDtypeStructs of one micro-batch of inputs.")
-    targets = property(lambda self: self.build.targets,
-                       doc="ShapeDtypeStructs of one micro-batch of targets.")
-
-    @property
-    def K(self) -> int:
-        return self.build.K
-
-    @property
-    def M(self) -> int:
-        return self.build.M
+    layers = property(lambda self: self.build.code.model.layers, doc="The layer list.")
+    K = property(lambda self: self.build.K, doc="Pipeline stages.")
+    M = property(lambda self: self.build.M, doc="Micro-batches per step (of each replica).")
 
     @property
     def random_layers(self) -> list[LayerSpec]:
@@ -105,7 +84,8 @@ class Pipeline:
             names = ", ".join(f"{s.index} ({s.name})" for s in linen[:4])
             raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
                               "e.g. jax.random.key(0)")
-        params = Staged(self._init(jax.random.key(0) if key is None else key), self.code.params)
+        params = Staged(self.programs.init(jax.random.key(0) if key is None else key),
+                        self.build.code.params)
         if not any(isinstance(layer, NnxLayer) for layer in self.layers):
             return params
         # The NNX values are staged from the host, not compiled into the program as constants.
@@ -122,58 +102,29 @@ class Pipeline:
             if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
                 raise ConfigError(f"layer {spec.index} ({spec.name}) has variables {_describe(want)} "
                                   f"but was given {_describe(got)}")
-        rows = [self.code.params.pack(k, [variables[i] for i in self.plan.device_layers(k)])
-                for k in range(self.K)]
-        sharding = placement(self.mesh, STAGED)
-        return Staged(tuple(jax.device_put(jnp.stack(slot), sharding) for slot in zip(*rows)),
-                      self.code.params)
-
-    def check_params(self, params: Any, where: str, replicated: bool = True) -> None:
-        """Raise unless `params` are this pipeline's staged parameters (one
-        copy, or with `replicated=False` a trainer's replicas too)."""
-        if isinstance(params, Staged) and params.replicas > 1 and replicated:
-            raise ArgumentTypeError(f"{where} takes one copy of the parameters; these hold "
-                                    f"{params.replicas} replicas: pick one with "
-                                    "pipe.stage(pj.unstage(params, replica=r))")
-        if not isinstance(params, Staged) or params.packing != self.code.params:
-            raise ArgumentTypeError(
-                f"{where} takes this pipeline's Staged parameters (from pipe.init or pipe.stage), "
-                f"not {type(params).__name__}" + (" packed for another pipeline"
-                                                  if isinstance(params, Staged) else ""))
-
-    def key_or_default(self, key: jax.Array | None, where: str) -> jax.Array:
-        """`key`, or key(0) for a model without randomness; a random model needs a key."""
-        if key is not None:
-            return key
-        if self.random_layers:
-            names = ", ".join(f"{s.index} ({s.name})" for s in self.random_layers[:4])
-            raise ConfigError(f"layers {names} draw random numbers when training (dropout); pass "
-                              f"{where} a key, e.g. jax.random.key(step), so that every call gets "
-                              "fresh masks")
-        return jax.random.key(0)
+        return stage_rows(self.build, variables)
 
     # ------------------------------------------------------------- programs
     def value_and_grad(self, params: Staged, batch: tuple,
                        key: jax.Array | None = None) -> tuple[jax.Array, Staged]:
         """Mean loss over the micro-batches and its gradient (synchronous
         schedules); `batch` = (x, y) with M micro-batches stacked."""
-        if self._value_and_grad is None:
+        if self.programs.value_and_grad is None:
             raise ConfigError(f"value_and_grad needs a synchronous schedule; {self.schedule.name!r} "
                               "updates the weights inside the pipeline: use pipe.trainer(opt).step")
-        self.check_params(params, "value_and_grad")
-        return self._value_and_grad(params, batch, self.key_or_default(key, "value_and_grad"))
+        check_params(self.build, params, "value_and_grad")
+        key = key_or_default(self.build, key, "value_and_grad")
+        return self.programs.value_and_grad(params, batch, key)
 
-    def trainer(self, optimizer: Any, rule: Any = None, clip_norm: float | None = None,
-                skip_nonfinite: bool = False):
+    def trainer(self, optimizer: Optimizer, rule: DataRule | None = None,
+                clip_norm: float | None = None, skip_nonfinite: bool = False) -> Trainer:
         """Bind `optimizer` (an optax transform, or StageInfo -> transform) and,
         on a mesh with data axes, the `rule` between replicas (a
         `pj.transforms.DataRule`; default SSGD). `clip_norm` clips the
         gradients by their global norm over all stages before each stage's
         optimizer; `skip_nonfinite` drops (and counts, metric "skipped") an
         update whose loss or gradients are not finite."""
-        from pipejax.trainer import Trainer
-
-        return Trainer(self, optimizer, rule, clip_norm, skip_nonfinite)
+        return Trainer(self.build, optimizer, rule, clip_norm, skip_nonfinite)
 
     def __str__(self) -> str:
         return f"{self.plan}\n{self.layout}"
@@ -236,23 +187,21 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
     layers = layer_list(layers)
-    settings.check_counts(layers, stages, microbatches, virtual)
-    remat = settings.check_remat(remat)
-    compute_dtype = settings.check_dtype(compute_dtype)
-    table = make_schedule(schedule, stages, microbatches, virtual)
-    lane_plan(table)  # a table the executor runs: each op kind in one lane, one kind of backward
-    settings.check_staleness(table, remat, weight_stashing)
+    checks.counts(layers, stages, microbatches, virtual)
+    remat = checks.remat(remat)
+    compute_dtype = checks.dtype(compute_dtype)
+    placement = Placement(stages, virtual)
+    table = make_schedule(schedule, placement, microbatches)
+    checks.staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
     example = _struct(example)
     mb = jax.tree.leaves(example)[0].shape[0]
     targets = _struct(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
-    plan = make_plan(specs, stages, partition, max_bytes,
-                     in_flight=[table.in_flight(k) for k in range(stages)] if max_bytes else None,
-                     keeps_activations=remat == "none", max_padding=settings.check_padding(max_padding),
-                     virtual=virtual)
-    seed = 1.0 / microbatches if table.synchronous else 1.0
-    code = StageCode(Model(tuple(layers), loss, remat, example, targets, compute_dtype), plan,
-                     seed, share_branches, split=bool((table.ops == Op.W).any()))
-    return Pipeline(specs, Build(table, Layout.of(code, table, weight_stashing), mesh))
+    in_flight = [table.in_flight(k) for k in range(stages)] if max_bytes else None
+    plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
+                     keeps_activations=remat == "none", max_padding=checks.padding(max_padding))
+    model = Model(tuple(layers), loss, remat, example, targets, compute_dtype)
+    b = build(model, plan, table, mesh, weight_stashing, share_branches)
+    return Pipeline(specs, b, pipeline_programs(b))

@@ -20,51 +20,26 @@ stage inside the stage switch, the rule's collectives around it
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
-from jax.sharding import Mesh
 
-from pipejax.compile import asynchronous, guarded, synchronous
-from pipejax.compile.memory import MemoryEstimate, estimate
-from pipejax.compile.optimizer import StageOptimizers
-from pipejax.compile.outer import Outer
-from pipejax.compile.spmd import REPLICATED, per_replica, placement
-from pipejax.compile.state import InFlight, Staged, TrainState
-from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.mesh import AXIS, data_axes
-from pipejax.transforms.data_parallel import DataRule, ssgd
+from pipejax.compile.programs import (Build, MemoryEstimate, StageOptimizers, Staged, TrainState,
+                                      check_params, key_or_default, train_programs)
+from pipejax.errors import ConfigError
+from pipejax.packing import Packing
+from pipejax.partition import Plan
+from pipejax.schedules import Schedule
+from pipejax.trace import LayerSpec
+from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
-if TYPE_CHECKING:
-    from pipejax.pipeline import Pipeline
 
+class Packings(NamedTuple):
+    """How a trainer's state is packed into per-stage buffers."""
 
-def check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
-    """The rule between the replicas of a pipeline on `mesh`: `rule` checked against the
-    mesh, SSGD over every data axis by default, None on a mesh without data axes."""
-    axes, names = data_axes(mesh), tuple(mesh.axis_names)
-    if rule is None:
-        return ssgd(axes) if axes else None
-    if not isinstance(rule, DataRule):
-        raise ArgumentTypeError(f"rule must be a pj.transforms.DataRule (ssgd, adpsgd, hadpsgd, "
-                                f"elastic), not {type(rule).__name__}")
-    for a in rule.axes:
-        if a == AXIS:
-            raise ConfigError(f"rule {rule.name!r} names the pipeline axis {AXIS!r}; a data rule "
-                              f"combines replicas over the data axes {axes}")
-        if a not in names:
-            raise ConfigError(f"rule {rule.name!r} names mesh axis {a!r}, but the mesh has axes "
-                              f"{names}; build the mesh with that axis (pj.make_mesh(stages, "
-                              "data, nodes)) or name one of its data axes")
-    unused = [a for a in axes if a not in rule.axes and mesh.shape[a] > 1]
-    if unused:
-        raise ConfigError(f"rule {rule.name!r} communicates over {rule.axes} but the mesh's data "
-                          f"axis {unused[0]!r} ({mesh.shape[unused[0]]} replicas) is in none "
-                          "of them: its replicas would train apart; use a rule over every data "
-                          "axis (hadpsgd for ('node', 'local'))")
-    return rule
+    params: Packing
+    opt_state: Packing
 
 
 class Trainer:
@@ -81,28 +56,25 @@ class Trainer:
     "skipped": the updates dropped for a non-finite loss or gradient (one
     per step on a synchronous schedule, one per stage and micro-batch on an
     asynchronous one, summed over the replicas).
+    Build one with `pipe.trainer(optimizer)`.
     """
 
-    def __init__(self, pipe: Pipeline, optimizer: Optimizer, rule: DataRule | None = None,
+    def __init__(self, build: Build, optimizer: Optimizer, rule: DataRule | None = None,
                  clip_norm: float | None = None, skip_nonfinite: bool = False):
-        self.pipeline, self.build = pipe, pipe.build
-        self.rule = check_rule(rule, pipe.mesh)
-        outer = Outer(self.rule, clip_norm, skip_nonfinite)
-        self.optimizers = opts = StageOptimizers.of(optimizer, self.build, outer)
-        if pipe.schedule.synchronous:
-            step, flush = synchronous.train_step(self.build, opts), synchronous.flush
-        else:
-            step = asynchronous.train_step(self.build, opts)
-            flush = asynchronous.flush(self.build, opts)
-        out = (self.shardings, placement(pipe.mesh, REPLICATED))
-        # The state is donated: the new one takes the old one's buffers.
-        self.step = guarded(jax.jit(step, out_shardings=out, donate_argnums=0), pipe.mesh,
-                            "trainer.step")
-        self.flush = guarded(jax.jit(flush, out_shardings=out, donate_argnums=0), pipe.mesh,
-                             "trainer.flush")
-        self._init = {replicated: guarded(jax.jit(self._initial(replicated),
-                                                  out_shardings=self.shardings), pipe.mesh)
-                      for replicated in (True, False)}
+        self.build = build
+        self._programs = programs = train_programs(build, optimizer, rule, clip_norm,
+                                                   skip_nonfinite)
+        self.step, self.flush = programs.step, programs.flush
+
+    @property
+    def rule(self) -> DataRule | None:
+        """The rule between the replicas (None on a mesh without data axes)."""
+        return self._programs.optimizers.outer.rule
+
+    @property
+    def optimizers(self) -> StageOptimizers:
+        """The per-stage optax transforms and the packing of their state (StageOptimizers)."""
+        return self._programs.optimizers
 
     @property
     def replicas(self) -> int:
@@ -110,51 +82,50 @@ class Trainer:
         return self.build.R
 
     @property
+    def specs(self) -> tuple[LayerSpec, ...]:
+        """The traced layers, in model order."""
+        return self.plan.specs
+
+    @property
+    def plan(self) -> Plan:
+        """Which layers each stage holds."""
+        return self.build.code.plan
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.build.schedule
+
+    @property
+    def packings(self) -> Packings:
+        """How the parameters and the optimizer state are packed per stage."""
+        return Packings(self.build.code.params, self.optimizers.packing)
+
+    @property
     def shardings(self) -> TrainState:
         """Where every part of the state lives (a pytree prefix of `TrainState`)."""
-        mesh = self.pipeline.mesh
-        staged, replicated = placement(mesh, per_replica(mesh)), placement(mesh, REPLICATED)
-        inflight = None
-        if self.pipeline.schedule.asynchronous:
-            inflight = InFlight(staged, staged, staged, replicated, replicated, replicated)
-        return TrainState(staged, staged, replicated, replicated, inflight, staged)
+        return self._programs.shardings
 
     def init(self, params: Staged, key: jax.Array | None = None) -> TrainState:
         """The state before the first step: `params` (from `pipe.init` or
         `pipe.stage`; on a mesh with data axes copied to every replica), each
         stage's optimizer state, the data rule's state, step 0, `key` (needed
         when a layer draws random numbers) and, asynchronous, an empty pipeline."""
-        pipe = self.pipeline
-        pipe.check_params(params, "trainer.init", replicated=False)
+        check_params(self.build, params, "trainer.init", replicated=False)
         if params.replicas not in (1, self.replicas):
             raise ConfigError(f"trainer.init got {params.replicas} replicas of the parameters for "
                               f"a mesh of {self.replicas}; give one copy (pipe.init) or "
                               f"{self.replicas}")
-        return self._init[params.replicas == 1](params, pipe.key_or_default(key, "trainer.init"))
-
-    def _initial(self, replicated: bool):
-        """`(params, key) -> TrainState`, one program: every part is made on
-        the devices that keep it (in a job of several processes too)."""
-        build, init = self.build, self.optimizers.init_program(self.build, replicated)
-
-        def initial(params: Staged, key: jax.Array) -> TrainState:
-            params, opt_state, rule_state = init(params)
-            inflight = None
-            if build.schedule.asynchronous:
-                inflight = asynchronous.init_inflight(build)
-            return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key, inflight,
-                              rule_state)
-
-        return initial
+        key = key_or_default(self.build, key, "trainer.init")
+        return self._programs.init[params.replicas == 1](params, key)
 
     def abstract_state(self, params: Staged, key: jax.Array) -> TrainState:
         """The shapes and dtypes of `init(params, key)`, without running it."""
-        return jax.eval_shape(self._initial(params.replicas == 1), params, key)
+        return jax.eval_shape(self._programs.initial(params.replicas == 1), params, key)
 
     def memory(self) -> MemoryEstimate:
         """The memory `step` needs per device and per stage, predicted before
         compiling (pipejax/compile/memory.py); print it for a table."""
-        return estimate(self.build, self.optimizers.packing)
+        return self._programs.memory()
 
     def opt_state(self, state: TrainState, replica: int = 0) -> list[Any]:
         """The K per-stage optax states of one replica as ordinary pytrees

@@ -27,7 +27,7 @@ def bubbles() -> list[dict]:
     cases += [(name, 2) for name in ("gpipe", "interleaved", "zb-h1")]
     for name, v in cases:
         for K, M in ((4, 8), (8, 32)):
-            s = pj.schedules.make_schedule(name, K, M, v)
+            s = pj.schedules.make_schedule(name, pj.Placement(K, v), M)
             one, formula = bubble_formula(name, K, M, 1, v)
             many, _ = bubble_formula(name, K, M, 32, v)
             rows.append({"schedule": name, "v": v, "K": K, "M": M, "ticks": s.ticks,

@@ -24,7 +24,7 @@ def _compile_seconds(layers: list, K: int, M: int, mb: int = 4, share: bool = Tr
         ready = time.perf_counter()
         trainer.step.lower(state, batch(M * mb)).compile()
         done = time.perf_counter()
-    return {"layers": len(layers), "K": K, "M": M, "branches": len(pipe.code.groups),
+    return {"layers": len(layers), "K": K, "M": M, "branches": len(pipe.build.code.groups),
             "trace_s": round(traced - start, 2), "init_s": round(ready - traced, 2),
             "step_compile_s": round(done - ready, 2)}
 

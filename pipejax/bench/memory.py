@@ -24,7 +24,7 @@ def memory() -> list[dict]:
     rows, mb, M, K = [], 32, 8, 4
     for name, layers in models.items():
         for schedule in ("gpipe", "1f1b", "pipedream", "pb"):
-            synchronous = pj.schedules.make_schedule(schedule, K, M).synchronous
+            synchronous = pj.schedules.make_schedule(schedule, pj.Placement(K), M).synchronous
             for remat in ("stage", "none"):
                 stash = schedule == "pipedream"
                 if remat == "none" and not (synchronous or stash):
@@ -62,5 +62,5 @@ def padding() -> list[dict]:
             rows.append({"model": name, "K": K, "padded_param_bytes": lay.padded_param_bytes,
                          "padding": f"{100 * lay.padding_overhead:.1f}%",
                          "least_padding_any_split": f"{100 * least:.1f}%",
-                         "branches": len(pipe.code.groups)})
+                         "branches": len(pipe.build.code.groups)})
     return rows

@@ -16,6 +16,7 @@ from pipejax.cli.run import sample
 from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, make_pipeline,
                               model_kwargs, resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
+from pipejax.schedules import plot, render
 from pipejax.cli.train import train
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
@@ -160,12 +161,12 @@ def plan(args) -> int:
     _, pipe = make_pipeline(args, task, mesh)
     print(pipe)
     print()
-    print(pipe.schedule.render())
+    print(render(pipe.schedule))
     info = [pipe.schedule.stage_info(k) for k in range(pipe.K)]
     print("delays D_k " + str([i.delay for i in info]) + ", SpecTrain horizons (forward, backward) "
           + str([(i.forward_horizon, i.backward_horizon) for i in info]))
     if args.plot:
-        pipe.schedule.plot(str(args.plot))
+        plot(pipe.schedule, str(args.plot))
         print(f"timeline drawn to {args.plot}")
     return 0
 

@@ -23,6 +23,7 @@ from pipejax.cli.setup import (apply_model_defaults,
                               model_lr,
                               resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
+from pipejax.schedules import plot
 
 XLA_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event, in seconds
 
@@ -221,7 +222,7 @@ def train(args) -> int:
     total = args.steps if args.steps is not None else args.epochs * per_epoch
     if "warmup" in defaulted:  # a model's warm-up takes at most a tenth of a short run
         args.warmup = min(args.warmup, total // 10)
-    synchronous = pj.schedules.make_schedule(args.schedule, 1, 1).synchronous
+    synchronous = pj.schedules.make_schedule(args.schedule, pj.Placement(1), 1).synchronous
     per_step = 1 if synchronous else args.microbatches  # a stage's updates per step
     optimizer, stash, settings = make_optimizer(
         args, model_lr(args), (total * per_step, per_epoch * per_step),
@@ -268,7 +269,7 @@ def train(args) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         _write_outputs(args.out, rows, summary, variables, task.metric)
-        pipe.schedule.plot(str(args.out / "schedule.png"))
+        plot(pipe.schedule, str(args.out / "schedule.png"))
         flags = {k: v for k, v in vars(args).items() if k != "command"}
         if task.unit == "tokens":
             sample = task.sample(layers, variables, args)

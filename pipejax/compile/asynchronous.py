@@ -29,6 +29,7 @@ from jax import lax
 
 from pipejax.compile import microbatch
 from pipejax.compile.build import Build
+from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_key, shard
 from pipejax.compile.state import InFlight, Staged, TrainState
@@ -63,7 +64,7 @@ def _periods(build: Build, opts: StageOptimizers, n: int) -> Callable:
         def period(i, c):
             p, s, rings, losses, done, skipped = c
             out = run_table(build, TableIn(p, s, rings, (local(x), local(y)),
-                                           (base + i * M, start, fed), key), opts)
+                                           Counters(base + i * M, start, fed), key), opts)
             losses = lax.dynamic_update_slice(losses, out.losses, (i * M,))
             done = lax.dynamic_update_slice(done, out.done, (i * M,))
             return out.params, out.opt_state, out.rings, losses, done, skipped + out.skipped

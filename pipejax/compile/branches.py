@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax.compile.packing import Buffers
+from pipejax.packing import Buffers
 from pipejax.compile.spmd import stage_index
 from pipejax.compile.stages import Feed, StageCode
 from pipejax.nnx_layer import NnxLayer
@@ -29,7 +29,7 @@ from pipejax.trace import init_layer, layer_key
 def _device_grads(code: StageCode, j: int, grads: Any) -> Buffers:
     """Virtual stage j's gradients packed into its device's tree (its
     other chunks' slots zero)."""
-    k = j % code.K
+    k = code.placement.device(j)
     tree = list(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                              code.params.abstract_tree(k)))
     tree[code.slice_of(j)] = grads
@@ -38,7 +38,7 @@ def _device_grads(code: StageCode, j: int, grads: Any) -> Buffers:
 
 def _chunk(code: StageCode, j: int, p: Buffers) -> Any:
     """Virtual stage j's parameters out of its device's buffers."""
-    return code.params.unpack(j % code.K, p)[code.slice_of(j)]
+    return code.params.unpack(code.placement.device(j), p)[code.slice_of(j)]
 
 
 def _stage_input(code: StageCode, j: int, h: Buffers) -> Any:
@@ -69,8 +69,8 @@ def backward(code: StageCode) -> list[Callable]:
     (params, input slot, gradient slot, kept slot, micro) -> (packed
     parameter gradients of the device, message for j − 1)."""
     def branch(j):
-        def run(p, h, g, r, micro):
-            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, g, r), micro))
+        def run(p, h, ct, r, micro):
+            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
             return _device_grads(code, j, dparams), _message_back(code, j, dh)
         return run
 
@@ -80,8 +80,8 @@ def backward(code: StageCode) -> list[Callable]:
 def _unpack_backward(code: StageCode, j: int, p: Buffers, slots: tuple, micro: tuple) -> tuple:
     """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers
     and its ring slots (input, output gradient or None, kept residuals)."""
-    h, g, r = slots
-    ct = None if j == code.S - 1 or g is None else code.acts.unpack(j, g)
+    h, ct, r = slots
+    ct = None if j == code.S - 1 or ct is None else code.acts.unpack(j, ct)
     return (_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro),
             jax.tree.leaves(code.kept.unpack(j, r)), ct)
 
@@ -97,8 +97,8 @@ def input_grad(code: StageCode) -> list[Callable]:
     def branch(j):
         split = code.splits[code.groups.of[j]]
 
-        def run(p, h, g, r, micro):
-            args = _unpack_backward(code, j, p, (h, g, r), micro)
+        def run(p, h, ct, r, micro):
+            args = _unpack_backward(code, j, p, (h, ct, r), micro)
             dh, bridge = split.run_b(jax.tree.leaves(args))
             dh = jax.tree.unflatten(jax.tree.structure(code.input_of(j)), dh) if j > 0 else None
             return code.bridge.pack(j, bridge), _message_back(code, j, dh)
@@ -143,7 +143,7 @@ def init(code: StageCode) -> list[Callable]:
     variables; layer i uses fold_in(key, i), so the values do not depend
     on K. An NNX layer's slots are zeros here: its values are staged from
     the host (`Pipeline.init`), not compiled into the program as constants."""
-    K = code.K
+    K = code.placement.stages
     index = np.zeros((K, max(len(code.plan.device_layers(k)) for k in range(K))), np.int32)
     for k in range(K):
         layers = code.plan.device_layers(k)

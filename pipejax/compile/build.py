@@ -1,11 +1,10 @@
 """A compiled pipeline's parts as one value: what every program is built from.
 
-`Build` gathers the stage code (the layers of every stage as switch
-branches), the schedule table, the buffer layout and the mesh, and derives
-what the programs read off them: K, M, the replica count R (its one source),
-the data axes, one micro-batch's example and targets. Programs take
-`(build, opts)`; a `Pipeline` holds one build, a `Trainer` one build and
-one `StageOptimizers`.
+`Build` holds, side by side, the placement (which device holds each model
+chunk), the stage code (the layers of every chunk as switch branches), the
+schedule table, the buffer layout and the mesh, and checks that the code and
+the table were made for the same placement. Programs take `(build, opts)`;
+a `Pipeline` holds one build, a `Trainer` one build and one `StageOptimizers`.
 """
 
 from __future__ import annotations
@@ -17,26 +16,33 @@ from jax.sharding import Mesh
 
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
+from pipejax.errors import ConfigError
 from pipejax.mesh import data_axes, replicas
+from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Build:
-    """Stage code, schedule, layout and mesh of one compiled pipeline."""
+    """Placement, stage code, schedule, layout and mesh of one compiled pipeline."""
 
+    placement: Placement
+    code: StageCode
     schedule: Schedule
     layout: Layout
     mesh: Mesh
 
-    @property
-    def code(self) -> StageCode:
-        return self.layout.code
+    def __post_init__(self):
+        for what, other in (("stage code", self.code.placement),
+                            ("schedule", self.schedule.placement)):
+            if other != self.placement:
+                raise ConfigError(f"the {what} is made for {other!r} but the pipeline for "
+                                  f"{self.placement!r}; build both from one pj.Placement")
 
     @property
     def K(self) -> int:
-        """Pipeline stages."""
-        return self.schedule.stages
+        """Pipeline stages (devices of the stage axis)."""
+        return self.placement.stages
 
     @property
     def M(self) -> int:

@@ -3,7 +3,8 @@
 `lane_plan` says which ops the executor compiles, in which lane and order,
 and whether a lane mixes ops (then each task's op is read from the table);
 `lane_rows` turns the table into the scan's input, one row per tick, and
-`read_task` reads a device's task out of one row.
+`read_task` reads a device's task out of one row as a `TickTask` of traced
+values (the table's own `Task` is static data: schedules/tasks.py).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import jax
 import jax.numpy as jnp
 
 from pipejax.errors import ConfigError
+from pipejax.placement import Placement
 from pipejax.schedules import NONE, Op, Schedule
 
 
-class Task(NamedTuple):
-    """A task of one device at one tick: its micro-batch id, whether it
-    runs, its virtual stage j = c·K + k and its ring id g·v + c."""
+class TickTask(NamedTuple):
+    """A task of one device at one tick, traced: its micro-batch id g,
+    whether it runs, its virtual stage j (local chunk c of device k) and
+    its ring id g·v + c."""
 
     g: jax.Array
     real: jax.Array
@@ -27,14 +30,31 @@ class Task(NamedTuple):
     ring: jax.Array
 
 
-def lane_plan(schedule: Schedule) -> list[tuple[int, Op, bool]]:
-    """(lane, op, mixed) for every op the executor compiles, in the order it
-    runs them; `mixed`: the lane holds other ops too, so the task's op is
-    read from the table. Each op kind sits in one lane; a table's backwards
-    are all fused (BW) or all split (B, W)."""
-    plan = [(lane, op, len(schedule.lane_ops(lane)) > 1)
+class Counters(NamedTuple):
+    """Which micro-batch ids a pass runs: id = base + the table's relative
+    id, real for start <= id < fed."""
+
+    base: jax.Array
+    start: jax.Array
+    fed: jax.Array
+
+
+class Lane(NamedTuple):
+    """An op the executor compiles in lane `index`; `mixed`: the lane holds
+    other ops too, so each task's op is read from the table."""
+
+    index: int
+    op: Op
+    mixed: bool
+
+
+def lane_plan(schedule: Schedule) -> list[Lane]:
+    """A `Lane` for every op the executor compiles, in the order it runs
+    them. Each op kind sits in one lane; a table's backwards are all fused
+    (BW) or all split (B, W)."""
+    plan = [Lane(lane, op, len(schedule.lane_ops(lane)) > 1)
             for lane in range(schedule.lanes) for op in schedule.lane_ops(lane)]
-    ops = [op for _, op, _ in plan]
+    ops = [lane.op for lane in plan]
     twice = {op for op in ops if ops.count(op) > 1}
     if twice:
         raise ConfigError(f"schedule {schedule.name!r} runs {sorted(o.name for o in twice)} in "
@@ -46,23 +66,23 @@ def lane_plan(schedule: Schedule) -> list[tuple[int, Op, bool]]:
     return plan
 
 
-def lane_rows(schedule: Schedule, plan: list) -> tuple:
+def lane_rows(schedule: Schedule, plan: list[Lane]) -> tuple:
     """The scan's input per tick: for each lane (micro-batches, op codes,
     chunks), each `[ticks, stages]` int32; the op codes only when the lane
     mixes ops (`plan`), the chunks only with virtual stages (else None)."""
-    mixed = {lane: m for lane, _, m in plan}
+    mixed = {lane.index: lane.mixed for lane in plan}
     rows = []
     for lane in range(schedule.lanes):
         col = lambda field: jnp.asarray(schedule.table[:, :, lane, field], jnp.int32)
         rows.append((col(1), col(0) if mixed.get(lane) else None,
-                     col(2) if schedule.virtual > 1 else None))
+                     col(2) if schedule.placement.virtual > 1 else None))
     return tuple(rows)
 
 
-def read_task(cell: Any, op: Op, k: jax.Array, K: int, v: int, counters: tuple) -> Task:
+def read_task(cell: Any, op: Op, k: jax.Array, placement: Placement,
+              counters: Counters) -> TickTask:
     """Device k's task of lane `cell` (a `lane_rows` row). It is real if the
-    table names `op` there and its micro-batch was fed: the id is base +
-    relative id, real for start <= id < fed (`counters`)."""
+    table names `op` there and its micro-batch was fed (`counters`)."""
     base, start, fed = counters
     rel, ops, chunks = cell
     rel = rel[k]
@@ -71,4 +91,4 @@ def read_task(cell: Any, op: Op, k: jax.Array, K: int, v: int, counters: tuple) 
     if ops is not None:
         real = real & (ops[k] == int(op))
     c = chunks[k] if chunks is not None else jnp.int32(0)
-    return Task(g, real, c * K + k, g * v + c)
+    return TickTask(g, real, placement.chunk(k, c), g * placement.virtual + c)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipejax.compile.packing import Packing
+from pipejax.packing import Packing
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Rings
 from pipejax.formatting import human_bytes
@@ -23,9 +23,14 @@ from pipejax.schedules import Schedule
 @dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
     """The ring-buffer slots of one compiled pipeline, and the packings of
-    its stage code (`params`, `acts`, `kept`) they hold."""
+    its stage code they hold: `params` (parameters), `acts` (boundary
+    activations), `kept` (kept residuals) and `bridge` (what a split
+    backward's B files for its W; None without W ops)."""
 
-    code: StageCode
+    params: Packing
+    acts: Packing
+    kept: Packing
+    bridge: Packing | None
     input_slots: int
     grad_slots: int
     kept_slots: int
@@ -35,25 +40,9 @@ class Layout:
 
     @classmethod
     def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool) -> "Layout":
-        return cls(code, schedule.input_capacity, schedule.grad_capacity,
-                   schedule.residual_capacity, schedule.data_capacity, weight_stashing,
-                   schedule.bridge_capacity)
-
-    @property
-    def params(self) -> Packing:
-        return self.code.params
-
-    @property
-    def acts(self) -> Packing:
-        return self.code.acts
-
-    @property
-    def kept(self) -> Packing:
-        return self.code.kept
-
-    @property
-    def stages(self) -> int:
-        return self.params.stages
+        return cls(code.params, code.acts, code.kept, code.bridge, schedule.input_capacity,
+                   schedule.grad_capacity, schedule.residual_capacity, schedule.data_capacity,
+                   weight_stashing, schedule.bridge_capacity)
 
     def rings(self, lead: tuple[int, ...] = ()) -> Rings:
         """Zero ring buffers of one device (`lead=(K,)` for all devices)."""
@@ -62,13 +51,13 @@ class Layout:
                      inputs=self.acts.zeros((*lead, self.input_slots)),
                      weights=self.params.zeros((*lead, self.kept_slots)) if self.weight_stashing
                      else (),
-                     bridge=self.code.bridge.zeros((*lead, self.bridge_slots)) if self.bridge_slots
+                     bridge=self.bridge.zeros((*lead, self.bridge_slots)) if self.bridge_slots
                      else ())
 
     @property
     def padded_param_bytes(self) -> int:
         """Bytes of the packed parameter buffers over all K stages."""
-        return self.stages * self.params.slot_bytes()
+        return self.params.stages * self.params.slot_bytes()
 
     @property
     def padding_overhead(self) -> float:
@@ -82,7 +71,7 @@ class Layout:
         return self.kept_slots * self.params.slot_bytes() if self.weight_stashing else 0
 
     def __str__(self) -> str:
-        real = sum(self.params.used_bytes(k) for k in range(self.stages))
+        real = sum(self.params.used_bytes(k) for k in range(self.params.stages))
         rows = [("parameters", self.params.slot_bytes(), 1),
                 ("ring: stage inputs", self.acts.slot_bytes(), self.input_slots),
                 ("ring: output gradients", self.acts.slot_bytes(), self.grad_slots),
@@ -90,7 +79,7 @@ class Layout:
         if self.weight_stashing:
             rows.append(("ring: stashed weights", self.params.slot_bytes(), self.kept_slots))
         if self.bridge_slots:
-            rows.append(("ring: B to W (bridge)", self.code.bridge.slot_bytes(), self.bridge_slots))
+            rows.append(("ring: B to W (bridge)", self.bridge.slot_bytes(), self.bridge_slots))
         width = max(len(r[0]) for r in rows)
         lines = ["buffers of every device (each as large as the largest stage needs):"]
         lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]

@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from pipejax.compile.build import Build
-from pipejax.compile.packing import Packing
+from pipejax.packing import Packing
 from pipejax.formatting import human_bytes, table
 from pipejax.trace import nbytes
 
@@ -96,7 +96,7 @@ def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
         return out
 
     acts, S = code.acts, code.S
-    most = lambda k, f: max(f(j) for j in code.chunks_of(k))  # over device k's chunks
+    most = lambda k, f: max(f(j) for j in code.placement.device_chunks(k))  # over device k's chunks
     stages = tuple(parts(lambda p, k=k: p.used_bytes(k),
                          lambda p, k=k: most(k, p.used_bytes),
                          most(k, lambda j: acts.used_bytes(j - 1) if j > 0 else 0),

@@ -5,8 +5,8 @@ output's gradient, kept residuals, the B→W bridge) lives in ring slot
 `(g·v + c) mod capacity`, the capacities derived from the table
 (schedules/capacities.py). `reads` names the slots an op reads; `exchange`
 sends activations to the next virtual stage and gradients to the one before
-with `lax.ppermute`, outside the stage switch: to device k + 1, or round
-the ring from device K − 1's chunk c to device 0's chunk c + 1 (and back). A
+with `lax.ppermute`, outside the stage switch, between the devices that
+hold chunks j and j + 1 (`Placement.forward_pairs`). A
 message carries (payload, micro-batch, chunk, valid); the receiver files a
 valid one in its slot.
 """
@@ -20,9 +20,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from pipejax.compile.layout import Layout
-from pipejax.compile.packing import Buffers
+from pipejax.packing import Buffers
 from pipejax.compile.state import Rings
 from pipejax.mesh import AXIS
+from pipejax.placement import Placement
 from pipejax.schedules import Op
 
 
@@ -46,20 +47,21 @@ def reads(rings: Rings, layout: Layout, op: Op, ring: jax.Array) -> tuple:
     return (h,) if op == Op.F else (h, read(rings.grads, ring % layout.grad_slots))
 
 
-def exchange(rings: Rings, layout: Layout, k: jax.Array, forward: tuple, back: tuple) -> Rings:
-    """Inside shard_map, on device k: send `forward` = (payload, task) on and
+def exchange(rings: Rings, layout: Layout, placement: Placement, forward: tuple,
+             back: tuple) -> Rings:
+    """Inside shard_map, on every device: send `forward` = (payload, task) on and
     `back` = (payload, task) back (a task: its micro-batch g, virtual stage
     j and whether it ran); file what arrives."""
-    code = layout.code
-    K, v, S = code.K, code.v, code.S
-    if K == 1:
+    if placement.stages == 1:
         return rings
+    v, S = placement.virtual, placement.chunks
     (msg_f, tf), (msg_b, tb) = forward, back
-    on = [(i, i + 1) for i in range(K - 1)] + ([(K - 1, 0)] if v > 1 else [])
+    on = placement.forward_pairs()
+    # The receiver files a message under its own chunk: j + 1's (forward), j − 1's (back).
     got_f, gf, cf, vf = lax.ppermute(
-        (msg_f, tf.g, tf.j // K + (k == K - 1), tf.real & (tf.j < S - 1)), AXIS, on)
+        (msg_f, tf.g, placement.local(tf.j + 1), tf.real & (tf.j < S - 1)), AXIS, on)
     got_b, gb, cb, vb = lax.ppermute(
-        (msg_b, tb.g, tb.j // K - (k == 0), tb.real & (tb.j > 0)), AXIS,
+        (msg_b, tb.g, placement.local(tb.j - 1), tb.real & (tb.j > 0)), AXIS,
         [(j, i) for i, j in on])
     return rings._replace(
         inputs=_file(rings.inputs, (gf * v + cf) % layout.input_slots, got_f, vf),

@@ -24,10 +24,11 @@ def finishing(schedule: Schedule) -> np.ndarray:
 
 
 def _last_forwards(schedule: Schedule) -> np.ndarray:
-    """`[ticks]`: the micro-batch the last virtual stage (the last device's
-    last chunk) runs forward, or NONE."""
-    chunk = schedule.cells((Op.F,), field=2)[:, -1]
-    return np.where(chunk == schedule.virtual - 1, schedule.fwd[:, -1], NONE)
+    """`[ticks]`: the micro-batch the last virtual stage runs forward, or NONE."""
+    placement = schedule.placement
+    last = placement.chunks - 1
+    k, c = placement.device(last), placement.local(last)
+    return np.where(schedule.cells((Op.F,), field=2)[:, k] == c, schedule.fwd[:, k], NONE)
 
 
 def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,

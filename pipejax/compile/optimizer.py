@@ -29,7 +29,7 @@ import optax
 
 from pipejax.compile.build import Build
 from pipejax.compile.outer import Outer, all_finite
-from pipejax.compile.packing import Buffers, Packing
+from pipejax.packing import Buffers, Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard
 from pipejax.compile.state import Staged

@@ -25,10 +25,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pipejax.compile.packing import Buffers
-from pipejax.errors import ConfigError
-from pipejax.mesh import AXIS
-from pipejax.transforms.data_parallel import DataRule, consensus_distance
+from pipejax.packing import Buffers
+from jax.sharding import Mesh
+
+from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.mesh import AXIS, data_axes
+from pipejax.transforms.data_parallel import DataRule, consensus_distance, ssgd
 
 
 def all_finite(grads: Buffers, scope: tuple[str, ...] = ()) -> jax.Array:
@@ -65,6 +67,13 @@ class Outer:
             raise ConfigError(f"clip_norm={self.clip_norm}; the largest global gradient norm must "
                               "be a positive number (or None for no clipping)")
 
+    @classmethod
+    def of(cls, rule: DataRule | None, mesh: Mesh, clip_norm: float | None = None,
+           skip_nonfinite: bool = False) -> "Outer":
+        """The outer pieces of a trainer on `mesh`, its rule checked against
+        the mesh (default SSGD over every data axis; None without data axes)."""
+        return cls(_check_rule(rule, mesh), clip_norm, skip_nonfinite)
+
     @property
     def collective(self) -> bool:
         """Whether an update runs collectives around the chain (a rule, the clip)."""
@@ -98,3 +107,29 @@ class Outer:
         if self.rule is None or not self.rule.decentralized:
             return None
         return consensus_distance(p, self.rule.axes, over=(AXIS,))
+
+
+def _check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
+    """The rule between the replicas of a pipeline on `mesh`: `rule` checked against the
+    mesh, SSGD over every data axis by default, None on a mesh without data axes."""
+    axes, names = data_axes(mesh), tuple(mesh.axis_names)
+    if rule is None:
+        return ssgd(axes) if axes else None
+    if not isinstance(rule, DataRule):
+        raise ArgumentTypeError(f"rule must be a pj.transforms.DataRule (ssgd, adpsgd, hadpsgd, "
+                                f"elastic), not {type(rule).__name__}")
+    for a in rule.axes:
+        if a == AXIS:
+            raise ConfigError(f"rule {rule.name!r} names the pipeline axis {AXIS!r}; a data rule "
+                              f"combines replicas over the data axes {axes}")
+        if a not in names:
+            raise ConfigError(f"rule {rule.name!r} names mesh axis {a!r}, but the mesh has axes "
+                              f"{names}; build the mesh with that axis (pj.make_mesh(stages, "
+                              "data, nodes)) or name one of its data axes")
+    unused = [a for a in axes if a not in rule.axes and mesh.shape[a] > 1]
+    if unused:
+        raise ConfigError(f"rule {rule.name!r} communicates over {rule.axes} but the mesh's data "
+                          f"axis {unused[0]!r} ({mesh.shape[unused[0]]} replicas) is in none "
+                          "of them: its replicas would train apart; use a rule over every data "
+                          "axis (hadpsgd for ('node', 'local'))")
+    return rule

@@ -75,7 +75,8 @@ def shard(fn: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
     return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def placement(mesh: Mesh, spec: P) -> NamedSharding:
+def sharding(mesh: Mesh, spec: P) -> NamedSharding:
+    """Where a buffer of partition `spec` lives on `mesh`."""
     return NamedSharding(mesh, spec)
 
 

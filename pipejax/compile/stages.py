@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from pipejax.compile import residuals
 from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
-from pipejax.compile.packing import Packing
+from pipejax.packing import Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.partition import Plan
 from pipejax.trace import Layer, apply_layers, same_layer, shapes
@@ -76,15 +76,16 @@ class StageCode:
     def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True,
                  split: bool = False):
         self.model, self.plan, self.seed, self.share = model, plan, seed, share
-        self.K, self.S, self.v = plan.stages, plan.chunks, plan.virtual
-        layers = [plan.device_layers(k) for k in range(self.K)]
+        self.placement = placement = plan.placement
+        self.S = placement.chunks
+        layers = [plan.device_layers(k) for k in range(placement.stages)]
         self.params = Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
                                  order=[i for ls in layers for i in ls])
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
                                      _same_structure, share)
-        self.device_groups = self.groups if self.v == 1 else StageGroups.by(
-            [(self.params.structure(k), [self._structure(j) for j in self.chunks_of(k)])
-             for k in range(self.K)], _same_device, share)
+        self.device_groups = self.groups if placement.virtual == 1 else StageGroups.by(
+            [(self.params.structure(k), [self._structure(j) for j in placement.device_chunks(k)])
+             for k in range(placement.stages)], _same_device, share)
         self.outputs = self._outputs()
         self.acts = Packing.of(self.outputs)
         kept = [self.residuals(j, model.remat) for j in self.groups.first]
@@ -94,10 +95,6 @@ class StageCode:
         if split:
             self.splits = [self._split(j) for j in self.groups.first]
             self.bridge = Packing.of([list(self.splits[g].avals) for g in self.groups.of])
-
-    def chunks_of(self, k: int) -> range:
-        """The virtual stages of device k: k, k + K, …"""
-        return range(k, self.S, self.K)
 
     @property
     def firsts(self) -> list[int]:
@@ -115,19 +112,20 @@ class StageCode:
         ends in the loss), its layers with their input and variable shapes,
         and where its chunk sits in its device's parameter tree."""
         specs = self.plan.stage_specs(j)
-        where = (self.slice_of(j), self.params.structure(j % self.K))
+        where = (self.slice_of(j), self.params.structure(self.placement.device(j)))
         return (j == 0, j == self.S - 1,
                 [(self.model.layers[s.index], shapes(s.input), shapes(s.variables)) for s in specs],
                 where)
 
     def slice_of(self, j: int) -> slice:
         """Virtual stage j's items in its device's list of layers."""
-        k, ranges = j % self.K, self.plan.ranges
-        start = sum(len(ranges[i]) for i in range(k, j, self.K))
+        placement, ranges = self.placement, self.plan.ranges
+        before = placement.device_chunks(placement.device(j))[:placement.local(j)]
+        start = sum(len(ranges[i]) for i in before)
         return slice(start, start + len(ranges[j]))
 
     def _abstract_params(self, j: int) -> Any:
-        return self.params.abstract_tree(j % self.K)[self.slice_of(j)]
+        return self.params.abstract_tree(self.placement.device(j))[self.slice_of(j)]
 
     def input_of(self, j: int) -> Any:
         """The abstract input of virtual stage j (None for the first)."""

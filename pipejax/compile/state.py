@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from pipejax.compile.packing import Buffers, Packing
+from pipejax.packing import Buffers, Packing
 from pipejax.errors import ArgumentTypeError
 from pipejax.nnx_layer import write_into
 

@@ -24,6 +24,7 @@ from jax import lax
 
 from pipejax.compile import microbatch
 from pipejax.compile.build import Build
+from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import (REPLICATED, STAGED, in_place, lead, local, per_replica,
                                   replica_key, shard, split_over_replicas)
@@ -34,7 +35,7 @@ from pipejax.compile.table import TableIn, TableOut, run_table
 
 def _pass(build: Build, p: Any, batch: tuple, key: jax.Array) -> TableOut:
     """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`."""
-    counters = (jnp.int32(0), jnp.int32(0), jnp.int32(build.M))
+    counters = Counters(jnp.int32(0), jnp.int32(0), jnp.int32(build.M))
     x, y = batch
     inp = TableIn(p, (), build.layout.rings(), (local(x), local(y)), counters,
                   replica_key(key, build.mesh))

@@ -4,11 +4,11 @@ At tick t, device k runs the tasks of the table's lanes in order (lanes.py),
 dispatched on their op (`Op.F`: the forward, `Op.BW`: the fused backward,
 `Op.B` and `Op.W`: zero bubble's input and weight gradients; each a loop of
 0 or 1 trips, masked when the task is idle or its micro-batch does not
-exist) on the task's virtual stage j = c·K + k, a branch of the stage switch
+exist) on the task's virtual stage j (`Placement`), a branch of the stage switch
 (branches.py); then all devices exchange activations and gradients outside
 the switch (messages.py: collectives never sit in a branch).
 What a backward does with its gradient is chosen once per program
-(`_Tick.__init__`): a synchronous table sums it; an asynchronous one applies
+(gradients.py): a synchronous table sums it; an asynchronous one applies
 the stage's optimizer at once, inside the op, or, when the update runs
 collectives, right after the op's loop on every device. A stage whose
 optimizer forecasts its weights runs its forward on the forecast its last
@@ -31,10 +31,11 @@ from jax import lax
 
 from pipejax.compile import branches, messages
 from pipejax.compile.build import Build
-from pipejax.compile.lanes import Task, lane_plan, lane_rows, read_task
+from pipejax.compile.gradients import GradientPolicy
+from pipejax.compile.lanes import Counters, TickTask, lane_plan, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.packing import Buffers
+from pipejax.packing import Buffers
 from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.state import Rings
 from pipejax.mesh import AXIS
@@ -49,7 +50,7 @@ class TableIn(NamedTuple):
     opt_state: OptState | tuple  # () for a pass without optimizers
     rings: Rings
     data: tuple  # (x, y) rings `[slots, mb, ...]`
-    counters: tuple  # (base, start, fed): ids are base + relative id; real for start <= id < fed
+    counters: Counters
     key: jax.Array
 
 
@@ -70,7 +71,7 @@ class _Ops(NamedTuple):
 
     p: Buffers
     s: OptState | tuple
-    acc: Any
+    grad_sum: Any  # the step's gradient sum (synchronous), () otherwise
     kept: Buffers
     weights: Buffers
     bridge: Buffers
@@ -81,18 +82,17 @@ class _Tick:
 
     def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn):
         self.code, self.layout, self.opts = build.code, build.layout, opts
-        self.K, self.sync = build.K, build.schedule.synchronous
-        self.v, self.S = self.code.v, self.code.S
-        self.plan = lane_plan(build.schedule)
+        self.placement, self.sync = build.placement, build.schedule.synchronous
+        self.S = self.placement.chunks
+        self.lanes = lane_plan(build.schedule)
         self.k = stage_index()
         self.x, self.y = inp.data
         self.counters = inp.counters
         self.key = inp.key
         made = {Op.F: branches.forward, Op.BW: branches.backward, Op.B: branches.input_grad,
                 Op.W: branches.weight_grad}
-        self.branches = {op: made[op](self.code) for _, op, _ in self.plan}
-        # What a backward does with its gradient, chosen once for the program.
-        self.update = None if self.sync else opts.updater()
+        self.branches = {lane.op: made[lane.op](self.code) for lane in self.lanes}
+        self.gradients = GradientPolicy(self.sync, opts, self.code.params)
         # Which loops a tick runs, known from the table: the forward's and
         # the backward's (`separate`), the fused pair's (`fusion`).
         fused, forwards = build.schedule.fused, build.schedule.fwd != NONE
@@ -101,13 +101,7 @@ class _Tick:
         # Every loop runs at every tick: a synchronous table with no idle cell
         # and no lane that mixes ops (K = 1 under GPipe and 1F1B).
         self.busy = (self.sync and bool((build.schedule.ops != Op.IDLE).all())
-                     and not any(mixed for _, _, mixed in self.plan))
-        if self.sync:
-            self._take, self._after = self._accumulate, None
-        elif opts.outer.collective:
-            self._take, self._after = self._keep, self._update_after
-        else:
-            self._take, self._after = self._update_now, None
+                     and not any(lane.mixed for lane in self.lanes))
 
     def _inputs(self, g: jax.Array, j: jax.Array) -> tuple:
         """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j."""
@@ -117,25 +111,25 @@ class _Tick:
         return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g), first
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
-        p, s, rings, acc = carry
-        tasks = {op: read_task(row[lane], op, self.k, self.K, self.v, self.counters)
-                 for lane, op, _ in self.plan}
+        p, s, rings, grad_sum = carry
+        tasks = {lane.op: read_task(row[lane.index], lane.op, self.k, self.placement,
+                                    self.counters) for lane in self.lanes}
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
         fused = None
         if self.fusion:
             f, b = tasks[Op.F], tasks[Op.BW]
             last = (f.j == self.S - 1) & (b.j == self.S - 1)
-            fused = Task(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
+            fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
             runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
                     Op.BW: b._replace(real=b.real & ~fused.real)}
         # Read the slots into values of their own before any buffer is
         # written, so that XLA updates the ring buffers in place.
         slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
                                           for op, t in tasks.items()})
-        ops = _Ops(p, s, acc, rings.kept, rings.weights, rings.bridge)
+        ops = _Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
         sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
-        for _, op, _ in self.plan:
+        for op in (lane.op for lane in self.lanes):
             if op == Op.F:
                 ops, msg, loss = self._forward(runs[op], ops, slots[op], loss)
             elif op == Op.BW:
@@ -147,17 +141,17 @@ class _Tick:
             sent[op] = (msg, tasks[op])
         back = next(sent[op] for op in BACKWARD if op in sent)  # B or BW: a table has one
         rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
-        rings = messages.exchange(rings, self.layout, self.k, sent[Op.F], back)
+        rings = messages.exchange(rings, self.layout, self.placement, sent[Op.F], back)
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
-        return ((ops.p, ops.s, rings, ops.acc),
+        return ((ops.p, ops.s, rings, ops.grad_sum),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
     def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
 
-    def _forward(self, task: Task, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
+    def _forward(self, task: TickTask, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
         weights (or their forecast): keeps its residuals (and with weight
         stashing the weights it used) in its slot; returns the ops' state,
@@ -186,7 +180,7 @@ class _Tick:
         p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
-    def _backward(self, task: Task, fused: Task | None, ops: _Ops, read: tuple,
+    def _backward(self, task: TickTask, fused: TickTask | None, ops: _Ops, read: tuple,
                   loss: jax.Array) -> tuple:
         """Stage k's fused backward (BW) of micro-batch g on virtual stage j
         at the current weights (their backward forecast, or the stashed
@@ -194,8 +188,8 @@ class _Tick:
         forward and backward in one vjp at the forward's weights (both
         forecasts coincide there: no update comes between, the horizons are
         equal and the delay 0). Then what the program does with the
-        gradient (`_take`, and `_after` outside the loops: its collectives
-        run on every device at every tick). Returns the ops' state, the
+        gradient (`GradientPolicy`: `take` in the loop, `after` outside
+        it, where its collectives run on every device at every tick). Returns the ops' state, the
         message back, the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
         if self.separate:  # a slot exists: the table keeps residuals
@@ -203,34 +197,35 @@ class _Tick:
             stashed = messages.read(ops.weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
-            p, s, grads_slot, _, loss, skipped = c
+            p, s, carried, _, loss, skipped = c
             w = stashed if stashed is not None else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
             grads, msg = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
-            p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
-            return p, s, grads_slot, msg, loss, skipped
+            p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
+            return p, s, carried, msg, loss, skipped
 
         def both(args, c):
-            p, s, grads_slot, _, _, skipped = c
+            p, s, carried, _, _, skipped = c
             loss, grads, msg = branches.fused(self.code, s.ahead if ahead else p, *args)
-            p, s, grads_slot, skipped = self._take(p, s, grads_slot, grads, skipped)
-            return p, s, grads_slot, msg, loss, skipped
+            p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
+            return p, s, carried, msg, loss, skipped
 
-        h, g = read
-        carry = (ops.p, ops.s, self._slot(ops.acc), self.code.acts.zeros(), loss, jnp.int32(0))
+        h, ct = read
+        carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), self.code.acts.zeros(), loss,
+                 jnp.int32(0))
         if self.separate:
-            args = (h, g, messages.read(ops.kept, slot), self._inputs(task.g, task.j))
+            args = (h, ct, messages.read(ops.kept, slot), self._inputs(task.g, task.j))
             carry = self._run(task.real, backward, args, carry)
         if fused is not None:
             carry = self._run(fused.real, both, (h, self._inputs(fused.g, fused.j)), carry)
-        p, s, grads_slot, msg, loss, skipped = carry
-        acc = grads_slot if self.sync else ops.acc
-        if self._after is not None:
+        p, s, carried, msg, loss, skipped = carry
+        grad_sum = carried if self.sync else ops.grad_sum
+        if self.gradients.after_loop:
             real = task.real if fused is None else task.real | fused.real
-            p, s, skipped = self._after(p, s, grads_slot, real)
-        return ops._replace(p=p, s=s, acc=acc), msg, loss, skipped
+            p, s, skipped = self.gradients.after(p, s, carried, real)
+        return ops._replace(p=p, s=s, grad_sum=grad_sum), msg, loss, skipped
 
-    def _input_grad(self, task: Task, ops: _Ops, read: tuple) -> tuple:
+    def _input_grad(self, task: TickTask, ops: _Ops, read: tuple) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
         gradient, sent back, and the bridge its W reads, filed in its slot."""
         kept_slot = task.ring % self.layout.kept_slots
@@ -241,43 +236,24 @@ class _Tick:
             new, msg = self.code.groups.switch_at(task.j, self.branches[Op.B], p, *args)
             return p, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
 
-        h, g = read
-        args = (h, g, messages.read(ops.kept, kept_slot), self._inputs(task.g, task.j))
+        h, ct = read
+        args = (h, ct, messages.read(ops.kept, kept_slot), self._inputs(task.g, task.j))
         p, bridge, msg = self._run(task.real, input_grad, args,
                                    (ops.p, ops.bridge, self.code.acts.zeros()))
         return ops._replace(p=p, bridge=bridge), msg
 
-    def _weight_grad(self, task: Task, ops: _Ops, read: tuple) -> _Ops:
+    def _weight_grad(self, task: TickTask, ops: _Ops, read: tuple) -> _Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
         summed (a synchronous table)."""
         def weight_grad(args, c):
-            p, acc = c
+            p, grad_sum = c
             grads = self.code.groups.switch_at(task.j, self.branches[Op.W], p, *args)
-            return p, tuple(a + d for a, d in zip(acc, grads))
+            return p, tuple(a + d for a, d in zip(grad_sum, grads))
 
-        p, acc = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
-                           (ops.p, ops.acc))
-        return ops._replace(p=p, acc=acc)
-
-    # What a backward does with its gradient `d`: the loop carries `slot`,
-    # the step's running sum (synchronous), this op's gradient (updated after
-    # the loop), or nothing (updated inside it).
-    def _slot(self, acc: Any) -> Any:
-        return acc if self.sync else self.code.params.zeros() if self._after else ()
-
-    def _accumulate(self, p, s, slot, d, skipped) -> tuple:
-        return p, s, tuple(a + b for a, b in zip(slot, d)), skipped
-
-    def _keep(self, p, s, slot, d, skipped) -> tuple:
-        return p, s, d, skipped
-
-    def _update_now(self, p, s, slot, d, skipped) -> tuple:
-        p, s, skipped = self.update(p, d, s)
-        return p, s, slot, skipped
-
-    def _update_after(self, p, s, d, real) -> tuple:
-        return self.update(p, d, s, real)
+        p, grad_sum = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
+                                (ops.p, ops.grad_sum))
+        return ops._replace(p=p, grad_sum=grad_sum)
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:
@@ -286,15 +262,15 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     mesh's data axes."""
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule)  # static
-    acc = build.code.params.zeros() if schedule.synchronous else ()
+    grad_sum = build.code.params.zeros() if schedule.synchronous else ()
     tick = _Tick(build, opts, inp)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
-    (p, s, rings, acc), (losses, done, skipped) = lax.scan(
-        tick, (inp.params, inp.opt_state, inp.rings, acc), lane_rows(schedule, tick.plan))
+    (p, s, rings, grad_sum), (losses, done, skipped) = lax.scan(
+        tick, (inp.params, inp.opt_state, inp.rings, grad_sum), lane_rows(schedule, tick.lanes))
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
     skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)
     if axes:  # every replica finishes the same micro-batches
         losses = lax.pmean(losses, axes)
-    return TableOut(p, s, rings, acc, losses, done, skipped)
+    return TableOut(p, s, rings, grad_sum, losses, done, skipped)

@@ -1,7 +1,7 @@
 """Trading cost balance for padded bytes (`pj.pipeline(..., max_padding=f)`).
 
 SPMD buffers have one shape on every device, so each packed parameter slot
-is as long as the largest leaf any stage puts there (compile/packing.py):
+is as long as the largest leaf any stage puts there (pipejax/packing.py):
 a split whose stages hold very different weights pays for the largest on
 every device (VGG at K = 4: 214 % padding). With `max_padding`, the
 partitioner keeps its objective (variance or bottleneck) but only over
@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from pipejax.errors import ConfigError
+from pipejax.packing import Packing
 from pipejax.partition.balance import balance, objective_value
 from pipejax.trace import LayerSpec
 
@@ -32,8 +33,6 @@ EXHAUSTIVE = 20_000  # splits tried one by one; beyond, a search over a byte bou
 
 def padding(specs: Sequence[LayerSpec], split: Sequence[int]) -> float:
     """Padded over real bytes of the packed parameters of `split`, minus one."""
-    from pipejax.compile.packing import Packing  # compile builds on partition
-
     bounds = np.cumsum([0, *split])
     return Packing.of([[s.variables for s in specs[a:b]]
                        for a, b in zip(bounds[:-1], bounds[1:])]).padding()

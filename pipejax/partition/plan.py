@@ -4,9 +4,8 @@ Built from the traced `LayerSpec`s and a split (from `balance` or the user).
 Printing a plan gives the table a researcher checks before training: stage,
 layer range and names, cost, parameter bytes and boundary activation bytes.
 With v virtual stages per device the split has K·v contiguous chunks (the
-virtual stages, in model order) and device k holds chunks k, k + K, …
-(circular placement, Narayanan et al. 2021, §2.2); the table shows each
-chunk's device.
+virtual stages, in model order), placed on the devices by the pipeline's
+`Placement` (placement.py); the table shows each chunk's device.
 How stages are laid out in device buffers (and the padding that costs) is the
 compiler's business: see `pipejax.compile.layout`.
 """
@@ -22,28 +21,29 @@ from pipejax.errors import ConfigError
 from pipejax.formatting import human_bytes, table
 from pipejax.partition.balance import balance, check_split
 from pipejax.partition.padding import within_padding
+from pipejax.placement import Placement
 from pipejax.trace import LayerSpec, nbytes
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Layers per (virtual) stage and the cost, parameter bytes and boundary
-    bytes of each; `virtual` chunks per device."""
+    bytes of each; `placement` says which device holds each."""
 
     specs: tuple[LayerSpec, ...]
     split: tuple[int, ...]  # layers per virtual stage, K·v of them in model order
     objective: str
-    virtual: int = 1
+    placement: Placement
 
     @property
     def chunks(self) -> int:
         """S = K·v: the virtual stages (the stages when v = 1)."""
-        return len(self.split)
+        return self.placement.chunks
 
     @property
     def stages(self) -> int:
         """K: the devices."""
-        return len(self.split) // self.virtual
+        return self.placement.stages
 
     @property
     def ranges(self) -> list[range]:
@@ -51,14 +51,10 @@ class Plan:
         bounds = np.cumsum([0, *self.split])
         return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def device(self, j: int) -> int:
-        """The device of virtual stage j."""
-        return j % self.stages
-
     def device_layers(self, k: int) -> list[int]:
         """Global indices of device k's layers, chunk by chunk: the order of
         its parameter tree."""
-        return [i for j in range(k, self.chunks, self.stages) for i in self.ranges[j]]
+        return [i for j in self.placement.device_chunks(k) for i in self.ranges[j]]
 
     def stage_specs(self, j: int) -> tuple[LayerSpec, ...]:
         """The layers of virtual stage j."""
@@ -80,7 +76,7 @@ class Plan:
         return [self.stage_specs(j)[-1].activation_bytes for j in range(self.chunks)]
 
     def __str__(self) -> str:
-        chunked = self.virtual > 1
+        chunked = self.placement.virtual > 1
         rows = [("chunk" if chunked else "stage", *(("device",) if chunked else ()), "layers",
                  "names", "cost", "share", "params", "sends")]
         costs = self.costs
@@ -92,15 +88,14 @@ class Plan:
             sends = human_bytes(self.boundary_bytes[j]) if j < self.chunks - 1 else "-"
             cost, share = ("n/a", "n/a") if total is None else \
                 (f"{costs[j]:.3g}", f"{100 * costs[j] / total:.1f}%")
-            rows.append((str(j), *((str(self.device(j)),) if chunked else ()),
+            rows.append((str(j), *((str(self.placement.device(j)),) if chunked else ()),
                          f"{r.start}-{r.stop - 1}", names, cost, share,
                          human_bytes(self.param_bytes[j]), sends))
         lines = [table(rows)]
         cost_kind = "measured seconds" if self.specs[0].seconds is not None else "fwd+bwd FLOPs"
         lines.append(f"objective {self.objective}, cost = {cost_kind}")
         if chunked:
-            lines.append(f"{self.virtual} chunks per device, device k holds chunks k, k + "
-                         f"{self.stages}, ... (circular placement)")
+            lines.append(str(self.placement))
         unknown = [s for s in self.specs if s.cost is None]
         if unknown:
             lines.append("no cost estimate (XLA's cost analysis gave none) for layers " +
@@ -108,11 +103,11 @@ class Plan:
         return "\n".join(lines)
 
 
-def make_plan(specs: Sequence[LayerSpec], stages: int,
+def make_plan(specs: Sequence[LayerSpec], placement: Placement,
               partition: str | Sequence[int] = "variance", max_bytes: float | None = None,
               in_flight: Sequence[int] | None = None, keeps_activations: bool = False,
-              max_padding: float | None = None, virtual: int = 1) -> Plan:
-    """Split traced layers into `stages` · `virtual` contiguous (virtual) stages.
+              max_padding: float | None = None) -> Plan:
+    """Split traced layers into the K·v contiguous (virtual) stages of `placement`.
 
     `partition` is "variance" (GPipe), "bottleneck" (PipeDream) or an explicit
     list of layer counts per stage. `max_bytes` bounds each stage's
@@ -120,10 +115,10 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     its input and (`keeps_activations`: remat "none") its layers' inputs for
     each of the `in_flight[k]` micro-batches stage k holds at once.
     `max_padding` keeps the packed parameters' padding within that fraction
-    of their bytes, at the price of balance (padding.py). With `virtual` = v
-    the K·v chunks are balanced as stages; `partition` lists K·v counts.
+    of their bytes, at the price of balance (padding.py). With v chunks per
+    device the K·v chunks are balanced as stages; `partition` lists K·v counts.
     """
-    specs = tuple(specs)
+    specs, virtual = tuple(specs), placement.virtual
     if virtual > 1 and max_bytes is not None:
         raise ConfigError(
             f"max_bytes bounds each stage's bytes, but with virtual={virtual} a device holds "
@@ -134,12 +129,11 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
             f"max_padding bounds the padding of each device's packed parameters, but with "
             f"virtual={virtual} a device packs {virtual} chunks that are not next to each other, "
             "which the padding search does not cover; use virtual=1, or check pipe.layout")
-    if virtual > 1 and isinstance(partition, (list, tuple)) and len(partition) != stages * virtual:
+    stages = placement.chunks
+    if virtual > 1 and isinstance(partition, (list, tuple)) and len(partition) != stages:
         raise ConfigError(f"partition {list(partition)} has {len(partition)} entries; with "
-                          f"stages={stages} and virtual={virtual} give one layer count per "
-                          f"chunk, {stages * virtual} in model order (device k holds chunks k, "
-                          f"k + {stages}, ...)")
-    stages = stages * virtual
+                          f"stages={placement.stages} and virtual={virtual} give one layer count "
+                          f"per chunk, {stages} in model order ({placement})")
     if isinstance(partition, str):
         unknown = [s for s in specs if s.cost is None] if stages > 1 else []  # one stage: no costs
         if unknown:
@@ -167,5 +161,5 @@ def make_plan(specs: Sequence[LayerSpec], stages: int,
     else:
         raise ConfigError(f"partition must be 'variance', 'bottleneck' or a list of layer "
                           f"counts, not {partition!r}")
-    return Plan(specs=specs, split=split, objective=objective, virtual=virtual)
+    return Plan(specs=specs, split=split, objective=objective, placement=placement)
 

@@ -3,8 +3,10 @@
 from typing import Callable
 
 from pipejax.errors import ConfigError
+from pipejax.placement import Placement
 from pipejax.schedules.asynchronous import pb, pipedream
 from pipejax.schedules.interleaved import gpipe_virtual, interleaved
+from pipejax.schedules.pictures import plot, render
 from pipejax.schedules.schedule import Schedule, StageInfo
 from pipejax.schedules.synchronous import gpipe, one_f_one_b
 from pipejax.schedules.tasks import NONE, Op, Task
@@ -26,13 +28,15 @@ _NO_VIRTUAL = {
     "pb": "asynchronous tables run one chunk per device (see 'pipedream')"}
 
 
-def make_schedule(schedule: "str | Schedule", K: int, M: int, v: int = 1) -> Schedule:
-    """A schedule by name for K devices, M micro-batches and v chunks per
-    device, or a user-built `Schedule` checked against them."""
+def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> Schedule:
+    """A schedule by name for the devices and chunks of `placement` and M
+    micro-batches, or a user-built `Schedule` checked against them."""
+    K, v = placement.stages, placement.virtual
     if isinstance(schedule, Schedule):
-        if (schedule.stages, schedule.microbatches, schedule.virtual) != (K, M, v):
-            raise ConfigError(f"schedule {schedule.name!r} is built for K={schedule.stages}, "
-                              f"M={schedule.microbatches}, virtual={schedule.virtual} but the "
+        if (schedule.placement, schedule.microbatches) != (placement, M):
+            have = schedule.placement
+            raise ConfigError(f"schedule {schedule.name!r} is built for K={have.stages}, "
+                              f"M={schedule.microbatches}, virtual={have.virtual} but the "
                               f"pipeline has K={K}, M={M}, virtual={v}")
         return schedule
     if schedule not in BUILDERS:
@@ -49,4 +53,5 @@ def make_schedule(schedule: "str | Schedule", K: int, M: int, v: int = 1) -> Sch
 
 
 __all__ = ["NONE", "Op", "Schedule", "Task", "StageInfo", "Timeline", "gpipe", "gpipe_virtual",
-           "interleaved", "make_schedule", "one_f_one_b", "pb", "pipedream", "zb_h1", "zb_h2"]
+           "interleaved", "make_schedule", "one_f_one_b", "pb", "pipedream", "plot", "render",
+           "zb_h1", "zb_h2"]

@@ -10,98 +10,104 @@ naming the tick, stage and micro-batch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from pipejax.errors import ScheduleError
+from pipejax.placement import Placement
 from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
-from pipejax.schedules.timeline import stage_name
-
-if TYPE_CHECKING:
-    from pipejax.schedules.schedule import Schedule
+from pipejax.schedules.timeline import Timeline
 
 
-def check_tasks(schedule: Schedule) -> None:
+def check_tasks(name: str, table: np.ndarray, placement: Placement, asynchronous: bool) -> None:
     """Reject unknown ops, a cell with two ops of one kind, negative chunks,
     and chunks in an asynchronous table."""
-    ops = schedule.ops
+    ops = table[..., 0]
     if not np.isin(ops, [int(o) for o in Op]).all():
         t, k, lane = np.argwhere(~np.isin(ops, [int(o) for o in Op]))[0]
-        raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k}, lane {lane} has op "
+        raise ScheduleError(f"schedule {name!r}: tick {t}, stage {k}, lane {lane} has op "
                             f"{ops[t, k, lane]}; use one of {[o.name for o in Op]}")
-    busy, ids = ops != Op.IDLE, schedule.table[..., 1]
+    busy, ids = ops != Op.IDLE, table[..., 1]
     if (ids[busy] == NONE).any() or (ids[~busy] != NONE).any():
-        raise ScheduleError(f"schedule {schedule.name!r}: a busy task needs a micro-batch and an "
+        raise ScheduleError(f"schedule {name!r}: a busy task needs a micro-batch and an "
                             "idle one none")
     for kind, what in (((Op.F,), "forwards"), (BACKWARD, "input gradients (B, BW)"),
                        (WEIGHTS, "weight gradients (W, BW)")):
         per_cell = np.isin(ops, kind).sum(axis=2)
         if (per_cell > 1).any():
             t, k = np.argwhere(per_cell > 1)[0]
-            raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k} runs two "
+            raise ScheduleError(f"schedule {name!r}: tick {t}, stage {k} runs two "
                                 f"{what}; a tick holds one of each")
-    chunks = schedule.table[..., 2]
-    if (chunks < 0).any():
-        t, k, lane = np.argwhere(chunks < 0)[0]
-        raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k}, lane {lane} names "
-                            f"chunk {chunks[t, k, lane]}; chunks count from 0")
-    if schedule.asynchronous and np.isin(ops, (Op.B, Op.W)).any():
+    local = table[..., 2]  # each task's chunk among its device's
+    if (local < 0).any():
+        t, k, lane = np.argwhere(local < 0)[0]
+        raise ScheduleError(f"schedule {name!r}: tick {t}, stage {k}, lane {lane} names "
+                            f"chunk {local[t, k, lane]}; chunks count from 0")
+    if asynchronous and np.isin(ops, (Op.B, Op.W)).any():
         raise ScheduleError(
-            f"schedule {schedule.name!r}: an asynchronous table runs fused backwards (BW): its "
+            f"schedule {name!r}: an asynchronous table runs fused backwards (BW): its "
             "stages update their weights right after each backward, so there is no W to defer")
-    if schedule.asynchronous and (chunks != 0).any():
+    if asynchronous and (local != 0).any():
         raise ScheduleError(
-            f"schedule {schedule.name!r}: an asynchronous table with virtual stages is not run: "
+            f"schedule {name!r}: an asynchronous table with virtual stages is not run: "
             "each stage updates its weights after every backward, and with v chunks a device "
             "would hold v optimizer stages with delays of their own, while the per-stage "
             "optimizers are one per device; use virtual=1 with 'pb' and 'pipedream'")
+    if placement.stages != table.shape[1]:
+        raise ScheduleError(f"schedule {name!r}: the table has {table.shape[1]} stages "
+                            f"but its placement {placement.stages}; give "
+                            f"placement=pj.Placement({table.shape[1]}, v)")
+    if (local >= placement.virtual).any():
+        t, k, lane = np.argwhere(local >= placement.virtual)[0]
+        raise ScheduleError(f"schedule {name!r}: tick {t}, stage {k}, lane {lane} names "
+                            f"chunk {local[t, k, lane]} but its placement holds "
+                            f"{placement.virtual} chunk(s) per device; give "
+                            f"placement=pj.Placement({table.shape[1]}, "
+                            f"{int(local.max()) + 1}) with the table")
 
 
-def check_order(schedule: Schedule) -> None:
+def check_order(name: str, table: np.ndarray, M: int, asynchronous: bool, tl: Timeline) -> None:
     """Reject an impossible table, naming the tick, stage and micro-batch."""
-    K, M, T = schedule.stages, schedule.microbatches, schedule.ticks
-    step = lambda tick: f" of step {tick // T}" if schedule.asynchronous else ""
+    T = table.shape[0]
+    step = lambda tick: f" of step {tick // T}" if asynchronous else ""
     where = lambda tick: f"tick {tick % T}" + step(tick)
-    ids = schedule.table[..., 1]
-    bad = (ids != NONE) & (((ids < 0) & schedule.synchronous) | (ids >= M))
+    ids = table[..., 1]
+    bad = (ids != NONE) & (((ids < 0) & (not asynchronous)) | (ids >= M))
     if bad.any():
         t, k, _ = np.argwhere(bad)[0]
-        span = f"0..{M - 1}" if schedule.synchronous else f"below {M} (negative: fed earlier)"
-        raise ScheduleError(f"schedule {schedule.name!r}: tick {t}, stage {k} names "
+        span = f"below {M} (negative: fed earlier)" if asynchronous else f"0..{M - 1}"
+        raise ScheduleError(f"schedule {name!r}: tick {t}, stage {k} names "
                             f"micro-batch {ids[bad][0]} outside {span}")
-    tl = schedule.timeline(3 if schedule.asynchronous else 1)
     F, B = tl.F, tl.B
     S = F.shape[0]
-    name = lambda j: stage_name(j, K, S)
+    stage = tl.placement.name
     for j in range(1, S):
         for g in range(F.shape[1]):
             if F[j, g] <= F[j - 1, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(F[j, g])}, {name(j)} runs the forward of "
-                    f"micro-batch {g} before its input exists ({name(j - 1)} sends it at "
+                    f"schedule {name!r}: {where(F[j, g])}, {stage(j)} runs the forward of "
+                    f"micro-batch {g} before its input exists ({stage(j - 1)} sends it at "
                     f"{where(F[j - 1, g])})")
     for j in range(S):
         for g in range(F.shape[1]):
             if tl.b_time[j, g] < tl.f_time[j, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the backward of "
+                    f"schedule {name!r}: {where(B[j, g])}, {stage(j)} runs the backward of "
                     f"micro-batch {g} before its forward ({where(F[j, g])})")
             split = tl.w_time[j, g] != tl.b_time[j, g]  # B and W, not one BW
             if split and tl.W[j, g] <= B[j, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(tl.W[j, g])}, {name(j)} runs the weight "
+                    f"schedule {name!r}: {where(tl.W[j, g])}, {stage(j)} runs the weight "
                     f"gradient (W) of micro-batch {g} no later than its input gradient (B, "
                     f"{where(B[j, g])}); W reads what B files, and a tick's ops read their "
                     "slots before any op of the tick writes them: run W at a later tick")
             if split and B[j, g] == F[j, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the input "
+                    f"schedule {name!r}: {where(B[j, g])}, {stage(j)} runs the input "
                     f"gradient (B) of micro-batch {g} in the tick of its forward; B reads the "
                     "residuals the forward keeps, and a tick's ops read their slots before any "
                     "op of the tick writes them: run B at a later tick (or fuse it, BW)")
             if j < S - 1 and B[j, g] <= B[j + 1, g]:
                 raise ScheduleError(
-                    f"schedule {schedule.name!r}: {where(B[j, g])}, {name(j)} runs the backward of "
-                    f"micro-batch {g} before {name(j + 1)} sends its gradient "
+                    f"schedule {name!r}: {where(B[j, g])}, {stage(j)} runs the backward of "
+                    f"micro-batch {g} before {stage(j + 1)} sends its gradient "
                     f"({where(B[j + 1, g])})")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from pipejax.errors import ConfigError
+from pipejax.placement import Placement
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op, Task, empty, put
 
@@ -24,13 +25,13 @@ Pick = Callable[[int, Callable[[Task], bool]], "Task | None"]  # (device, ready)
 class Progress:
     """What has run so far: the tick of every (op, virtual stage, micro-batch)."""
 
-    def __init__(self, K: int, v: int):
-        self.K, self.S = K, K * v
+    def __init__(self, placement: Placement):
+        self.placement, self.S = placement, placement.chunks
         self.done: dict[tuple[Op, int, int], int] = {}
 
     def stage(self, k: int, task: Task) -> int:
         """The virtual stage of `task` on device k."""
-        return task.chunk * self.K + k
+        return self.placement.chunk(k, task.chunk)
 
     def ready(self, k: int, task: Task, t: int) -> bool:
         """Whether `task` on device k may run at tick t."""
@@ -51,7 +52,8 @@ class Progress:
 def simulate(name: str, K: int, M: int, v: int, pick: Pick, ops: int) -> Schedule:
     """The table of `pick`: each tick, device k runs `pick(k, ready)` (None:
     idle), until every device ran `ops` ops."""
-    progress, table, t = Progress(K, v), [], 0
+    placement = Placement(K, v)
+    progress, table, t = Progress(placement), [], 0
     ran = [0] * K
     limit = 4 * (ops + K * v)  # a policy that cannot finish stalls well before this
     while min(ran) < ops:
@@ -73,7 +75,7 @@ def simulate(name: str, K: int, M: int, v: int, pick: Pick, ops: int) -> Schedul
         for k, task in enumerate(row):
             if task is not None:
                 put(out, tick, k, 0, task)
-    return Schedule(name, out, microbatches=M)
+    return Schedule(name, out, microbatches=M, placement=placement)
 
 
 def in_order(orders: list[list[Task]]) -> Pick:

@@ -8,13 +8,8 @@ fill/drain bubble of one step from an empty pipeline to an empty one apart.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op
-
-if TYPE_CHECKING:
-    from pipejax.schedules.schedule import Schedule
-
 
 _LETTER = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "B"}
 _COLOR = {Op.F: "#4c9be8", Op.B: "#f08a4b", Op.W: "#5cb85c", Op.BW: "#f08a4b"}
@@ -26,7 +21,7 @@ def _tasks(schedule: Schedule, t: int, k: int) -> list[tuple[Op, str]]:
     out = []
     for op, m, c in schedule.table[t, k]:
         if op != Op.IDLE:
-            out.append((Op(op), f"{m}.{c}" if schedule.virtual > 1 else str(m)))
+            out.append((Op(op), f"{m}.{c}" if schedule.placement.virtual > 1 else str(m)))
     return out
 
 
@@ -42,7 +37,7 @@ def _legend(schedule: Schedule) -> str:
     colors = {Op.F: "blue", Op.B: "orange", Op.W: "green", Op.BW: "orange"}
     parts = [f"{colors[o]} {names[o]}" for o in Op if o in ops and not (o == Op.BW and Op.B in ops)]
     chunks = ("; m.c = micro-batch m on chunk c, darker = later chunk"
-              if schedule.virtual > 1 else "")
+              if schedule.placement.virtual > 1 else "")
     return ", ".join(parts) + chunks
 
 
@@ -71,7 +66,7 @@ def render(schedule: Schedule) -> str:
         rows.append(f"stage {k} " + "".join(_cell(schedule, t, k).rjust(width)
                                              for t in range(schedule.ticks)))
     kind = "asynchronous" if schedule.asynchronous else "synchronous"
-    virtual = f" v={schedule.virtual}" if schedule.virtual > 1 else ""
+    virtual = f" v={schedule.placement.virtual}" if schedule.placement.virtual > 1 else ""
     rows.append(f"{schedule.name} ({kind}, {_shows(schedule)}): K={schedule.stages}{virtual} "
                 f"M={schedule.microbatches} ticks={schedule.ticks} {_bubbles(schedule)} "
                 f"delays={schedule.delays}")
@@ -87,7 +82,7 @@ def plot(schedule: Schedule, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    K, T, v = schedule.stages, schedule.ticks, schedule.virtual
+    K, T, v = schedule.stages, schedule.ticks, schedule.placement.virtual
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * T), 0.6 * K + 1.4))
     for t in range(T):
         for k in range(K):

@@ -25,7 +25,8 @@ from typing import NamedTuple
 import numpy as np
 
 from pipejax.errors import ScheduleError
-from pipejax.schedules import capacities, pictures
+from pipejax.placement import Placement
+from pipejax.schedules import capacities
 from pipejax.schedules.checks import check_order, check_tasks
 from pipejax.schedules.tasks import BACKWARD, NONE, Op
 from pipejax.schedules.timeline import Timeline, lifetime, unroll
@@ -45,12 +46,15 @@ class StageInfo(NamedTuple):
 class Schedule:
     """`table[t, k, lane]` = (op, micro-batch, chunk): the `Task` stage k runs
     in that lane at tick t (tasks.py; build one with `tasks.empty` and
-    `tasks.put`, or `tasks.from_lanes`)."""
+    `tasks.put`, or `tasks.from_lanes`); the chunk is device k's local
+    chunk c, which `placement` maps to a virtual stage (default: one chunk
+    per device)."""
 
     name: str
     table: np.ndarray
     microbatches: int
     asynchronous: bool = False
+    placement: Placement | None = None
 
     def __post_init__(self):
         table = np.asarray(self.table, np.int64)
@@ -58,8 +62,10 @@ class Schedule:
             raise ScheduleError(f"schedule {self.name!r}: table {table.shape} must be [ticks, "
                                 "stages, lanes, (op, micro-batch, chunk)]")
         object.__setattr__(self, "table", table)
+        if self.placement is None:
+            object.__setattr__(self, "placement", Placement(table.shape[1]))
         object.__setattr__(self, "_timelines", {})  # steps -> Timeline
-        check_tasks(self)
+        check_tasks(self.name, table, self.placement, self.asynchronous)
         self.validate()
 
     @property
@@ -82,11 +88,6 @@ class Schedule:
     def lane_ops(self, lane: int) -> tuple[Op, ...]:
         """The ops that occur in `lane`, idle left out: what the executor compiles there."""
         return tuple(Op(o) for o in np.unique(self.ops[:, :, lane]) if o != Op.IDLE)
-
-    @property
-    def virtual(self) -> int:
-        """v: model chunks per device (virtual stages c·K + k on device k)."""
-        return int(self.table[..., 2].max()) + 1
 
     def cells(self, ops: tuple[Op, ...], field: int = 1) -> np.ndarray:
         """`[ticks, stages]`: the micro-batch (`field` 1) or chunk (2) of the
@@ -123,14 +124,15 @@ class Schedule:
         """Unroll `steps` steps; an asynchronous table then runs periods with no
         new input until every micro-batch fed has finished (the flush)."""
         if steps not in self._timelines:
-            self._timelines[steps] = unroll(self.name, self.table, self.microbatches,
-                                           self.asynchronous, steps)
+            self._timelines[steps] = unroll(self.name, self.table, self.placement,
+                                           self.microbatches, self.asynchronous, steps)
         return self._timelines[steps]
 
     def validate(self) -> None:
         """Reject an impossible table, naming the tick, stage and micro-batch
         (checks.py)."""
-        check_order(self)
+        check_order(self.name, self.table, self.microbatches, self.asynchronous,
+                    self.timeline(3 if self.asynchronous else 1))
 
     # --------------------------------------------------------- derived facts
     @property
@@ -236,18 +238,9 @@ class Schedule:
         return StageInfo(stage=k, stages=self.stages, delay=self.delays[k],
                          forward_horizon=f, backward_horizon=b)
 
-    # ------------------------------------------------------------- pictures
-    def render(self) -> str:
-        """Text Gantt chart: one row per stage, one column per tick."""
-        return pictures.render(self)
-
-    def plot(self, path: str) -> None:
-        """PNG timeline: forward, backward and idle cells coloured, micro-batch
-        numbers in the cells."""
-        pictures.plot(self, path)
-
     def __repr__(self) -> str:
-        virtual = f", virtual={self.virtual}" if self.virtual > 1 else ""
+        v = self.placement.virtual
+        virtual = f", virtual={v}" if v > 1 else ""
         return (f"Schedule({self.name!r}, stages={self.stages}{virtual}, "
                 f"microbatches={self.microbatches}, ticks={self.ticks}, "
                 f"asynchronous={self.asynchronous})")

@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 
 from pipejax.errors import ScheduleError
+from pipejax.placement import Placement
 from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
 
 
@@ -39,7 +40,7 @@ class Timeline:
     ticks: int  # ticks from the first op to the last
     unit: int  # event times per tick
     ops: int  # ops run (a split backward counts two)
-    devices: int  # K
+    placement: Placement  # which device holds each virtual stage
 
     def arrival(self, ticks: np.ndarray) -> np.ndarray:
         """Event time at which the messages sent at `ticks` are filed."""
@@ -48,9 +49,7 @@ class Timeline:
     def per_device(self, a: np.ndarray) -> np.ndarray:
         """`[S, N]` per virtual stage -> `[K, N·v]` per device, column g·v + c
         for micro-batch g on chunk c: the ids of the device's ring slots."""
-        K = self.devices
-        v, N = a.shape[0] // K, a.shape[1]
-        return a.reshape(v, K, N).transpose(1, 2, 0).reshape(K, N * v)
+        return self.placement.per_device(a)
 
 
 def lifetime(microbatch: np.ndarray, M: int) -> int:
@@ -64,16 +63,12 @@ def lifetime(microbatch: np.ndarray, M: int) -> int:
     return int(-np.floor_divide(ids.min(), M)) if ids.size else 0
 
 
-def stage_name(j: int, K: int, S: int) -> str:
-    """Virtual stage j of S on K devices, as an error message names it."""
-    return f"stage {j}" if S == K else f"virtual stage {j} (device {j % K}, chunk {j // K})"
-
-
-def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int) -> Timeline:
+def unroll(name: str, table: np.ndarray, placement: Placement, M: int, asynchronous: bool,
+           steps: int) -> Timeline:
     """The ticks of every op of every micro-batch fed in `steps` steps (and,
     asynchronous, the `lifetime` periods that drain them)."""
     T, K, lanes, _ = table.shape
-    S = K * (int(table[..., 2].max()) + 1)
+    S = placement.chunks
     unit = lanes + 2
     N = M * (steps if asynchronous else 1)
     periods = steps + lifetime(table[..., 1], M) if asynchronous else 1
@@ -85,7 +80,7 @@ def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int)
         for op, which in kinds.items():
             t, k, lane = np.nonzero(np.isin(table[..., 0], which))
             g = s * M + table[t, k, lane, 1]
-            j = table[t, k, lane, 2] * K + k
+            j = placement.chunk(k, table[t, k, lane, 2])
             ok = (g >= 0) & (g < N)
             ticks[op][j[ok], g[ok]] = s * T + t[ok]
             times[op][j[ok], g[ok]] = unit * (s * T + t[ok]) + lane[ok] + 1
@@ -95,7 +90,7 @@ def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int)
         bad = np.argwhere(seen[op] != 1)
         if len(bad):
             j, g = bad[0]
-            where = stage_name(j, K, S)
+            where = placement.name(j)
             raise ScheduleError(
                 f"schedule {name!r}: {where} runs the {what} of micro-batch {g} {seen[op][j, g]} "
                 "times; every micro-batch needs exactly one forward, one input gradient and one "
@@ -105,4 +100,5 @@ def unroll(name: str, table: np.ndarray, M: int, asynchronous: bool, steps: int)
     first = min(F.min(), B.min())
     split = int((B != W).sum())
     return Timeline(F, B, W, times["F"], times["B"], times["W"], fed,
-                    int(max(F.max(), W.max()) - first + 1), unit, F.size + B.size + split, K)
+                    int(max(F.max(), W.max()) - first + 1), unit, F.size + B.size + split,
+                    placement)

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax.compile.packing import Packing
+from pipejax.packing import Packing
 
 
 def test_roundtrip_of_heterogeneous_trees():

@@ -155,7 +155,7 @@ def _one_lane(schedule: pj.Schedule) -> pj.Schedule:
     merged = np.where((table[:, :, 0, 0] != pj.schedules.Op.IDLE)[..., None], table[:, :, 0],
                       table[:, :, 1])
     return pj.Schedule(schedule.name, merged[:, :, None], schedule.microbatches,
-                       schedule.asynchronous)
+                       schedule.asynchronous, schedule.placement)
 
 
 @pytest.mark.parametrize("name", [pytest.param("1f1b", marks=pytest.mark.slow), "pipedream"])
@@ -164,7 +164,7 @@ def test_the_executor_dispatches_a_lane_of_mixed_ops(name):
     both F and BW tasks (the executor reads each task's op) they train as
     their two-lane tables, bit for bit."""
     K, M = 3, 4
-    two = pj.schedules.make_schedule(name, K, M)
+    two = pj.schedules.make_schedule(name, pj.Placement(K), M)
     one = _one_lane(two)
     assert two.lanes == 2 and one.lanes == 1 and len(one.lane_ops(0)) == 2
     assert (one.fwd == two.fwd).all() and (one.bwd == two.bwd).all()

@@ -26,7 +26,7 @@ def test_identical_middle_stages_share_a_branch_and_equal_sequential():
     layers = _blocks(6)
     pipe = _pipe(layers, 4, split=[6, 3, 3, 7])
     # the first stage reads the batch, the last ends in the loss: 3 structures
-    assert pipe.code.groups.of == (0, 1, 1, 2)
+    assert pipe.build.code.groups.of == (0, 1, 1, 2)
     params = pipe.init(jax.random.key(1))
     x, y = batch(2 * MB)
     key = jax.random.key(5)  # dropout: stages 1 and 2 must use their own layers' keys
@@ -51,8 +51,8 @@ def test_optimizer_branches_follow_transform_and_structure():
 def test_deep_model_compiles_one_branch_per_structure():
     layers = [layer for _ in range(16) for layer in (nn.Dense(8), nn.relu)] + [nn.Dense(3)]
     pipe = _pipe(layers, 8, split=[4] * 7 + [5])
-    assert pipe.code.groups.of == (0, 1, 1, 1, 1, 1, 1, 2)
+    assert pipe.build.code.groups.of == (0, 1, 1, 1, 1, 1, 1, 2)
     # stages of different lengths (the variance split here) get their own branches
     uneven = _pipe(layers, 8)
     starts = {(r.start % 2, len(r)) for r in uneven.plan.ranges[1:-1]}
-    assert len(uneven.code.groups) == len(starts) + 2
+    assert len(uneven.build.code.groups) == len(starts) + 2

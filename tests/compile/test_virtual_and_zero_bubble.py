@@ -13,6 +13,7 @@ import pipejax as pj
 from pipejax.bench.op_costs import executed, op_flops
 from pipejax.compile.split import _needed
 from pipejax.errors import ConfigError
+from pipejax.placement import Placement
 from pipejax.schedules import Op, make_schedule
 from tests.reference import batch, heterogeneous_layers, rel_err, sequential_value_and_grad
 
@@ -35,7 +36,7 @@ def test_new_schedules_equal_sequential(schedule, K, v, M):
     # remat "none" on the zero-bubble tables: W then reads kept residuals through the bridge.
     remat = "none" if schedule.startswith("zb") and K == 2 else "stage"
     pipe = _pipe(schedule, K, v, M, remat=remat)
-    assert pipe.plan.chunks == K * v and pipe.schedule.virtual == v
+    assert pipe.plan.chunks == K * v and pipe.schedule.placement.virtual == v
     params = pipe.init(jax.random.key(1))
     x, y = batch(M * MB)
     key = jax.random.key(2)
@@ -49,7 +50,7 @@ def test_new_schedules_equal_sequential(schedule, K, v, M):
 def test_chunks_sit_round_the_devices_and_unstage_in_layer_order():
     pipe = _pipe("interleaved", 2, 2)
     plan = pipe.plan
-    assert [plan.device(j) for j in range(4)] == [0, 1, 0, 1]
+    assert [plan.placement.device(j) for j in range(4)] == [0, 1, 0, 1]
     assert plan.device_layers(0) == [*plan.ranges[0], *plan.ranges[2]]
     params = pipe.init(jax.random.key(0))
     values = pj.unstage(params)
@@ -67,16 +68,16 @@ def test_w_reuses_what_b_computed():
     so a zero-bubble step executes 1F1B's FLOPs (from table × op costs)."""
     for remat in ("none", "stage"):
         pipe = _pipe("zb-h1", 2, 1, remat=remat)
-        for split in pipe.code.splits:
+        for split in pipe.build.code.splits:
             assert not set(split.b) & set(split.w)
             whole = _needed(split.nodes, [*split.b_outs, *split.w_outs], set())
             assert sorted([*split.b, *split.w]) == whole
             assert len(split.bridge) > 0 and split.w  # the weight path waits in the bridge
-        costs = op_flops(pipe.code)
-        for j in range(pipe.code.S):
+        costs = op_flops(pipe.build.code)
+        for j in range(pipe.build.code.S):
             b_w = costs[Op.B][j] + costs[Op.W][j]
             assert abs(b_w - costs[Op.BW][j]) <= 0.05 * costs[Op.BW][j], (remat, j)
-        one_f_one_b = make_schedule("1f1b", 2, 4)
+        one_f_one_b = make_schedule("1f1b", Placement(2), 4)
         ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
         assert abs(ratio - 1) < 0.05, (remat, ratio)
 

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from pipejax.errors import ConfigError, ScheduleError
-from pipejax.schedules import NONE, Schedule, gpipe, make_schedule, one_f_one_b, pb, pipedream
+from pipejax.placement import Placement
+from pipejax.schedules import (NONE, Schedule, gpipe, make_schedule, one_f_one_b, pb, pipedream,
+                               plot, render)
 from pipejax.schedules.tasks import empty, from_lanes
 
 GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
@@ -87,14 +89,14 @@ def test_every_micro_batch_runs_once_per_stage_over_steps():
 
 
 def test_render_shows_both_lanes():
-    text = pb(2, 2).render()
+    text = render(pb(2, 2))
     assert "F0B-2" in text and "F0B0" in text and "delays=[2, 0]" in text
-    assert "F2" in gpipe(2, 3).render() and "bubble=0.250" in gpipe(2, 3).render()
+    assert "F2" in render(gpipe(2, 3)) and "bubble=0.250" in render(gpipe(2, 3))
 
 
 def test_plot_writes_a_png(tmp_path):
     path = tmp_path / "timeline.png"
-    one_f_one_b(4, 8).plot(str(path))
+    plot(one_f_one_b(4, 8), str(path))
     image = matplotlib.image.imread(path)
     assert image.ndim == 3 and image.shape[1] > image.shape[0] > 50
 
@@ -129,10 +131,10 @@ def test_validate_rejects_a_missing_or_repeated_op():
 
 def test_user_schedule_must_fit_the_pipeline():
     with pytest.raises(Exception, match="built for K=2, M=3"):
-        make_schedule(gpipe(2, 3), 4, 3)
-    assert make_schedule(gpipe(2, 3), 2, 3).ticks == 8
+        make_schedule(gpipe(2, 3), Placement(4), 3)
+    assert make_schedule(gpipe(2, 3), Placement(2), 3).ticks == 8
     with pytest.raises(Exception, match="unknown schedule"):
-        make_schedule("zb-h3", 2, 2)
+        make_schedule("zb-h3", Placement(2), 2)
 
 
 def test_tables_are_typed_tasks_in_a_forward_and_a_backward_lane():
@@ -192,7 +194,7 @@ def test_an_asynchronous_table_with_chunks_is_a_clear_error():
     with pytest.raises(ScheduleError, match="asynchronous table with virtual stages"):
         Schedule("v", table, microbatches=2, asynchronous=True)
     with pytest.raises(ConfigError, match="does not run virtual=2"):
-        make_schedule("pb", 2, 2, 2)
+        make_schedule("pb", Placement(2, 2), 2)
 
 
 def test_a_cell_holds_one_forward():
@@ -222,10 +224,10 @@ def test_pictures_name_the_bubble_they_show(monkeypatch, tmp_path):
     set_title = matplotlib.axes.Axes.set_title
     monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
                         lambda ax, text, **kw: titles.append(text) or set_title(ax, text, **kw))
-    pb(4, 4).plot(str(tmp_path / "pb.png"))
-    gpipe(4, 4).plot(str(tmp_path / "gpipe.png"))
+    plot(pb(4, 4), str(tmp_path / "pb.png"))
+    plot(gpipe(4, 4), str(tmp_path / "gpipe.png"))
     async_text = "steady-state bubble=0.000 (fill/drain bubble=0.600 over one step)"
-    assert async_text in pb(4, 4).render() and async_text in titles[0]
+    assert async_text in render(pb(4, 4)) and async_text in titles[0]
     assert "one steady-state period" in titles[0]
-    for text in (gpipe(4, 4).render(), titles[1]):
+    for text in (render(gpipe(4, 4)), titles[1]):
         assert "fill/drain bubble=0.429" in text and "steady-state" not in text

@@ -15,7 +15,8 @@ from pipejax.schedules import Schedule
 REMATS = ("none", "stage")
 
 
-def check_remat(remat: Any) -> Any:
+def remat(remat: Any) -> Any:
+    """`remat` if it is 'none', 'stage' or a `jax.checkpoint` policy."""
     if isinstance(remat, str):
         if remat not in REMATS:
             raise ConfigError(f"unknown remat {remat!r}; use 'none', 'stage' or a "
@@ -25,7 +26,8 @@ def check_remat(remat: Any) -> Any:
     return remat
 
 
-def check_padding(max_padding: Any) -> float | None:
+def padding(max_padding: Any) -> float | None:
+    """`max_padding` if it is a fraction >= 0 or None."""
     if max_padding is not None and not (isinstance(max_padding, (int, float))
                                         and max_padding >= 0):
         raise ConfigError(f"max_padding={max_padding!r}; use a fraction >= 0 (0.25: padded "
@@ -33,7 +35,8 @@ def check_padding(max_padding: Any) -> float | None:
     return max_padding
 
 
-def check_dtype(dtype: Any) -> Any:
+def dtype(dtype: Any) -> Any:
+    """`compute_dtype` as a floating-point dtype, or None."""
     if dtype is None:
         return None
     try:
@@ -47,7 +50,8 @@ def check_dtype(dtype: Any) -> Any:
     return dtype
 
 
-def check_counts(layers: tuple, stages: Any, microbatches: Any, virtual: Any = 1) -> None:
+def counts(layers: tuple, stages: Any, microbatches: Any, virtual: Any = 1) -> None:
+    """Raise unless every (virtual) stage gets a layer and M >= 1."""
     if len(layers) == 0:
         raise LayerError("the layer list is empty; give at least one layer")
     if not isinstance(stages, (int, np.integer)) or stages < 1:
@@ -55,14 +59,15 @@ def check_counts(layers: tuple, stages: Any, microbatches: Any, virtual: Any = 1
     if not isinstance(virtual, (int, np.integer)) or virtual < 1:
         raise ConfigError(f"virtual={virtual!r}; give the model chunks per device, 1 or more")
     if stages * virtual > len(layers):
-        chunks = f"stages × virtual = {stages * virtual}" if virtual > 1 else f"stages={stages}"
-        raise ConfigError(f"{chunks} > {len(layers)} layers; every (virtual) stage needs a "
+        need = f"stages × virtual = {stages * virtual}" if virtual > 1 else f"stages={stages}"
+        raise ConfigError(f"{need} > {len(layers)} layers; every (virtual) stage needs a "
                           "layer, use fewer stages or chunks or split the model into more layers")
     if not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
         raise ConfigError(f"microbatches={microbatches!r}; use at least 1")
 
 
-def check_staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
+def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
+    """Raise where weight stashing or remat does not fit the schedule's staleness."""
     if weight_stashing and schedule.synchronous:
         raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
                           f"{schedule.name!r} every backward already uses its forward's weights")

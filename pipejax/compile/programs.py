@@ -1,0 +1,155 @@
+"""The front door of the compiler: what `pj.pipeline` and a trainer need.
+
+`Pipeline` and `Trainer` import this module and nothing else of compile/.
+It makes the `Build` (the schedule's lanes checked, the last stage's vjp
+seed, whether backwards are split into B and W) and compiles the programs
+on it: `pipeline_programs` (parameter init, value_and_grad) and
+`train_programs` (an optimizer's init, step and flush), each jitted,
+placed on the mesh and behind the CPU dispatch guard.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from pipejax.compile import asynchronous, synchronous
+from pipejax.compile.branches import init as init_branches
+from pipejax.compile.build import Build
+from pipejax.compile.guard import guarded
+from pipejax.compile.lanes import lane_plan
+from pipejax.compile.layout import Layout
+from pipejax.compile.memory import MemoryEstimate, estimate
+from pipejax.compile.optimizer import StageOptimizers
+from pipejax.compile.outer import Outer
+from pipejax.compile.spmd import REPLICATED, STAGED, lead, per_replica, shard, sharding
+from pipejax.compile.stages import Model, StageCode
+from pipejax.compile.state import InFlight, Staged, TrainState, unstage
+from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.partition import Plan
+from pipejax.schedules import Op, Schedule
+from pipejax.transforms.data_parallel import DataRule
+from pipejax.transforms.per_stage import Optimizer
+
+__all__ = ["Build", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers", "Staged",
+           "TrainPrograms", "TrainState", "build", "check_params", "key_or_default",
+           "pipeline_programs", "stage_rows", "train_programs", "unstage"]
+
+
+def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, weight_stashing: bool,
+          share: bool) -> Build:
+    """The stage code of `plan`, the layout `schedule` needs and the mesh, as
+    one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
+    the mean over M micro-batches (synchronous), 1 when every micro-batch is
+    its own update; a table with W ops splits every backward into B and W."""
+    lane_plan(schedule)  # a table the executor runs: each op kind in one lane
+    seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
+    code = StageCode(model, plan, seed, share, split=bool((schedule.ops == Op.W).any()))
+    return Build(plan.placement, code, schedule, Layout.of(code, schedule, weight_stashing), mesh)
+
+
+class PipelinePrograms(NamedTuple):
+    """The programs of a pipeline without an optimizer."""
+
+    init: Callable[[jax.Array], tuple]  # key -> every device's packed variables
+    value_and_grad: Callable | None  # (params, batch, key) -> (loss, grads); None asynchronous
+
+
+def pipeline_programs(b: Build) -> PipelinePrograms:
+    code, mesh = b.code, b.mesh
+    branches = init_branches(code)
+    body = lambda key: lead(code.device_groups.switch(branches, key))
+    init = guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)), mesh)
+    vg = guarded(jax.jit(synchronous.value_and_grad(b)), mesh) if b.schedule.synchronous else None
+    return PipelinePrograms(init, vg)
+
+
+def stage_rows(b: Build, variables: Sequence[Any]) -> Staged:
+    """One variables dict per layer packed per device and placed on the stage axis."""
+    plan, packing = b.code.plan, b.code.params
+    rows = [packing.pack(k, [variables[i] for i in plan.device_layers(k)]) for k in range(b.K)]
+    placed = sharding(b.mesh, STAGED)
+    return Staged(tuple(jax.device_put(jnp.stack(slot), placed) for slot in zip(*rows)), packing)
+
+
+def check_params(b: Build, params: Any, where: str, replicated: bool = True) -> None:
+    """Raise unless `params` are the staged parameters of `b` (one copy, or
+    with `replicated=False` a trainer's replicas too)."""
+    if isinstance(params, Staged) and params.replicas > 1 and replicated:
+        raise ArgumentTypeError(f"{where} takes one copy of the parameters; these hold "
+                                f"{params.replicas} replicas: pick one with "
+                                "pipe.stage(pj.unstage(params, replica=r))")
+    if not isinstance(params, Staged) or params.packing != b.code.params:
+        raise ArgumentTypeError(
+            f"{where} takes this pipeline's Staged parameters (from pipe.init or pipe.stage), "
+            f"not {type(params).__name__}" + (" packed for another pipeline"
+                                              if isinstance(params, Staged) else ""))
+
+
+def key_or_default(b: Build, key: jax.Array | None, where: str) -> jax.Array:
+    """`key`, or key(0) for a model without randomness; a random model needs a key."""
+    if key is not None:
+        return key
+    random = [s for s in b.code.plan.specs if s.random]
+    if random:
+        names = ", ".join(f"{s.index} ({s.name})" for s in random[:4])
+        raise ConfigError(f"layers {names} draw random numbers when training (dropout); pass "
+                          f"{where} a key, e.g. jax.random.key(step), so that every call gets "
+                          "fresh masks")
+    return jax.random.key(0)
+
+
+class TrainPrograms(NamedTuple):
+    """The programs of one optimizer on one build."""
+
+    optimizers: StageOptimizers
+    shardings: TrainState  # where every part of the state lives (a pytree prefix)
+    initial: Callable[[bool], Callable]  # replicated -> (params, key) -> TrainState, unjitted
+    init: dict  # replicated -> the jitted `initial(replicated)`
+    step: Callable  # (state, batch) -> (state, metrics), donating the state
+    flush: Callable  # state -> (state, metrics), donating the state
+    memory: Callable[[], MemoryEstimate]  # the step's bytes, predicted
+
+
+def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
+                   clip_norm: float | None, skip_nonfinite: bool) -> TrainPrograms:
+    """Bind `optimizer` and the outer pieces (the data rule, the clip, the
+    non-finite guard) to `b` and compile its init, step and flush."""
+    opts = StageOptimizers.of(optimizer, b, Outer.of(rule, b.mesh, clip_norm, skip_nonfinite))
+    if b.schedule.synchronous:
+        step, flush = synchronous.train_step(b, opts), synchronous.flush
+    else:
+        step, flush = asynchronous.train_step(b, opts), asynchronous.flush(b, opts)
+    shardings = _shardings(b)
+    out = (shardings, sharding(b.mesh, REPLICATED))
+    # The state is donated: the new one takes the old one's buffers.
+    jitted = lambda fn, name: guarded(jax.jit(fn, out_shardings=out, donate_argnums=0), b.mesh,
+                                      name)
+    initial = lambda replicated: _initial(b, opts, replicated)
+    init = {r: guarded(jax.jit(initial(r), out_shardings=shardings), b.mesh) for r in (True, False)}
+    return TrainPrograms(opts, shardings, initial, init, jitted(step, "trainer.step"),
+                         jitted(flush, "trainer.flush"), lambda: estimate(b, opts.packing))
+
+
+def _shardings(b: Build) -> TrainState:
+    staged, replicated = sharding(b.mesh, per_replica(b.mesh)), sharding(b.mesh, REPLICATED)
+    inflight = None
+    if b.schedule.asynchronous:
+        inflight = InFlight(staged, staged, staged, replicated, replicated, replicated)
+    return TrainState(staged, staged, replicated, replicated, inflight, staged)
+
+
+def _initial(b: Build, opts: StageOptimizers, replicated: bool) -> Callable:
+    """`(params, key) -> TrainState`, one program: every part is made on the
+    devices that keep it (in a job of several processes too)."""
+    init = opts.init_program(b, replicated)
+
+    def initial(params: Staged, key: jax.Array) -> TrainState:
+        params, opt_state, rule_state = init(params)
+        inflight = asynchronous.init_inflight(b) if b.schedule.asynchronous else None
+        return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key, inflight, rule_state)
+
+    return initial
