@@ -6,7 +6,7 @@ of ops, or a rule over the ops that are ready); the ticks follow from the
 dependencies: the forward of virtual stage j needs j − 1's forward of the
 same micro-batch one tick earlier (the message travels between ticks), the
 input gradient B needs j + 1's (or, on the last virtual stage, its own
-forward), the weight gradient W its own B. `simulate` steps all devices
+forward), the weight gradient W its own B. `greedy_table` steps all devices
 tick by tick and writes a one-lane table (one op per device and tick).
 """
 
@@ -49,7 +49,7 @@ class Progress:
             self.done[op, j, task.microbatch] = t
 
 
-def simulate(name: str, K: int, M: int, v: int, pick: Pick, ops: int) -> Schedule:
+def greedy_table(name: str, K: int, M: int, v: int, pick: Pick, ops: int) -> Schedule:
     """The table of `pick`: each tick, device k runs `pick(k, ready)` (None:
     idle), until every device ran `ops` ops."""
     placement = Placement(K, v)

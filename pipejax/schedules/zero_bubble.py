@@ -2,7 +2,7 @@
 input gradient that the previous stage waits for, and W, the weight
 gradient that nobody waits for, so W fills the ticks 1F1B leaves idle.
 
-A device's rule, each tick (`greedy.simulate`), over its forwards and input
+A device's rule, each tick (`greedy.greedy_table`), over its forwards and input
 gradients in `rounds` order (virtual stages too, v ≥ 1):
 1. a W, if k + 1 or more are pending;
 2. the next forward, if ready and fewer than `limit(k)` micro-batch chunks
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipejax.schedules.greedy import rounds, simulate
+from pipejax.schedules.greedy import greedy_table, rounds
 from pipejax.schedules.interleaved import check_virtual
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op, Task
@@ -57,7 +57,7 @@ def zero_bubble(name: str, K: int, M: int, v: int, limit: Callable[[int], int]) 
                 return task
         return None
 
-    return simulate(name, K, M, v, pick, 3 * v * M)
+    return greedy_table(name, K, M, v, pick, 3 * v * M)
 
 
 def zb_h1(K: int, M: int, v: int = 1) -> Schedule:

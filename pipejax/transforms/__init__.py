@@ -5,7 +5,9 @@ Each works in any optax chain, inside or outside pipejax; the pipelined
 executor runs a stage's forward on `forecast(...)` when that stage's chain
 ends in `weight_forecast` (EQUATIONS.md, Kosson et al. 2020; SpecTrain), and
 runs a `DataRule` (mean_gradients, gossip, elastic_average over named mesh
-axes; H-ADPSGD, MXNET-MPI) around each stage's optimizer.
+axes; H-ADPSGD, MXNET-MPI) around each stage's optimizer. The papers'
+mitigations are ready recipes, one function each (`lwp_sc`, `spectrain`, ...,
+`recipes.py`), and by name (`mitigation("lwp+sc", ...)`).
 """
 from pipejax.transforms.data_parallel import (RULES, DataRule, ElasticState, GossipState, adpsgd,
                                               consensus_distance, elastic, elastic_average, gossip,
@@ -14,12 +16,15 @@ from pipejax.transforms.data_parallel import (RULES, DataRule, ElasticState, Gos
 from pipejax.transforms.forecast import (WeightForecastState, forecast, forecast_horizon,
                                          forecasts_backward, has_forecast, weight_forecast)
 from pipejax.transforms.hyperparams import LR_SCHEDULES, lr_schedule, pipemare_lr, scale_hyperparams
-from pipejax.transforms.mitigations import MITIGATIONS, Mitigation, mitigation
+from pipejax.transforms.mitigations import MITIGATIONS, RECIPES, mitigation
+from pipejax.transforms.recipes import (Mitigation, lwp, lwp_sc, no_mitigation, pipemare, sc,
+                                       spectrain, stash)
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
 
-__all__ = ["LR_SCHEDULES", "MITIGATIONS", "RULES", "DataRule", "ElasticState", "GossipState",
-           "Mitigation", "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
-           "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",
-           "mean_gradients", "ssgd", "forecast", "forecast_horizon", "forecasts_backward",
-           "has_forecast", "lr_schedule", "mitigation", "pipemare_lr", "scale_hyperparams",
-           "spike_compensation", "weight_forecast"]
+__all__ = ["LR_SCHEDULES", "MITIGATIONS", "RECIPES", "RULES", "DataRule", "ElasticState",
+           "GossipState", "Mitigation", "SpikeCompensationState", "WeightForecastState",
+           "adpsgd", "coefficients", "consensus_distance", "elastic", "elastic_average", "gossip",
+           "hadpsgd", "mean_gradients", "ssgd", "forecast", "forecast_horizon",
+           "forecasts_backward", "has_forecast", "lr_schedule", "lwp", "lwp_sc", "mitigation",
+           "no_mitigation", "pipemare", "pipemare_lr", "sc", "scale_hyperparams", "spectrain",
+           "spike_compensation", "stash", "weight_forecast"]

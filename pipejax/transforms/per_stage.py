@@ -18,7 +18,7 @@ import optax
 
 from pipejax.errors import OptimizerError
 from pipejax.schedules import StageInfo
-from pipejax.transforms.mitigations import Mitigation
+from pipejax.transforms.recipes import Mitigation
 
 Optimizer = Any  # optax.GradientTransformation | Callable[[StageInfo], GradientTransformation]
 

@@ -1,0 +1,285 @@
+"""The staleness mitigations of the papers, one function per recipe: each
+returns a `Mitigation`, an optimizer function `StageInfo -> optax chain` with
+what the pipeline must do around it.
+
+Every recipe takes the learning rate η (a float or an optax schedule) and the
+momentum m, or `reference=(η, m, B), batch=B′` to scale a recipe tuned at
+batch B to the update size B′ (Kosson et al. 2020, eq. 9). The SGDM recipes
+take `sweep=True`: one chain, `optax.inject_hyperparams` of
+v ← m·v + g, w ← w − η·(a·v + b·g) with a forecast of horizons (T_f, T_b),
+with every number in the optimizer state, so that a sweep over recipes,
+delays and momenta compiles once. Its updates equal the recipe's own chain;
+a recipe without a forecast pays one of horizon 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+import optax
+
+from pipejax.errors import ConfigError
+from pipejax.transforms.forecast import FORMS, weight_forecast
+from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
+from pipejax.transforms.spike import coefficients, spike_compensation
+
+if TYPE_CHECKING:
+    from pipejax.schedules.schedule import StageInfo
+
+Optimizer = Callable[["StageInfo"], optax.GradientTransformation]
+
+
+class Mitigation(NamedTuple):
+    """An optimizer function for `pipe.trainer` or `pj.simulate`, whether the
+    pipeline must stash weights, and the rate and momentum it uses (after
+    scaling, when a reference was given)."""
+
+    optimizer: Optimizer
+    weight_stashing: bool
+    learning_rate: optax.ScalarOrSchedule
+    momentum: float
+
+
+def _rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
+                       reference: tuple | None, batch: int | None,
+                       optimizer: str) -> tuple[optax.ScalarOrSchedule, float]:
+    """(η, m): as given, or scaled from `reference` = (η, m, B) to `batch` by eq. 9."""
+    if reference is None:
+        if learning_rate is None:
+            raise ConfigError("mitigation: give learning_rate=η, or reference=(η, m, B) and "
+                              "batch=B′ to scale a reference recipe (Kosson et al. eq. 9)")
+        if batch is not None:
+            raise ConfigError("mitigation: batch= is the update size to scale a reference "
+                              "recipe to; give reference=(η, m, B) with it")
+        return learning_rate, 0.9 if momentum is None else momentum
+    if learning_rate is not None or momentum is not None:
+        raise ConfigError("mitigation: reference=(η, m, B) sets the learning rate and momentum "
+                          "(eq. 9); leave learning_rate and momentum out, or drop reference")
+    if optimizer != "momentum":
+        raise ConfigError("mitigation: reference scaling (eq. 9) is a rule for SGD with momentum; "
+                          f"optimizer={optimizer!r} takes learning_rate= directly")
+    if not (isinstance(reference, (tuple, list)) and len(reference) == 3):
+        raise ConfigError(f"mitigation: reference={reference!r}; give (learning rate, momentum, "
+                          "batch size) of the recipe to scale, e.g. (0.1, 0.9, 128)")
+    if batch is None:
+        raise ConfigError("mitigation: reference=(η, m, B) needs batch=B′, the update size (the "
+                          "micro-batch size of an asynchronous pipeline)")
+    return scale_hyperparams(reference[0], reference[1], int(reference[2]), int(batch))
+
+
+def _check_optimizer(optimizer: str) -> None:
+    if optimizer not in ("momentum", "adam"):
+        raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum' or 'adam'")
+
+
+def _check_form(form: str, optimizer: str) -> None:
+    if form not in FORMS:
+        raise ConfigError(f"mitigation: form={form!r}; use 'velocity' or 'difference'")
+    if optimizer == "adam" and form == "velocity":
+        raise ConfigError("mitigation: the velocity form reads a momentum trace, which Adam does "
+                          "not have; use form='difference' with Adam")
+
+
+def _check_sweep(name: str, optimizer: str, form: str, sweep: bool) -> None:
+    if sweep and (optimizer != "momentum" or name == "pipemare" or form != "velocity"):
+        raise ConfigError(f"mitigation(sweep=True) builds the SGDM mitigations in the velocity "
+                          f"form; {name!r} on {optimizer!r} with form={form!r} is not one of them")
+
+
+def _base(optimizer: str, rate: optax.ScalarOrSchedule, m: float) -> optax.GradientTransformation:
+    """v ← m·v + g, w ← w − η·v (SGDM), or Adam at rate η."""
+    if optimizer == "adam":
+        return optax.adam(rate)
+    return optax.chain(optax.trace(m), optax.scale_by_learning_rate(rate))
+
+
+def _family(momentum, a, b, learning_rate, forward, backward) -> optax.GradientTransformation:
+    """v ← m·v + g; w ← w − η·(a·v + b·g); forecasts w − η·T·v with T = forward
+    (of the forward) and backward: every SGDM recipe, by its numbers."""
+    return optax.chain(spike_compensation(momentum, 0, a=a, b=b),
+                       optax.scale_by_learning_rate(learning_rate),
+                       weight_forecast((forward, backward), form="velocity",
+                                       learning_rate=learning_rate))
+
+
+def _swept(lr: optax.ScalarOrSchedule, m: float,
+           numbers: Callable[[StageInfo], tuple[float, float, float, float]]) -> Optimizer:
+    """The sweep chain with the recipe's (a, b, T_forward, T_backward) at each stage."""
+    def make(s: StageInfo) -> optax.GradientTransformation:
+        a, b, forward, backward = numbers(s)
+        return optax.inject_hyperparams(_family)(momentum=m, learning_rate=lr, a=a, b=b,
+                                                 forward=float(forward), backward=float(backward))
+    return make
+
+
+def _lwp(T: float, form: str, lr: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+    """The forecast T updates ahead: w − η·T·v or w + T·(w − w_prev)."""
+    return weight_forecast(T, form=form, learning_rate=lr if form == "velocity" else None)
+
+
+def _sc(m: float, delay: float, h: float,
+        lr: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+    """SC with D → h·D at rate η: w ← w − η·(a·v + b·g)."""
+    return optax.chain(spike_compensation(m, delay, scale=h), optax.scale_by_learning_rate(lr))
+
+
+def _plain(name: str, learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
+           reference: tuple | None, batch: int | None, optimizer: str, sweep: bool) -> Mitigation:
+    """`no_mitigation` or `stash`: the base optimizer, with or without stashing."""
+    _check_optimizer(optimizer)
+    _check_sweep(name, optimizer, "difference" if optimizer == "adam" else "velocity", sweep)
+    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
+    make = _swept(lr, m, lambda s: (1.0, 0.0, 0.0, 0.0)) if sweep else (
+        lambda s: _base(optimizer, lr, m))
+    return Mitigation(make, name == "stash", lr, m)
+
+
+def no_mitigation(learning_rate: optax.ScalarOrSchedule | None = None, *,
+                  momentum: float | None = None, reference: tuple | None = None,
+                  batch: int | None = None, optimizer: str = "momentum",
+                  sweep: bool = False) -> Mitigation:
+    """SGDM on stale gradients, the baseline (Kosson et al. 2020, eqs 7–8):
+
+        v ← m·v + g(w_{t−D});   w ← w − η·v
+
+    or Adam (`optimizer="adam"`) on them.
+
+    Args:
+      learning_rate: η, a float or an optax schedule of the update count.
+      momentum: m (default 0.9).
+      reference: (η, m, B) of a recipe tuned at batch B; with `batch` = B′,
+        η and m are scaled by Kosson et al.'s eq. 9 (`scale_hyperparams`).
+      batch: the update size B′ (an asynchronous pipeline's micro-batch size).
+      optimizer: "momentum" (SGDM) or "adam".
+      sweep: the sweep chain (SGDM only; see the module docstring).
+    """
+    return _plain("none", learning_rate, momentum, reference, batch, optimizer, sweep)
+
+
+def stash(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float | None = None,
+          reference: tuple | None = None, batch: int | None = None,
+          optimizer: str = "momentum", sweep: bool = False) -> Mitigation:
+    """PipeDream's weight stashing (Chen et al. 2018, §3.2): the update of
+    `no_mitigation`, v ← m·v + g(w_{t−D}); w ← w − η·v, with the backward of a
+    micro-batch at the weights w_{t−D} its forward used. Args as `no_mitigation`.
+    """
+    return _plain("stash", learning_rate, momentum, reference, batch, optimizer, sweep)
+
+
+def spectrain(learning_rate: optax.ScalarOrSchedule | None = None, *,
+              momentum: float | None = None, reference: tuple | None = None,
+              batch: int | None = None, horizon_scale: float = 1.0,
+              sweep: bool = False) -> Mitigation:
+    """SpecTrain (Chen et al. 2018, eqs 4–6): SGDM, with the forward and the
+    backward at the velocity forecast of the weights they will meet,
+
+        ŵ = w − s·η·v,   s = T_f (forward) or T_b (backward),
+
+    T_f, T_b the stage's `forward_horizon` and `backward_horizon` from the
+    schedule's table (eqs 5–6 for PipeDream's), times `horizon_scale`.
+    Other args as `no_mitigation`.
+    """
+    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
+    h = horizon_scale
+    if sweep:
+        return Mitigation(_swept(lr, m, lambda s: (1.0, 0.0, h * s.forward_horizon,
+                                                   h * s.backward_horizon)), False, lr, m)
+
+    def make(s: StageInfo) -> optax.GradientTransformation:
+        horizons = (h * s.forward_horizon, h * s.backward_horizon)
+        return optax.chain(_base("momentum", lr, m),
+                           weight_forecast(horizons, form="velocity", learning_rate=lr))
+
+    return Mitigation(make, False, lr, m)
+
+
+def lwp(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float | None = None,
+        reference: tuple | None = None, batch: int | None = None, horizon_scale: float = 1.0,
+        optimizer: str = "momentum", form: str | None = None,
+        sweep: bool = False) -> Mitigation:
+    """Linear weight prediction LWP_D (Kosson et al. 2020, §3.4): the base
+    optimizer, with the forward at the weights forecast T = D updates ahead,
+
+        ŵ = w − η·T·v   (velocity form)   or   ŵ = w + T·(w − w_prev)   (difference form).
+
+    Args:
+      horizon_scale: T = horizon_scale·D (2 gives LWP_2D).
+      optimizer: "momentum" (SGDM) or "adam".
+      form: "velocity" (the default on SGDM, Kosson et al. H.5) or
+        "difference" (the default, and the only one, on Adam).
+      Others as `no_mitigation`.
+    """
+    _check_optimizer(optimizer)
+    form = form or ("difference" if optimizer == "adam" else "velocity")
+    _check_form(form, optimizer)
+    _check_sweep("lwp", optimizer, form, sweep)
+    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
+    h = horizon_scale
+    if sweep:
+        return Mitigation(_swept(lr, m, lambda s: (1.0, 0.0, h * s.delay, 0.0)), False, lr, m)
+    return Mitigation(lambda s: optax.chain(_base(optimizer, lr, m), _lwp(h * s.delay, form, lr)),
+                      False, lr, m)
+
+
+def sc(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float | None = None,
+       reference: tuple | None = None, batch: int | None = None, horizon_scale: float = 1.0,
+       sweep: bool = False) -> Mitigation:
+    """Spike compensation SC_D (Kosson et al. 2020, eq. 14):
+
+        v ← m·v + g;   w ← w − η·(a·v + b·g),   a = m^D,  b = (1 − m^D)/(1 − m)
+
+    with D → horizon_scale·D (2 gives SC_2D). Other args as `no_mitigation`.
+    """
+    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
+    h = horizon_scale
+    if sweep:
+        return Mitigation(_swept(lr, m, lambda s: (*coefficients(m, s.delay, h), 0.0, 0.0)),
+                          False, lr, m)
+    return Mitigation(lambda s: _sc(m, s.delay, h, lr), False, lr, m)
+
+
+def lwp_sc(learning_rate: optax.ScalarOrSchedule | None = None, *,
+           momentum: float | None = None, reference: tuple | None = None,
+           batch: int | None = None, horizon_scale: float = 1.0, form: str = "velocity",
+           sweep: bool = False) -> Mitigation:
+    """LWP_D and SC_D together, the paper's default in the velocity form
+    (Kosson et al. 2020, H.5):
+
+        v ← m·v + g;   w ← w − η·(a·v + b·g);   ŵ = w − η·D·v
+
+    (`form="difference"`: ŵ = w + D·(w − w_prev)); a, b as in `sc`, D →
+    horizon_scale·D in both. Other args as `lwp`.
+    """
+    _check_form(form, "momentum")
+    _check_sweep("lwp+sc", "momentum", form, sweep)
+    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
+    h = horizon_scale
+    if sweep:
+        return Mitigation(_swept(lr, m, lambda s: (*coefficients(m, s.delay, h), h * s.delay,
+                                                   0.0)), False, lr, m)
+    return Mitigation(lambda s: optax.chain(_sc(m, s.delay, h, lr), _lwp(h * s.delay, form, lr)),
+                      False, lr, m)
+
+
+def pipemare(learning_rate: optax.ScalarOrSchedule | None = None, *, warmup_steps: int,
+             momentum: float | None = None, reference: tuple | None = None,
+             batch: int | None = None, optimizer: str = "momentum") -> Mitigation:
+    """PipeMare's learning-rate rescheduling (Yang et al. 2019, §3): the base
+    optimizer at stage rate
+
+        η_t / τ^(p_t),   p_t = 1 − min(t / K_warm, 1),   τ = max(D, 1)
+
+    (`pipemare_lr`). No sweep form: the rate is a schedule per stage.
+
+    Args:
+      warmup_steps: K_warm >= 1, in updates.
+      optimizer: "momentum" (SGDM) or "adam".
+      Others as `no_mitigation`.
+    """
+    _check_optimizer(optimizer)
+    if warmup_steps is None or warmup_steps < 1:
+        raise ConfigError(f"mitigation 'pipemare' divides the rate by τ^p with p fading over "
+                          f"K_warm updates; give warmup_steps=K_warm >= 1, not {warmup_steps!r}")
+    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
+    return Mitigation(lambda s: _base(optimizer, pipemare_lr(lr, s.delay, warmup_steps), m),
+                      False, lr, m)
