@@ -26,11 +26,11 @@ from pipejax.compile.layout import Layout
 from pipejax.compile.stages import Model
 from pipejax.compile.spmd import REPLICATED, STAGED, lead, placement, shard
 from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.layers import Layer, layer_list
 from pipejax.mesh import stage_mesh
-from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.partition import make_plan
 from pipejax.schedules import Op, Schedule, make_schedule
-from pipejax.trace import Layer, LayerSpec, trace, trace_loss
+from pipejax.trace import LayerSpec, trace, trace_loss
 
 def _struct(tree: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), tree)
@@ -69,7 +69,8 @@ class Pipeline:
     schedule = property(lambda self: self.build.schedule, doc="The schedule table.")
     layout = property(lambda self: self.build.layout, doc="Buffers and their bytes (Layout).")
     mesh = property(lambda self: self.build.mesh, doc="The stage mesh.")
-    layers = property(lambda self: self.code.model.layers, doc="The layer list.")
+    layers = property(lambda self: tuple(layer.source for layer in self.code.model.layers),
+                      doc="The layer list, as given (its modules and functions).")
     loss = property(lambda self: self.code.model.loss, doc="The loss of one micro-batch.")
     remat = property(lambda self: self.code.model.remat, doc="The remat mode.")
     example = property(lambda self: self.build.example,
@@ -99,18 +100,18 @@ class Pipeline:
         `key` may be left out when no linen layer has parameters. To start an
         NNX model from another key, build its modules again with
         `nnx.Rngs(key)`."""
-        linen = [s for s in self.specs
-                 if s.param_bytes and not isinstance(self.layers[s.index], NnxLayer)]
-        if linen and key is None:
-            names = ", ".join(f"{s.index} ({s.name})" for s in linen[:4])
+        initial = [layer.initial_values() for layer in self.code.model.layers]
+        keyed = [s for s in self.specs if s.param_bytes and initial[s.index] is None]
+        if keyed and key is None:
+            names = ", ".join(f"{s.index} ({s.name})" for s in keyed[:4])
             raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
                               "e.g. jax.random.key(0)")
         params = Staged(self._init(jax.random.key(0) if key is None else key), self.code.params)
-        if not any(isinstance(layer, NnxLayer) for layer in self.layers):
+        if all(v is None for v in initial):
             return params
-        # The NNX values are staged from the host, not compiled into the program as constants.
-        return self.stage([layer.values() if isinstance(layer, NnxLayer) else v
-                           for layer, v in zip(self.layers, unstage(params))])
+        # Values a layer arrives with (NNX) are staged from the host, not compiled in as constants.
+        return self.stage([v if mine is None else mine
+                           for mine, v in zip(initial, unstage(params))])
 
     def stage(self, variables: Sequence[dict]) -> Staged:
         """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
@@ -190,7 +191,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
 
     Args:
       layers: the model, a list of Flax linen modules, Flax NNX modules (their
-        current values are the initial parameters; nnx_layer.py) or functions of
+        current values are the initial parameters; layers/nnx.py) or functions of
         one array; or an `nnx.Sequential` / `nnx.List`.
       loss: `loss(outputs, targets)` of ONE micro-batch, returning its mean.
       example: ONE micro-batch of inputs (its shape and dtype matter, not its values).
