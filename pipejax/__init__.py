@@ -1,6 +1,6 @@
 """pipejax: compile a list of Flax layers into one pipelined, jitted training step."""
 
-from pipejax import (checkpoint, data, distributed, errors, losses, models, nnx_layer, partition,
+from pipejax import (checkpoint, data, distributed, errors, layers, losses, models, partition,
                      schedules, transforms)
 from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
@@ -11,13 +11,16 @@ from pipejax.schedules import Schedule, StageInfo
 from pipejax.delayed import Simulation, simulate
 from pipejax.evaluation import evaluator, loss_evaluator
 from pipejax.generation import generate
-from pipejax.trace import LayerSpec, apply_layers, trace
+from pipejax.layers import apply_layers
+from pipejax.layers import nnx as nnx_layer  # its name before layers/ held it
+from pipejax.trace import LayerSpec, trace
 from pipejax.trainer import Trainer
 
 __all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Placement", "Schedule", "StageInfo",
            "Staged",
            "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data", "distributed",
-           "errors", "evaluator", "generate", "loss_evaluator", "losses", "nnx_layer",
+           "errors", "evaluator", "generate", "layers", "loss_evaluator", "losses",
+           "nnx_layer",
            "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules", "simulate",
            "simulate_devices",
            "trace", "transforms", "unstage"]

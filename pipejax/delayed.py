@@ -23,11 +23,10 @@ import optax
 from jax import lax
 
 from pipejax.errors import ConfigError
+from pipejax.layers import Layer, apply_layers, layer_key, layer_list
 from pipejax.placement import Placement
-from pipejax.nnx_layer import layer_list
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
-from pipejax.trace import Layer, apply_layer, apply_layers, init_layer, layer_key
 from pipejax.transforms import forecast, has_forecast
 from pipejax.transforms.per_stage import per_stage
 
@@ -107,8 +106,8 @@ class Simulation:
     def _variables(self, key: jax.Array, example: Any) -> list[dict]:
         out, h = [], jax.tree.map(jnp.zeros_like, example)
         for i, layer in enumerate(self.layers):
-            out.append(init_layer(layer, layer_key(key, i), h))
-            h = apply_layer(layer, out[-1], h, None, train=False)
+            out.append(layer.init(layer_key(key, i), h))
+            h = layer.apply(out[-1], h, None, train=False)
         return out
 
     def init(self, variables: Sequence[dict], key: jax.Array | None = None) -> SimState:

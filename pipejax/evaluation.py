@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax.nnx_layer import layer_list
-from pipejax.trace import Layer, Variables, apply_layers
+from pipejax.layers import Layer, Variables, apply_layers, layer_list
 
 
 def evaluator(layers: Sequence[Layer], *,

@@ -17,8 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError
-from pipejax.nnx_layer import layer_list
-from pipejax.trace import Layer, Variables, apply_layers
+from pipejax.layers import Layer, Variables, apply_layers, layer_list
 
 
 def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: Any, length: int,

@@ -22,12 +22,12 @@ from pipejax.compile.programs import (Build, Model, PipelinePrograms, Staged, bu
                                       check_params, key_or_default, pipeline_programs,
                                       stage_rows, unstage)
 from pipejax.errors import ConfigError
+from pipejax.layers import Layer, layer_list
 from pipejax.mesh import stage_mesh
-from pipejax.nnx_layer import NnxLayer, layer_list
 from pipejax.partition import make_plan
 from pipejax.placement import Placement
 from pipejax.schedules import Schedule, make_schedule
-from pipejax.trace import Layer, LayerSpec, trace, trace_loss
+from pipejax.trace import LayerSpec, trace, trace_loss
 from pipejax.trainer import Trainer
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
@@ -60,7 +60,8 @@ class Pipeline:
     schedule = property(lambda self: self.build.schedule, doc="The schedule table.")
     layout = property(lambda self: self.build.layout, doc="Buffers and their bytes (Layout).")
     mesh = property(lambda self: self.build.mesh, doc="The stage mesh.")
-    layers = property(lambda self: self.build.code.model.layers, doc="The layer list.")
+    layers = property(lambda self: tuple(layer.source for layer in self.build.code.model.layers),
+                      doc="The layer list, as given (its modules and functions).")
     K = property(lambda self: self.build.K, doc="Pipeline stages.")
     M = property(lambda self: self.build.M, doc="Micro-batches per step (of each replica).")
 
@@ -78,19 +79,19 @@ class Pipeline:
         `key` may be left out when no linen layer has parameters. To start an
         NNX model from another key, build its modules again with
         `nnx.Rngs(key)`."""
-        linen = [s for s in self.specs
-                 if s.param_bytes and not isinstance(self.layers[s.index], NnxLayer)]
-        if linen and key is None:
-            names = ", ".join(f"{s.index} ({s.name})" for s in linen[:4])
+        initial = [layer.initial_values() for layer in self.build.code.model.layers]
+        keyed = [s for s in self.specs if s.param_bytes and initial[s.index] is None]
+        if keyed and key is None:
+            names = ", ".join(f"{s.index} ({s.name})" for s in keyed[:4])
             raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
                               "e.g. jax.random.key(0)")
         params = Staged(self.programs.init(jax.random.key(0) if key is None else key),
                         self.build.code.params)
-        if not any(isinstance(layer, NnxLayer) for layer in self.layers):
+        if all(v is None for v in initial):
             return params
-        # The NNX values are staged from the host, not compiled into the program as constants.
-        return self.stage([layer.values() if isinstance(layer, NnxLayer) else v
-                           for layer, v in zip(self.layers, unstage(params))])
+        # Values a layer arrives with (NNX) are staged from the host, not compiled in as constants.
+        return self.stage([v if mine is None else mine
+                           for mine, v in zip(initial, unstage(params))])
 
     def stage(self, variables: Sequence[dict]) -> Staged:
         """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
@@ -141,7 +142,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
 
     Args:
       layers: the model, a list of Flax linen modules, Flax NNX modules (their
-        current values are the initial parameters; nnx_layer.py) or functions of
+        current values are the initial parameters; layers/nnx.py) or functions of
         one array; or an `nnx.Sequential` / `nnx.List`.
       loss: `loss(outputs, targets)` of ONE micro-batch, returning its mean.
       example: ONE micro-batch of inputs (its shape and dtype matter, not its values).

@@ -7,29 +7,23 @@ shapes, and its cost: forward+backward FLOPs from XLA's `cost_analysis()` of
 that layer alone (GPipe §2 partitions by such estimates), parameter bytes and
 output activation bytes; `cost="time"` measures each layer instead.
 
-A layer is a Flax linen module (`layer.init` / `layer.apply`), a Flax NNX
-module (split once into an `NnxLayer`, nnx_layer.py) or a plain function of
-one array (`nn.relu`, `jnp.tanh`, a flatten lambda); `layer_list` turns a
-user's list (or `nnx.Sequential`) into these.
+A layer is whatever `layers.layer_list` wraps (a Flax linen or NNX module,
+or a function of one array); this module only measures them, through the
+`Layer` interface.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from typing import Any, Callable, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError, LayerError
-from pipejax.nnx_layer import NnxLayer, describe, layer_list
-
-Layer = Any  # a flax.linen.Module, an NnxLayer or a callable of one array
-Variables = Any  # linen: what `layer.apply` takes; NNX: an nnx.State of its Params; {}: a function
+from pipejax.layers import Layer, layer_list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,90 +47,10 @@ class LayerSpec:
         return self.seconds if self.seconds is not None else self.flops
 
 
-def layer_name(layer: Layer) -> str:
-    """A short readable name: the module class, or the function's name."""
-    if isinstance(layer, nn.Module):
-        return type(layer).__name__
-    if isinstance(layer, NnxLayer):
-        return layer.name
-    name = getattr(layer, "__name__", None) or type(layer).__name__
-    return "lambda" if name == "<lambda>" else name
-
-
-def _call_kwargs(layer: nn.Module, train: bool) -> dict:
-    """`deterministic=` / `train=` for modules whose `__call__` takes them.
-
-    A module that fixed `deterministic` at construction is left alone (Flax
-    rejects the flag given twice).
-    """
-    params = inspect.signature(type(layer).__call__).parameters
-    kwargs = {}
-    if "deterministic" in params and getattr(layer, "deterministic", None) is None:
-        kwargs["deterministic"] = not train
-    if "train" in params and getattr(layer, "train", None) is None:
-        kwargs["train"] = train
-    return kwargs
-
-
-def same_layer(a: Layer, b: Layer) -> bool:
-    """Whether two layers are one function of (variables, input): the same
-    object, or equal Flax modules of one class (`nn.Dense(64) == nn.Dense(64)`).
-    Distinct function objects count as different, even with equal code."""
-    if a is b:
-        return True
-    if isinstance(a, NnxLayer) and isinstance(b, NnxLayer):
-        return a.same(b)
-    if not (isinstance(a, nn.Module) and type(a) is type(b)):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - fields that do not compare (arrays): not provably equal
-        return False
-
-
 def shapes(tree: Any) -> tuple:
     """A tree's structure with the shape and dtype of every leaf, comparable with ==."""
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves)
-
-
-def init_layer(layer: Layer, key: jax.Array, h: Any) -> Variables:
-    """Initial variables of one layer for input `h` ({} for a function); an
-    NNX layer arrives initialized: its current parameters."""
-    if isinstance(layer, NnxLayer):
-        return layer.values()
-    if not isinstance(layer, nn.Module):
-        return {}
-    variables = layer.init({"params": key, "dropout": key}, h, **_call_kwargs(layer, False))
-    return dict(variables)
-
-
-def apply_layer(layer: Layer, variables: Variables, h: Any, key: jax.Array | None = None,
-                train: bool = True) -> Any:
-    """Run one layer. `key` feeds the 'dropout' stream when training (an NNX
-    layer's streams, by `stream_keys`)."""
-    if isinstance(layer, NnxLayer):
-        return layer.apply(variables, h, key, train)
-    if not isinstance(layer, nn.Module):
-        return layer(h)
-    rngs = {"dropout": key} if (train and key is not None) else None
-    return layer.apply(variables, h, rngs=rngs, **_call_kwargs(layer, train))
-
-
-def layer_key(key: jax.Array, index: int) -> jax.Array:
-    """The key of layer `index` (global position in the list) for one micro-batch."""
-    return jax.random.fold_in(key, index)
-
-
-def apply_layers(layers: Sequence[Layer], variables: Sequence[Variables], h: Any,
-                 key: jax.Array | None = None, train: bool = True, first: int = 0) -> Any:
-    """Run a contiguous run of layers sequentially; `first` is the global index
-    of `layers[0]`, so keys match however the list is split into stages.
-    `layers` may be the user's list (NNX modules are split here)."""
-    for i, (layer, v) in enumerate(zip(layer_list(layers), variables)):
-        k = None if key is None else layer_key(key, first + i)
-        h = apply_layer(layer, v, h, k, train)
-    return h
 
 
 def nbytes(tree: Any) -> int:
@@ -149,22 +63,10 @@ def _describe(tree: Any) -> str:
     return ", ".join(f"{x.dtype}{list(x.shape)}" for x in jax.tree.leaves(tree))
 
 
-def _check_writes(i: int, layer: NnxLayer, variables: Any, h: Any, key: Any) -> None:
-    """Reject an NNX layer whose training forward writes a variable: the
-    pipeline would drop the write (a stateless stage), a silent wrong answer."""
-    written = layer.written(variables, h, key)
-    if written:
-        raise LayerError(
-            f"layer {i} ({layer.name}) writes {', '.join(written)} in its forward (BatchNorm "
-            "statistics, a cache, sown intermediates?); pipelines train stateless layers only: "
-            "use nnx.GroupNorm or nnx.LayerNorm, or fix the statistics "
-            "(nnx.BatchNorm(..., use_running_average=True) only reads them)")
-
-
 def _fwd_bwd(layer: Layer) -> Callable:
     """Forward + backward of one layer, seeded with `ones_like` of its output."""
     def run(variables, h, key):
-        out, vjp = jax.vjp(lambda v, x: apply_layer(layer, v, x, key), variables, h)
+        out, vjp = jax.vjp(lambda v, x: layer.apply(v, x, key), variables, h)
         return out, vjp(jax.tree.map(jnp.ones_like, out))  # out too, or its work is dropped
     return run
 
@@ -249,38 +151,31 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     specs = []
     costs: list[tuple[Layer, tuple, float | None, float | None]] = []  # measured once per kind
     for i, layer in enumerate(layers):
-        name = layer_name(layer)
-        if not (isinstance(layer, (nn.Module, NnxLayer)) or callable(layer)):
-            raise LayerError(f"layer {i} ({name}) is neither a Flax module nor a callable; "
-                             "a layer list holds Flax modules (linen or NNX) or functions of "
-                             "one array")
+        name = layer.name
+
         def failed(err: Exception) -> LayerError:
             produced = "the example" if i == 0 else f"layer {i - 1} ({specs[-1].name})"
-            holds = (f" (its parameters: {describe(layer.abstract)})"
-                     if isinstance(layer, NnxLayer) else "")
+            first_line = str(err).splitlines()[0] if str(err) else ""
             return LayerError(
-                f"layer {i} ({name}){holds} cannot take input {_describe(h)} produced by {produced}: "
-                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
+                f"layer {i} ({name}){layer.detail} cannot take input {_describe(h)} produced by "
+                f"{produced}: {type(err).__name__}: {first_line}; "
                 "check the shapes of this layer and the layer before it")
 
         try:
-            variables = jax.eval_shape(lambda k, x: init_layer(layer, k, x), key_struct, h)
+            variables = jax.eval_shape(layer.init, key_struct, h)
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named
             raise failed(err) from None
-        extra = [] if isinstance(layer, NnxLayer) else sorted(set(variables) - {"params"})
-        if extra:
-            raise LayerError(
-                f"layer {i} ({name}) keeps mutable collections {extra} (BatchNorm statistics?); "
-                "pipelines train stateless layers only: use GroupNorm or LayerNorm instead")
-        try:
-            jaxpr, out = jax.make_jaxpr(lambda v, x, k: apply_layer(layer, v, x, k),
-                                        return_shape=True)(variables, h, key_struct)
+        try:  # the state check first: linen's BatchNorm fails to apply without its statistics
+            kept = layer.kept_state(variables, h, key_struct)
+            if kept is None:
+                jaxpr, out = jax.make_jaxpr(layer.apply, return_shape=True)(variables, h,
+                                                                            key_struct)
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named
             raise failed(err) from None
-        if isinstance(layer, NnxLayer):
-            _check_writes(i, layer, variables, h, key_struct)
+        if kept is not None:
+            raise LayerError(f"layer {i} ({name}) {kept}")
         kind = shapes(h)
-        known = next((c for c in costs if c[1] == kind and same_layer(c[0], layer)), None)
+        known = next((c for c in costs if c[1] == kind and c[0].same(layer)), None)
         if known is None:  # equal layers on equal shapes cost the same: measure one
             known = (layer, kind, _flops(layer, variables, h, key),
                      _seconds(layer, variables, h, key) if cost == "time" else None)

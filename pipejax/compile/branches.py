@@ -21,8 +21,7 @@ import numpy as np
 from pipejax.packing import Buffers
 from pipejax.compile.spmd import stage_index
 from pipejax.compile.stages import Feed, StageCode
-from pipejax.nnx_layer import NnxLayer
-from pipejax.trace import init_layer, layer_key
+from pipejax.layers import layer_key
 
 
 
@@ -141,8 +140,9 @@ def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
 def init(code: StageCode) -> list[Callable]:
     """The branch of device k's group: key -> device k's packed initial
     variables; layer i uses fold_in(key, i), so the values do not depend
-    on K. An NNX layer's slots are zeros here: its values are staged from
-    the host (`Pipeline.init`), not compiled into the program as constants."""
+    on K. A layer that arrives with its values (NNX) has zero slots here:
+    they are staged from the host (`Pipeline.init`), not compiled into the
+    program as constants."""
     K = code.placement.stages
     index = np.zeros((K, max(len(code.plan.device_layers(k)) for k in range(K))), np.int32)
     for k in range(K):
@@ -154,12 +154,12 @@ def init(code: StageCode) -> list[Callable]:
             variables, mine = [], jnp.asarray(index)[stage_index()]
             for n, i in enumerate(code.plan.device_layers(k)):
                 spec, layer = code.plan.specs[i], code.model.layers[i]
-                if isinstance(layer, NnxLayer):
+                if layer.initial_values() is not None:
                     variables.append(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                                                   spec.variables))
                     continue
                 h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                variables.append(init_layer(layer, layer_key(key, mine[n]), h))
+                variables.append(layer.init(layer_key(key, mine[n]), h))
             return code.params.pack(k, variables)
         return run
 

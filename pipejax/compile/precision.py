@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from pipejax.trace import Layer
+from pipejax.layers import Layer
 
 
 def cast_floating(tree: Any, dtype: Any) -> Any:
@@ -32,5 +32,5 @@ def compute_weights(layers: Sequence[Layer], variables: Sequence[Any], dtype: An
     """Each layer's variables as it computes with them under `dtype`: float32
     leaves cast, unless the layer sets its own Flax `dtype`."""
     cast = lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x
-    return [v if getattr(layer, "dtype", None) is not None else jax.tree.map(cast, v)
+    return [v if layer.dtype is not None else jax.tree.map(cast, v)
             for layer, v in zip(layers, variables)]

@@ -28,8 +28,9 @@ from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.packing import Packing
 from pipejax.compile.sharing import StageGroups
+from pipejax.layers import Layer, apply_layers
 from pipejax.partition import Plan
-from pipejax.trace import Layer, apply_layers, same_layer, shapes
+from pipejax.trace import shapes
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
@@ -229,7 +230,7 @@ def _same_structure(a: tuple, b: tuple) -> bool:
     (first_a, last_a, layers_a, where_a), (first_b, last_b, layers_b, where_b) = a, b
     return (first_a == first_b and last_a == last_b and where_a == where_b
             and len(layers_a) == len(layers_b)
-            and all(same_layer(la, lb) and ia == ib and va == vb
+            and all(la.same(lb) and ia == ib and va == vb
                     for (la, ia, va), (lb, ib, vb) in zip(layers_a, layers_b)))
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from pipejax.packing import Buffers, Packing
 from pipejax.errors import ArgumentTypeError
-from pipejax.nnx_layer import write_into
+from pipejax.layers.nnx import write_into
 
 
 @jax.tree_util.register_pytree_node_class

@@ -19,8 +19,7 @@ import numpy as np
 from flax import nnx
 
 from pipejax.errors import ConfigError
-from pipejax.nnx_layer import layer_list
-from pipejax.trace import apply_layers, init_layer
+from pipejax.layers import layer_list
 
 APIS = ("linen", "nnx")
 
@@ -63,5 +62,5 @@ class Builder:
 def _after(layer: Any, x: Any) -> Any:
     """The abstract output of `layer` on the abstract batch `x` (eval mode)."""
     [layer] = layer_list([layer])
-    return jax.eval_shape(lambda x: apply_layers(
-        [layer], [init_layer(layer, jax.random.key(0), x)], x, train=False), x)
+    return jax.eval_shape(lambda x: layer.apply(layer.init(jax.random.key(0), x), x,
+                                                train=False), x)

@@ -12,7 +12,7 @@ two residual projections of a block from N(0, 0.02²/(2·depth)) (GPT-2 §2.3).
 The input embedding and the output head are separate matrices: tied weights
 cannot cross stages, since each layer's parameters live on the one stage that
 runs it. A layer list that shares one module between two layers is a
-`LayerError` (trace.py, nnx_layer.py).
+`LayerError` (layers/).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_gpt_pipelines_exactly(stages, dropout):
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
 
 
-@pytest.mark.slow  # NNX pipelines are tested in test_nnx_layer.py; the twin below, fast
+@pytest.mark.slow  # NNX pipelines are tested in layers/test_nnx.py; the twin below, fast
 def test_nnx_gpt_pipelines_exactly():
     layers = pj.models.gpt(**SIZE, dropout=0.1, api="nnx", rngs=nnx.Rngs(0))
     pipe = _pipeline(layers, 2)

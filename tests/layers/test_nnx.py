@@ -118,7 +118,7 @@ def test_given_values_train_and_come_back_into_the_modules():
     state = trainer.init(params, jax.random.key(0))
     for s in range(3):
         state, _ = trainer.step(state, batch(2 * MB, seed=s))
-    values = pj.unstage(state, into=pipe.layers)  # pipe.layers: the same modules, split
+    values = pj.unstage(state, into=pipe.layers)  # pipe.layers: the modules as given
     trained = nnx.state(model, nnx.Param)
     assert rel_err(trained, given) > 1e-3  # the modules hold the trained values now
     fresh = nnx.Sequential(*_mlp(seed=8, dropout=0.1))

@@ -22,27 +22,22 @@ given, with `nnx.split(module, nnx.Param, nnx.RngState, ...)`:
 Inside a branch `nnx.merge(..., copy=True)` builds a throwaway module from the
 branch's own parameters, so the user's module is never written while tracing.
 The parameters a pipeline starts from are the module's current values
-(`values`), read when `pipe.init` is called.
+(`values`), read when `pipe.init` is called. `wrap` rejects a module the
+pipeline cannot own alone (shared variables, abstract parameters);
+`write_into` puts trained values back into the user's modules.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from flax import nnx
 
 from pipejax.errors import LayerError
-
-
-_SHARED = ("a pipeline places each layer's parameters on one stage and would train two copies "
-           "where Flax trains one (tied weights, such as input and output embeddings, cannot "
-           "cross stages): give each layer its own module, or put the layers that share weights "
-           "into one layer")
+from pipejax.layers.base import SHARED, Layer, Variables
 
 
 def stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
@@ -69,7 +64,13 @@ class NnxLayer:
         self.abstract = _abstract(params)
 
     @property
+    def source(self) -> nnx.Module:
+        """The NNX module."""
+        return self.module
+
+    @property
     def name(self) -> str:
+        """The module's class."""
         return type(self.module).__name__
 
     @property
@@ -77,16 +78,30 @@ class NnxLayer:
         """The module's own computation `dtype` (None: as its inputs)."""
         return getattr(self.module, "dtype", None)
 
+    @property
+    def detail(self) -> str:
+        """The parameters it arrives with: ' (its parameters: kernel float32[30, 16], ...)'."""
+        return f" (its parameters: {describe(self.abstract)})"
+
     def values(self) -> nnx.State:
         """The module's current parameters, as `nnx.state(module, nnx.Param)`."""
         return nnx.state(self.module, nnx.Param)
 
-    def apply(self, params: nnx.State, h: Any, key: jax.Array | None, train: bool) -> Any:
-        """The module's output for input `h` with parameters `params`; when
+    def init(self, key: jax.Array, x: Any) -> Variables:
+        """The module's current parameters: it arrives initialized (`key`, `x` unused)."""
+        return self.values()
+
+    def initial_values(self) -> nnx.State:
+        """The module's current parameters, what a pipeline starts from."""
+        return self.values()
+
+    def apply(self, variables: nnx.State, x: Any, key: jax.Array | None = None,
+              train: bool = True) -> Any:
+        """The module's output for input `x` with parameters `variables`; when
         training with a `key`, its streams are reseeded by `stream_keys`;
         `train=False` calls it in `.eval()` mode (no dropout, BatchNorm on
         its running statistics)."""
-        return self._module(params, self.constants, key, train)(h)
+        return self._module(variables, self.constants, key, train)(x)
 
     def _module(self, params: nnx.State, constants: nnx.State, key: jax.Array | None,
                 train: bool) -> nnx.Module:
@@ -123,11 +138,24 @@ class NnxLayer:
         ins = closed.jaxpr.invars[:len(names)]
         return sorted({name for name, i, o in zip(names, ins, closed.jaxpr.outvars) if o is not i})
 
-    def same(self, other: "NnxLayer") -> bool:
+    def kept_state(self, variables: Any, x: Any, key: Any) -> str | None:
+        """The variables its training forward writes (`written`), rejected: a
+        pipeline would drop the write (a stateless stage), a silent wrong answer."""
+        written = self.written(variables, x, key)
+        if not written:
+            return None
+        return (f"writes {', '.join(written)} in its forward (BatchNorm statistics, a cache, "
+                "sown intermediates?); pipelines train stateless layers only: use nnx.GroupNorm "
+                "or nnx.LayerNorm, or fix the statistics (nnx.BatchNorm(..., "
+                "use_running_average=True) only reads them)")
+
+    def same(self, other: Layer) -> bool:
         """Whether two NNX layers are one function of (parameters, input):
         equal graphdefs and streams, and no constants (or the same ones)."""
         if self is other:
             return True
+        if not isinstance(other, NnxLayer):
+            return False
         try:
             same_code = self.graphdef == other.graphdef and self.streams == other.streams
         except Exception:  # noqa: BLE001 - static fields that do not compare: not provably equal
@@ -150,98 +178,54 @@ def _path(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _items(layers: Any) -> list | None:
+def items(layers: Any) -> list | None:
     """The entries of a list, tuple, `nnx.Sequential` or `nnx.List`; None for anything else."""
     layers = layers.layers if isinstance(layers, nnx.Sequential) else layers
     return list(layers) if isinstance(layers, (list, tuple, nnx.List)) else None
 
 
-def layer_list(layers: Any) -> tuple:
-    """The layers of `layers` (a list or tuple, an `nnx.Sequential` or an
-    `nnx.List`) with each NNX module split into an `NnxLayer`.
+def is_nnx(obj: Any) -> bool:
+    """Whether `obj` is an NNX module, or an NNX module class (an error `wrap` names)."""
+    return isinstance(obj, nnx.Module) or (isinstance(obj, type) and issubclass(obj, nnx.Module))
+
+
+def wrap(layers: Sequence[Any], i: int, owner: dict) -> NnxLayer:
+    """Layer `i` of `layers`, an NNX module, split into an `NnxLayer`; its
+    variables and submodules are recorded in `owner` (id -> layer index).
 
     Raises:
-      LayerError: naming the layers, when one is an NNX class rather than an
+      LayerError: naming the layers, when it is an NNX class rather than an
         instance, holds abstract parameters (built under `nnx.eval_shape`),
-        or shares variables with another layer (the same NNX module twice, a
-        linen module held inside one layer and used by another: tied
-        weights): a pipeline places each layer's parameters on one stage.
+        or shares variables with an earlier layer (the same module twice,
+        tied weights): a pipeline places each layer's parameters on one stage.
     """
-    items = _items(layers)
-    if items is None:
-        raise LayerError(f"layers must be a list of Flax modules or functions (or an "
-                         f"nnx.Sequential), not {type(layers).__name__}; a model is a list so it "
-                         "can be split")
-    layers = items
-    out, owner = [], {}
-    for i, layer in enumerate(layers):
-        if isinstance(layer, nnx.Module) and id(layer) in owner:
-            j = owner[id(layer)]
-            raise LayerError(
-                f"layers {j} and {i} ({type(layer).__name__}) are one module object; {_SHARED}")
-        if isinstance(layer, type) and issubclass(layer, (nnx.Module,)):
-            raise LayerError(f"layer {i} is the class {layer.__name__}, not a module; give an "
-                             f"instance, e.g. {layer.__name__}(..., rngs=nnx.Rngs(0))")
-        if not isinstance(layer, nnx.Module):
-            _own_linen_submodules(layers, i, owner)
-            out.append(layer)
+    layer = layers[i]
+    if isinstance(layer, nnx.Module) and id(layer) in owner:
+        j = owner[id(layer)]
+        raise LayerError(
+            f"layers {j} and {i} ({type(layer).__name__}) are one module object; {SHARED}")
+    if isinstance(layer, type):
+        raise LayerError(f"layer {i} is the class {layer.__name__}, not a module; give an "
+                         f"instance, e.g. {layer.__name__}(..., rngs=nnx.Rngs(0))")
+    name = type(layer).__name__
+    for path, node in nnx.iter_graph(layer):
+        # Random streams may be shared: they are reseeded at every call, never trained.
+        if not isinstance(node, (nnx.Variable, nnx.Module)) or isinstance(node, nnx.RngState):
             continue
-        name = type(layer).__name__
-        for path, node in nnx.iter_graph(layer):
-            # Random streams may be shared: they are reseeded at every call, never trained.
-            if not isinstance(node, (nnx.Variable, nnx.Module)) or isinstance(node, nnx.RngState):
-                continue
-            j = owner.setdefault(id(node), i)
-            if j != i:
-                what = ".".join(map(str, path)) or "the whole module"
-                raise LayerError(
-                    f"layers {j} ({type(layers[j]).__name__}) and {i} ({name}) share {what} "
-                    f"({type(node).__name__}); {_SHARED}")
-        split = NnxLayer(layer)
-        abstract = [f"{_path(p)}" for p, v in nnx.to_flat_state(split.values())
-                    if not isinstance(v.get_value(), (jax.Array, np.ndarray))]
-        if abstract:
-            raise LayerError(f"layer {i} ({name}) holds abstract parameters ({', '.join(abstract)}"
-                             ": no values); build it with real values, e.g. "
-                             f"{name}(..., rngs=nnx.Rngs(0)), not under nnx.eval_shape")
-        out.append(split)
-    return tuple(out)
-
-
-def _own_linen_submodules(layers: Sequence[Any], i: int, owner: dict) -> None:
-    """Record the linen modules held in layer `i`'s fields (at any depth) as
-    layer i's; one already held by, or listed as, another layer is shared.
-
-    Linen would train such a module's parameters once (tied input and output
-    embeddings); a pipeline would give each layer its own copy, silently. A
-    linen module listed twice at the top is two layers, as before.
-    """
-    def walk(value: Any, path: str):
-        if isinstance(value, nn.Module):
-            yield path, value
-            for field in dataclasses.fields(value):
-                if field.name not in ("parent", "name"):
-                    yield from walk(getattr(value, field.name, None), f"{path}.{field.name}")
-        elif isinstance(value, (list, tuple)):
-            for j, item in enumerate(value):
-                yield from walk(item, f"{path}[{j}]")
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                yield from walk(item, f"{path}[{key!r}]")
-
-    top = {}
-    for j, layer in enumerate(layers):
-        top.setdefault(id(layer), j)
-    if not isinstance(layers[i], nn.Module) or top[id(layers[i])] != i:
-        return  # a function, or a layer listed again: its copy was walked
-    for path, module in list(walk(layers[i], ""))[1:]:
-        j = owner.setdefault(id(module), i)
-        j = top.get(id(module), j) if j == i else j
+        j = owner.setdefault(id(node), i)
         if j != i:
+            what = ".".join(map(str, path)) or "the whole module"
             raise LayerError(
-                f"layers {j} ({type(layers[j]).__name__}) and {i} ({type(layers[i]).__name__}) "
-                f"share the module {type(module).__name__} (layer {i}'s field {path[1:]}); "
-                f"{_SHARED}")
+                f"layers {j} ({type(layers[j]).__name__}) and {i} ({name}) share {what} "
+                f"({type(node).__name__}); {SHARED}")
+    split = NnxLayer(layer)
+    abstract = [f"{_path(p)}" for p, v in nnx.to_flat_state(split.values())
+                if not isinstance(v.get_value(), (jax.Array, np.ndarray))]
+    if abstract:
+        raise LayerError(f"layer {i} ({name}) holds abstract parameters ({', '.join(abstract)}"
+                         ": no values); build it with real values, e.g. "
+                         f"{name}(..., rngs=nnx.Rngs(0)), not under nnx.eval_shape")
+    return split
 
 
 def write_into(values: Sequence[Any], into: Any) -> None:
@@ -253,13 +237,12 @@ def write_into(values: Sequence[Any], into: Any) -> None:
       LayerError: when `into` has another number of layers, or an NNX
         module whose parameters differ in structure or shape from its values.
     """
-    modules = _items(into)
+    modules = items(into)
     if modules is None or len(modules) != len(values):
         got = "not a list" if modules is None else f"{len(modules)} layers"
         raise LayerError(f"unstage(..., into=...) takes the layer list the pipeline was given "
                          f"({len(values)} layers), got {got}")
     for i, (module, v) in enumerate(zip(modules, values)):
-        module = module.module if isinstance(module, NnxLayer) else module  # pipe.layers
         if not isinstance(module, nnx.Module):
             continue
         mine, theirs = _abstract(nnx.state(module, nnx.Param)), _abstract(v)

@@ -1,0 +1,83 @@
+"""Layers: the user's list turned, once, into objects of one interface.
+
+A layer list holds Flax linen modules (linen.py), Flax NNX modules (nnx.py)
+and functions of one array (function.py); `layer_list` wraps each entry in
+its kind's adapter, which offers the `Layer` interface (base.py): name,
+init, initial values, apply, the state it would keep, and equality for
+branch sharing. Everything downstream (trace, stage code, simulators,
+evaluation) runs layers through that interface without asking their kind.
+`apply_layers` runs a contiguous run of layers with the key of each layer
+derived from its global index, so any split into stages draws the same numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+
+from pipejax.errors import LayerError
+from pipejax.layers import nnx
+from pipejax.layers.base import Layer, Variables
+from pipejax.layers.function import FunctionLayer, function_name
+from pipejax.layers.linen import LinenLayer, own_submodules
+from pipejax.layers.nnx import NnxLayer
+
+_ADAPTERS = (LinenLayer, NnxLayer, FunctionLayer)
+
+
+def _wrap(layers: Sequence[Any], i: int, owner: dict) -> Layer:
+    """Entry `i` of `layers` as its kind's adapter (an adapter as it is);
+    `owner` records which layer holds each module, to find shared ones."""
+    layer = layers[i]
+    if isinstance(layer, _ADAPTERS):
+        return layer
+    if nnx.is_nnx(layer):
+        return nnx.wrap(layers, i, owner)
+    if isinstance(layer, nn.Module):
+        own_submodules(layers, i, owner)
+        return LinenLayer(layer)
+    if callable(layer):
+        return FunctionLayer(layer)
+    raise LayerError(f"layer {i} ({function_name(layer)}) is neither a Flax module nor a "
+                     "callable; a layer list holds Flax modules (linen or NNX) or functions of "
+                     "one array")
+
+
+def layer_list(layers: Any) -> tuple[Layer, ...]:
+    """The entries of `layers` (a list or tuple, an `nnx.Sequential` or an
+    `nnx.List`) as `Layer`s; entries that already are pass through.
+
+    Raises:
+      LayerError: when `layers` is not a list, an entry is neither a module
+        nor a function, or two layers share variables or a module (nnx.py,
+        linen.py): a pipeline places each layer's parameters on one stage.
+    """
+    entries = nnx.items(layers)
+    if entries is None:
+        raise LayerError(f"layers must be a list of Flax modules or functions (or an "
+                         f"nnx.Sequential), not {type(layers).__name__}; a model is a list so it "
+                         "can be split")
+    owner: dict[int, int] = {}
+    return tuple(_wrap(entries, i, owner) for i in range(len(entries)))
+
+
+def layer_key(key: jax.Array, index: int) -> jax.Array:
+    """The key of layer `index` (global position in the list) for one micro-batch."""
+    return jax.random.fold_in(key, index)
+
+
+def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
+                 key: jax.Array | None = None, train: bool = True, first: int = 0) -> Any:
+    """Run a contiguous run of layers sequentially; `first` is the global index
+    of `layers[0]`, so keys match however the list is split into stages.
+    `layers` may be the user's list (wrapped here)."""
+    for i, (layer, v) in enumerate(zip(layer_list(layers), variables)):
+        k = None if key is None else layer_key(key, first + i)
+        h = layer.apply(v, h, k, train)
+    return h
+
+
+__all__ = ["FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables", "apply_layers",
+           "layer_key", "layer_list", "nnx"]
