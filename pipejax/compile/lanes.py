@@ -1,6 +1,6 @@
 """A schedule's lanes as the table interpreter compiles and reads them.
 
-`lane_plan` says which ops the executor compiles, in which lane and order,
+`compiled_lanes` says which ops the executor compiles, in which lane and order,
 and whether a lane mixes ops (then each task's op is read from the table);
 `lane_rows` turns the table into the scan's input, one row per tick, and
 `read_task` reads a device's task out of one row as a `TickTask` of traced
@@ -48,7 +48,7 @@ class Lane(NamedTuple):
     mixed: bool
 
 
-def lane_plan(schedule: Schedule) -> list[Lane]:
+def compiled_lanes(schedule: Schedule) -> list[Lane]:
     """A `Lane` for every op the executor compiles, in the order it runs
     them. Each op kind sits in one lane; a table's backwards are all fused
     (BW) or all split (B, W)."""
@@ -66,11 +66,11 @@ def lane_plan(schedule: Schedule) -> list[Lane]:
     return plan
 
 
-def lane_rows(schedule: Schedule, plan: list[Lane]) -> tuple:
+def lane_rows(schedule: Schedule, compiled: list[Lane]) -> tuple:
     """The scan's input per tick: for each lane (micro-batches, op codes,
     chunks), each `[ticks, stages]` int32; the op codes only when the lane
-    mixes ops (`plan`), the chunks only with virtual stages (else None)."""
-    mixed = {lane.index: lane.mixed for lane in plan}
+    mixes ops (`compiled`), the chunks only with virtual stages (else None)."""
+    mixed = {lane.index: lane.mixed for lane in compiled}
     rows = []
     for lane in range(schedule.lanes):
         col = lambda field: jnp.asarray(schedule.table[:, :, lane, field], jnp.int32)

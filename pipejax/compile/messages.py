@@ -13,12 +13,13 @@ valid one in its slot.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pipejax.compile.lanes import TickTask
 from pipejax.compile.layout import Layout
 from pipejax.packing import Buffers
 from pipejax.compile.state import Rings
@@ -47,11 +48,18 @@ def reads(rings: Rings, layout: Layout, op: Op, ring: jax.Array) -> tuple:
     return (h,) if op == Op.F else (h, read(rings.grads, ring % layout.grad_slots))
 
 
-def exchange(rings: Rings, layout: Layout, placement: Placement, forward: tuple,
-             back: tuple) -> Rings:
-    """Inside shard_map, on every device: send `forward` = (payload, task) on and
-    `back` = (payload, task) back (a task: its micro-batch g, virtual stage
-    j and whether it ran); file what arrives."""
+class Message(NamedTuple):
+    """What an op sends: its payload (packed activations or gradients) and
+    the task that made it (its micro-batch g, virtual stage j, whether it ran)."""
+
+    payload: Buffers
+    task: TickTask
+
+
+def exchange(rings: Rings, layout: Layout, placement: Placement, forward: Message,
+             back: Message) -> Rings:
+    """Inside shard_map, on every device: send `forward` on and `back` back;
+    file what arrives."""
     if placement.stages == 1:
         return rings
     v, S = placement.virtual, placement.chunks

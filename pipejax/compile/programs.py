@@ -20,7 +20,7 @@ from pipejax.compile import asynchronous, synchronous
 from pipejax.compile.branches import init as init_branches
 from pipejax.compile.build import Build
 from pipejax.compile.guard import guarded
-from pipejax.compile.lanes import lane_plan
+from pipejax.compile.lanes import compiled_lanes
 from pipejax.compile.layout import Layout
 from pipejax.compile.memory import MemoryEstimate, estimate
 from pipejax.compile.optimizer import StageOptimizers
@@ -45,7 +45,7 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, weight_stash
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
     the mean over M micro-batches (synchronous), 1 when every micro-batch is
     its own update; a table with W ops splits every backward into B and W."""
-    lane_plan(schedule)  # a table the executor runs: each op kind in one lane
+    compiled_lanes(schedule)  # a table the executor runs: each op kind in one lane
     seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
     code = StageCode(model, plan, seed, share, split=bool((schedule.ops == Op.W).any()))
     return Build(plan.placement, code, schedule, Layout.of(code, schedule, weight_stashing), mesh)

@@ -32,7 +32,7 @@ from jax import lax
 from pipejax.compile import branches, messages
 from pipejax.compile.build import Build
 from pipejax.compile.gradients import GradientPolicy
-from pipejax.compile.lanes import Counters, TickTask, lane_plan, lane_rows, read_task
+from pipejax.compile.lanes import Counters, TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.packing import Buffers
@@ -84,7 +84,7 @@ class _Tick:
         self.code, self.layout, self.opts = build.code, build.layout, opts
         self.placement, self.sync = build.placement, build.schedule.synchronous
         self.S = self.placement.chunks
-        self.lanes = lane_plan(build.schedule)
+        self.lanes = compiled_lanes(build.schedule)
         self.k = stage_index()
         self.x, self.y = inp.data
         self.counters = inp.counters
@@ -138,7 +138,7 @@ class _Tick:
                 ops, msg = self._input_grad(runs[op], ops, slots[op])
             else:
                 ops, msg = self._weight_grad(runs[op], ops, slots[op]), None
-            sent[op] = (msg, tasks[op])
+            sent[op] = messages.Message(msg, tasks[op])
         back = next(sent[op] for op in BACKWARD if op in sent)  # B or BW: a table has one
         rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
         rings = messages.exchange(rings, self.layout, self.placement, sent[Op.F], back)
