@@ -10,7 +10,9 @@ of this shared machine hit both alike. Reported per configuration: the
 median ratio of step times (new / baseline), XLA's bytes accessed, its
 compiled temp bytes and peak bytes (argument + output − alias + temp).
 
-Run: python benchmarks/against_baseline.py --baseline /tmp/base [--rounds 15]
+Interleaved 1F1B (v = 2) and ZB-H1 run at K = 4 too.
+
+Run: python benchmarks/against_baseline.py --baseline /tmp/base [--rounds 15] [--name NAME]
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (model, K, M, micro-batch, schedule, remat)
-CONFIGS = [("mlp", 4, 8, 32, "gpipe", "none"), ("mlp", 4, 8, 32, "1f1b", "none"),
-           ("mlp", 4, 8, 32, "pipedream", "none"), ("mlp", 4, 8, 32, "pb", "stage"),
-           ("mlp", 1, 4, 64, "gpipe", "none"), ("transformer", 1, 4, 8, "gpipe", "none")]
+# (model, K, M, micro-batch, schedule, remat, virtual)
+CONFIGS = [("mlp", 4, 8, 32, "gpipe", "none", 1), ("mlp", 4, 8, 32, "1f1b", "none", 1),
+           ("mlp", 4, 8, 32, "pipedream", "none", 1), ("mlp", 4, 8, 32, "pb", "stage", 1),
+           ("mlp", 1, 4, 64, "gpipe", "none", 1), ("transformer", 1, 4, 8, "gpipe", "none", 1),
+           ("mlp", 4, 8, 32, "interleaved", "stage", 2), ("mlp", 4, 8, 32, "zb-h1", "none", 1)]
 STEPS = 5  # steps per timed round
 
 
-def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str) -> None:
+def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str, virtual: int) -> None:
     """Build, compile and report memory; then time `STEPS` steps per line read."""
     import time
 
@@ -46,7 +49,7 @@ def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str) -> No
                         (pj.models.transformer(layers=4, dim=256, heads=4, patch=4), 256))
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, features)),
                        stages=K, microbatches=M, schedule=schedule, remat=remat,
-                       weight_stashing=schedule == "pipedream")
+                       weight_stashing=schedule == "pipedream", virtual=virtual)
     trainer = pipe.trainer(optax.adam(1e-3))
     state = trainer.init(pipe.init(jax.random.key(0)))
     batch = (jax.random.normal(jax.random.key(1), (M * MB, features)),
@@ -77,10 +80,10 @@ def spawn(checkout: Path, config: tuple) -> subprocess.Popen:
                             env=env, cwd="/")
 
 
-def compare(baseline: Path, rounds: int) -> list[dict]:
+def compare(baseline: Path, rounds: int, configs: list[tuple]) -> list[dict]:
     here = Path(__file__).resolve().parents[1]
     rows = []
-    for config in CONFIGS:
+    for config in configs:
         procs = {"new": spawn(here, config), "baseline": spawn(baseline, config)}
         memory = {name: json.loads(p.stdout.readline()) for name, p in procs.items()}
         times = {name: [] for name in procs}
@@ -93,8 +96,9 @@ def compare(baseline: Path, rounds: int) -> list[dict]:
             p.stdin.close()
             p.wait()
         ratio = sorted(a / b for a, b in zip(times["new"], times["baseline"]))[rounds // 2]
-        model, K, M, MB, schedule, remat = config
+        model, K, M, MB, schedule, remat, virtual = config
         rows.append({"model": model, "K": K, "M": M, "schedule": schedule, "remat": remat,
+                     "virtual": virtual,
                      "new_ms": round(1e3 * sorted(times["new"])[rounds // 2], 2),
                      "baseline_ms": round(1e3 * sorted(times["baseline"])[rounds // 2], 2),
                      "time_ratio": round(ratio, 3),
@@ -108,20 +112,24 @@ def compare(baseline: Path, rounds: int) -> list[dict]:
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        model, K, M, MB, schedule, remat = sys.argv[2:8]
-        return worker(model, int(K), int(M), int(MB), schedule, remat)
+        model, K, M, MB, schedule, remat, virtual = sys.argv[2:9]
+        return worker(model, int(K), int(M), int(MB), schedule, remat, int(virtual))
     sys.path.insert(0, str(Path(__file__).parent))
     from common import save, table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, required=True, help="a checkout to compare with")
     parser.add_argument("--rounds", type=int, default=15, help="alternated timed rounds")
+    parser.add_argument("--schedules", nargs="*", help="only the configurations of these schedules")
+    parser.add_argument("--name", default="against_baseline",
+                        help="the JSON's name under results/")
     args = parser.parse_args()
     commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    rows = compare(args.baseline, args.rounds)
+    configs = [c for c in CONFIGS if not args.schedules or c[4] in args.schedules]
+    rows = compare(args.baseline, args.rounds, configs)
     print(table(rows))
-    print(f"wrote {save('against_baseline', {'baseline': commit, 'rows': rows})}")
+    print(f"wrote {save(args.name, {'baseline': commit, 'rows': rows})}")
 
 
 if __name__ == "__main__":

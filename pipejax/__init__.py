@@ -12,16 +12,12 @@ from pipejax.delayed import Simulation, simulate
 from pipejax.evaluation import evaluator, loss_evaluator
 from pipejax.generation import generate
 from pipejax.layers import apply_layers
-from pipejax.layers import nnx as nnx_layer  # its name before layers/ held it
 from pipejax.trace import LayerSpec, trace
 from pipejax.trainer import Trainer
 
 __all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Placement", "Schedule", "StageInfo",
-           "Staged",
-           "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data", "distributed",
-           "errors", "evaluator", "generate", "layers", "loss_evaluator", "losses",
-           "nnx_layer",
-           "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules", "simulate",
-           "simulate_devices",
-           "trace", "transforms", "unstage"]
+           "Staged", "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data",
+           "distributed", "errors", "evaluator", "generate", "layers", "loss_evaluator", "losses",
+           "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules",
+           "simulate", "simulate_devices", "trace", "transforms", "unstage"]
 __version__ = "0.1.0"

@@ -7,7 +7,8 @@ and handed to both the schedule builder and the partitioner; every map
 between a chunk j and its (device k, local chunk c) is written here and
 nowhere else. The placement is circular (Narayanan et al. 2021, §2.2):
 device k holds chunks k, k + K, …, so j = c·K + k, and a micro-batch goes
-round the ring of devices v times.
+round the ring of devices v times. docs/design.md follows `virtual` from
+`pj.pipeline` to the compiled step.
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ class Placement:
     def device_chunks(self, k: int) -> range:
         """Device k's chunks, in its local order c = 0 … v − 1."""
         return range(k, self.chunks, self.stages)
+
+    def next_local(self, j: Any, k: Any) -> Any:
+        """The local chunk of chunk j + 1 on its device, from the sender's
+        chunk j and device k (traced values): where the receiver files it."""
+        return j // self.stages + (k == self.stages - 1)
+
+    def previous_local(self, j: Any, k: Any) -> Any:
+        """The local chunk of chunk j − 1 on its device, from the sender's
+        chunk j and device k: where a gradient sent back is filed."""
+        return j // self.stages - (k == 0)
 
     def forward_pairs(self) -> list[tuple[int, int]]:
         """(source, destination) devices of the messages from chunk j to j + 1

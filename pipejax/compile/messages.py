@@ -56,9 +56,9 @@ class Message(NamedTuple):
     task: TickTask
 
 
-def exchange(rings: Rings, layout: Layout, placement: Placement, forward: Message,
-             back: Message) -> Rings:
-    """Inside shard_map, on every device: send `forward` on and `back` back;
+def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
+             forward: Message, back: Message) -> Rings:
+    """Inside shard_map, on device k: send `forward` on and `back` back;
     file what arrives."""
     if placement.stages == 1:
         return rings
@@ -67,9 +67,9 @@ def exchange(rings: Rings, layout: Layout, placement: Placement, forward: Messag
     on = placement.forward_pairs()
     # The receiver files a message under its own chunk: j + 1's (forward), j − 1's (back).
     got_f, gf, cf, vf = lax.ppermute(
-        (msg_f, tf.g, placement.local(tf.j + 1), tf.real & (tf.j < S - 1)), AXIS, on)
+        (msg_f, tf.g, placement.next_local(tf.j, k), tf.real & (tf.j < S - 1)), AXIS, on)
     got_b, gb, cb, vb = lax.ppermute(
-        (msg_b, tb.g, placement.local(tb.j - 1), tb.real & (tb.j > 0)), AXIS,
+        (msg_b, tb.g, placement.previous_local(tb.j, k), tb.real & (tb.j > 0)), AXIS,
         [(j, i) for i, j in on])
     return rings._replace(
         inputs=_file(rings.inputs, (gf * v + cf) % layout.input_slots, got_f, vf),

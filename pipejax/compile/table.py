@@ -141,7 +141,8 @@ class _Tick:
             sent[op] = messages.Message(msg, tasks[op])
         back = next(sent[op] for op in BACKWARD if op in sent)  # B or BW: a table has one
         rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
-        rings = messages.exchange(rings, self.layout, self.placement, sent[Op.F], back)
+        rings = messages.exchange(rings, self.layout, self.placement, self.k, sent[Op.F],
+                                  back)
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         return ((ops.p, ops.s, rings, ops.grad_sum),

@@ -6,7 +6,9 @@ gradient arrives, from the optimizer's own velocity (SpecTrain, Chen et al.
 update through unchanged and keeps what a forecast needs. `forecast(params,
 opt_state)` then returns the predicted weights; the pipelined executor runs a
 stage's forward on them (and, with a backward horizon, its backward on a
-second prediction).
+second prediction). `has_forecast`, `forecasts_backward` and `forecast` are
+all the executor asks of an optimizer state (docs/design.md, the contract
+between compile/ and transforms/).
 """
 
 from __future__ import annotations
