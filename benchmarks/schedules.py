@@ -49,11 +49,12 @@ def measure(schedule: str, K: int, M: int, v: int = 1, remat: str = "stage") -> 
     compiled = trainer.step.lower(state, (x, y)).compile()
     seconds = time.perf_counter() - start
     s = pipe.schedule
+    slots = pj.schedules.ring_capacities(s)
     return {"schedule": schedule, "v": v, "K": K, "M": M, "remat": remat, "ticks": s.ticks,
-            "bubble": round(s.bubble_fraction, 4),
-            "bubble_32_steps": round(s.bubble_fraction_over(32), 4),
-            "input_slots": s.input_capacity, "grad_slots": s.grad_capacity,
-            "kept_slots": s.residual_capacity, "bridge_slots": s.bridge_capacity,
+            "bubble": round(pj.schedules.bubble_fraction(s), 4),
+            "bubble_32_steps": round(pj.schedules.bubble_fraction(s, 32), 4),
+            "input_slots": slots.inputs, "grad_slots": slots.grads,
+            "kept_slots": slots.residuals, "bridge_slots": slots.bridge,
             "delays": str(s.delays), "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
             "compile_s": round(seconds, 2)}
 

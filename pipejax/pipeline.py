@@ -26,7 +26,7 @@ from pipejax.layers import Layer, layer_list
 from pipejax.mesh import stage_mesh
 from pipejax.partition import make_plan
 from pipejax.placement import Placement
-from pipejax.schedules import Schedule, make_schedule
+from pipejax.schedules import Schedule, capacities, make_schedule
 from pipejax.trace import LayerSpec, trace, trace_loss
 from pipejax.trainer import Trainer
 from pipejax.transforms.data_parallel import DataRule
@@ -200,7 +200,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     targets = _struct(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
-    in_flight = [table.in_flight(k) for k in range(stages)] if max_bytes else None
+    in_flight = [capacities.in_flight(table, k) for k in range(stages)] if max_bytes else None
     plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
                      keeps_activations=remat == "none", max_padding=checks.padding(max_padding))
     model = Model(tuple(layers), loss, remat, example, targets, compute_dtype)

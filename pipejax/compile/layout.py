@@ -17,7 +17,7 @@ from pipejax.packing import Packing
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Rings
 from pipejax.formatting import human_bytes
-from pipejax.schedules import Schedule
+from pipejax.schedules import Schedule, ring_capacities
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -40,9 +40,9 @@ class Layout:
 
     @classmethod
     def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool) -> "Layout":
-        return cls(code.params, code.acts, code.kept, code.bridge, schedule.input_capacity,
-                   schedule.grad_capacity, schedule.residual_capacity, schedule.data_capacity,
-                   weight_stashing, schedule.bridge_capacity)
+        slots = ring_capacities(schedule)
+        return cls(code.params, code.acts, code.kept, code.bridge, slots.inputs, slots.grads,
+                   slots.residuals, slots.data, weight_stashing, slots.bridge)
 
     def rings(self, lead: tuple[int, ...] = ()) -> Rings:
         """Zero ring buffers of one device (`lead=(K,)` for all devices)."""

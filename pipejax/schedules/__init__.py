@@ -1,10 +1,15 @@
-"""Schedules as data: per (tick, stage, lane), a typed task (op, micro-batch, chunk)."""
+"""Schedules as data: per (tick, stage, lane), a typed task (op, micro-batch, chunk).
+
+The builders, `make_schedule` (a table by name), and what is read off a
+`Schedule`: its bubble, its ring capacities and its pictures."""
 
 from typing import Callable
 
 from pipejax.errors import ConfigError
 from pipejax.placement import Placement
 from pipejax.schedules.asynchronous import pb, pipedream
+from pipejax.schedules.bubbles import bubble_fraction, table_bubble_fraction
+from pipejax.schedules.capacities import Capacities, in_flight, ring_capacities
 from pipejax.schedules.interleaved import gpipe_virtual, interleaved
 from pipejax.schedules.pictures import plot, render
 from pipejax.schedules.schedule import Schedule, StageInfo
@@ -52,6 +57,7 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
     return virtual(K, M, v)
 
 
-__all__ = ["NONE", "Op", "Schedule", "Task", "StageInfo", "Timeline", "gpipe", "gpipe_virtual",
-           "interleaved", "make_schedule", "one_f_one_b", "pb", "pipedream", "plot", "render",
-           "zb_h1", "zb_h2"]
+__all__ = ["NONE", "Capacities", "Op", "Schedule", "Task", "StageInfo", "Timeline",
+           "bubble_fraction", "gpipe", "gpipe_virtual", "in_flight", "interleaved",
+           "make_schedule", "one_f_one_b", "pb", "pipedream", "plot", "render", "ring_capacities",
+           "table_bubble_fraction", "zb_h1", "zb_h2"]

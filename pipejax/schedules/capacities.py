@@ -1,4 +1,8 @@
-"""Ring-buffer capacities read off an unrolled table (`Timeline`).
+"""Ring-buffer capacities of a schedule, read off its unrolled table.
+
+`ring_capacities(schedule)` gives the slots of every ring of the steady
+state (`Schedule.steady`), what the executor allocates, once per schedule;
+`in_flight(schedule, k)` the micro-batch chunks device k stashes at once.
 
 Every value a device holds between two ops (a stage input, an output's
 gradient, kept residuals, the B→W bridge, the batch) lives in a ring slot
@@ -10,11 +14,47 @@ given per virtual stage j, `[S, N]`, and counted per device.
 
 from __future__ import annotations
 
+import weakref
+from typing import NamedTuple
+
 import numpy as np
 
+from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.timeline import Timeline
 
 _NEVER = np.iinfo(np.int64).max // 2  # the write time of a value no op reads
+
+
+class Capacities(NamedTuple):
+    """Slots per device of each ring of a schedule's steady state."""
+
+    inputs: int  # stage inputs
+    grads: int  # received output gradients
+    residuals: int  # kept residuals (0: only fused pairs)
+    bridge: int  # what a split backward's B files for its W (0 without W ops)
+    data: int  # micro-batches of input and targets, a multiple of M
+
+
+_KNOWN: weakref.WeakKeyDictionary[Schedule, Capacities] = weakref.WeakKeyDictionary()
+
+
+def ring_capacities(schedule: Schedule) -> Capacities:
+    """The ring capacities of `schedule`'s steady state, computed once per
+    schedule (as its timelines are)."""
+    if schedule not in _KNOWN:
+        tl = schedule.steady()
+        _KNOWN[schedule] = Capacities(_inputs(tl), _grads(tl), _residuals(tl), _bridge(tl),
+                                      _data(tl, schedule.microbatches))
+    return _KNOWN[schedule]
+
+
+def in_flight(schedule: Schedule, k: int) -> int:
+    """Most micro-batch chunks device k holds at once in the steady state
+    between their forward and their weight gradient: the inputs and
+    residuals it stashes."""
+    tl = schedule.steady()
+    F, W = tl.per_device(tl.F)[k], tl.per_device(tl.W)[k]
+    return int(max(np.sum((F <= t) & (t <= W)) for t in F))
 
 
 def ring_capacity(lives: list[list[tuple[int, int]]]) -> int:
@@ -47,18 +87,18 @@ def _shift(a: np.ndarray, by: int) -> np.ndarray:
     return out
 
 
-def inputs(tl: Timeline) -> int:
+def _inputs(tl: Timeline) -> int:
     """Stage inputs: filed when they arrive, read up to the weight gradient
     (BW, or a split backward's W)."""
     return _live(tl, _shift(tl.arrival(tl.F), 1), tl.w_time)
 
 
-def grads(tl: Timeline) -> int:
+def _grads(tl: Timeline) -> int:
     """Received output gradients: arrival to the input gradient."""
     return _live(tl, _shift(tl.arrival(tl.B), -1), tl.b_time)
 
 
-def residuals(tl: Timeline) -> int:
+def _residuals(tl: Timeline) -> int:
     """What a stage keeps from its forward (residuals, and with weight
     stashing the forward's weights), read up to the weight gradient; a
     fused pair keeps nothing, a table of only fused pairs no slot."""
@@ -68,7 +108,7 @@ def residuals(tl: Timeline) -> int:
     return _live(tl, tl.f_time, np.where(kept, tl.w_time, tl.f_time - 1))
 
 
-def bridge(tl: Timeline) -> int:
+def _bridge(tl: Timeline) -> int:
     """What a split backward's B computes for its W (the weight path's
     cotangents, Qi et al. 2024, §2): B to W; 0 without W ops."""
     split = tl.B != tl.W
@@ -77,16 +117,9 @@ def bridge(tl: Timeline) -> int:
     return _live(tl, tl.b_time, np.where(split, tl.w_time, tl.b_time - 1))
 
 
-def data(tl: Timeline, M: int) -> int:
+def _data(tl: Timeline, M: int) -> int:
     """Micro-batches of input and targets, a multiple of M: fed before their
     step starts, read up to the first and last virtual stages' weight gradients."""
     read = np.maximum(tl.w_time[0], tl.w_time[-1])
     C = ring_capacity([list(zip((tl.unit * tl.fed - 1).tolist(), read.tolist()))])
     return -(-C // M) * M
-
-
-def in_flight(tl: Timeline, k: int) -> int:
-    """Most micro-batch chunks device k holds at once between their forward
-    and their weight gradient: the inputs and residuals it stashes."""
-    F, W = tl.per_device(tl.F)[k], tl.per_device(tl.W)[k]
-    return int(max(np.sum((F <= t) & (t <= W)) for t in F))

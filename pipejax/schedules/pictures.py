@@ -8,6 +8,7 @@ fill/drain bubble of one step from an empty pipeline to an empty one apart.
 
 from __future__ import annotations
 
+from pipejax.schedules.bubbles import bubble_fraction, table_bubble_fraction
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op
 
@@ -51,10 +52,11 @@ def _bubbles(schedule: Schedule) -> str:
     an asynchronous period (read off the table drawn), then the fill/drain
     bubble of one step from an empty pipeline to an empty one; a synchronous
     step's fill/drain bubble."""
-    fill_drain = f"fill/drain bubble={schedule.bubble_fraction:.3f}"
+    fill_drain = f"fill/drain bubble={bubble_fraction(schedule):.3f}"
     if schedule.synchronous:
         return fill_drain
-    return f"steady-state bubble={schedule.table_bubble_fraction:.3f} ({fill_drain} over one step)"
+    steady = table_bubble_fraction(schedule)
+    return f"steady-state bubble={steady:.3f} ({fill_drain} over one step)"
 
 
 def render(schedule: Schedule) -> str:

@@ -12,9 +12,14 @@ empty one and applies one update per step (GPipe, 1F1B). An *asynchronous*
 table is one period of a pipeline that never drains (PipeDream, pipelined
 backpropagation): step s runs it with micro-batch ids s·M + relative id
 (negative ids are micro-batches fed by earlier steps), and each stage updates
-its weights after every backward. Everything the executor needs to size its
-buffers, and everything a staleness-aware optimizer needs (delays, SpecTrain
-horizons), is derived here from the unrolled table, never written by hand.
+its weights after every backward.
+
+A `Schedule` owns its table, the table's accessors and validation, its
+unrolled timelines (`timeline`, the `steady` state, `lifetime`) and the
+staleness facts a per-stage optimizer reads (delays, SpecTrain horizons,
+`stage_info`), all derived from the unrolled table, never written by hand.
+What else is read off a schedule lives beside it as functions of one:
+ring capacities (capacities.py), bubbles (bubbles.py), pictures (pictures.py).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import numpy as np
 
 from pipejax.errors import ScheduleError
 from pipejax.placement import Placement
-from pipejax.schedules import capacities
 from pipejax.schedules.checks import check_order, check_tasks
 from pipejax.schedules.tasks import BACKWARD, NONE, Op
 from pipejax.schedules.timeline import Timeline, lifetime, unroll
@@ -136,65 +140,21 @@ class Schedule:
 
     # --------------------------------------------------------- derived facts
     @property
-    def _slots(self) -> int:
-        """Op slots per stage and tick: the most ops one cell of the table runs."""
-        return int((self.ops != Op.IDLE).sum(axis=2).max())
-
-    def bubble_fraction_over(self, steps: int) -> float:
-        """Idle share of the op slots (one per lane the table uses, per stage and
-        tick) from the first op to the last, over `steps` steps and the flush."""
-        tl = self.timeline(steps)
-        return 1.0 - tl.ops / (self._slots * self.stages * tl.ticks)
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle share of the op slots over one step (and, if asynchronous, its
-        flush): the fill/drain bubble, (K−1)/(M+K−1) for GPipe."""
-        return self.bubble_fraction_over(1)
-
-    @property
-    def table_bubble_fraction(self) -> float:
-        """Idle share of the op slots of the table as drawn (`render`, `plot`):
-        asynchronous, one period of the steady state, where the ops of earlier
-        and later steps take the slots that fill and drain leave idle (0 for pb
-        and pipedream); synchronous, the whole step, `bubble_fraction`."""
-        busy = int((self.ops != Op.IDLE).sum())
-        return 1.0 - busy / (self._slots * self.stages * self.ticks)
-
-    @property
     def lifetime(self) -> int:
         """Periods a micro-batch stays in flight after the step that feeds it
         (`timeline.lifetime`; 0 when synchronous)."""
         return lifetime(self.table[..., 1], self.microbatches) if self.asynchronous else 0
 
-    @property
-    def _steady_steps(self) -> int:
-        """Steps to unroll so that the middle step sees the steady state:
-        a lifetime of steps before it and after it."""
-        return 2 * self.lifetime + 1
-
-    def _steady(self) -> Timeline:
-        return self.timeline(self._steady_steps)
+    def steady(self) -> Timeline:
+        """The timeline of 2·lifetime + 1 steps, whose middle step sees the
+        steady state: a lifetime of steps before it and after it (one step
+        when synchronous)."""
+        return self.timeline(2 * self.lifetime + 1)
 
     def _steady_ids(self) -> range:
-        M, S = self.microbatches, self._steady_steps
-        return range(M * (S // 2), M * (S // 2 + 1)) if self.asynchronous else range(M)
-
-    # Ring capacities of the steady state (capacities.py), what the executor allocates.
-    input_capacity = property(lambda self: capacities.inputs(self._steady()),
-                              doc="Slots for stage inputs.")
-    grad_capacity = property(lambda self: capacities.grads(self._steady()),
-                             doc="Slots for received output gradients.")
-    residual_capacity = property(lambda self: capacities.residuals(self._steady()),
-                                 doc="Slots for kept residuals (0: only fused pairs).")
-    bridge_capacity = property(lambda self: capacities.bridge(self._steady()),
-                               doc="Slots for what a split backward's B files for its W.")
-    data_capacity = property(lambda self: capacities.data(self._steady(), self.microbatches),
-                             doc="Slots for micro-batches of data, a multiple of M.")
-
-    def in_flight(self, k: int) -> int:
-        """Most micro-batch chunks stage (device) k stashes at once (capacities.py)."""
-        return capacities.in_flight(self._steady(), k)
+        """The micro-batches of `steady`'s middle step."""
+        M, L = self.microbatches, self.lifetime
+        return range(M * L, M * (L + 1))
 
     @property
     def drain_periods(self) -> int:
@@ -204,7 +164,7 @@ class Schedule:
 
     def _updates_between(self, k: int, start: float, stop: float) -> int:
         """Stage k's weight updates at event times in (start, stop]."""
-        when = self._steady().b_time[k]
+        when = self.steady().b_time[k]
         return int(np.sum((when > start) & (when <= stop)))
 
     @property
@@ -213,7 +173,7 @@ class Schedule:
         forward and its backward there (steady state; 0 when synchronous)."""
         if self.synchronous:
             return [0] * self.stages
-        tl = self._steady()
+        tl = self.steady()
         return [max(self._updates_between(k, tl.f_time[k, g], tl.b_time[k, g] - 1)
                     for g in self._steady_ids()) for k in range(self.stages)]
 
@@ -225,7 +185,7 @@ class Schedule:
         ⌊k/2⌋ + K − k − 1 and ⌊k/2⌋."""
         if self.synchronous:
             return 0, 0
-        tl = self._steady()
+        tl = self.steady()
         end = lambda g: tl.b_time[0, g]
         # From the forward, the micro-batch's own update on stage k is not counted.
         fwd = max(self._updates_between(k, tl.f_time[k, g], end(g)) - 1

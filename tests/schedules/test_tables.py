@@ -6,8 +6,9 @@ import pytest
 
 from pipejax.errors import ConfigError, ScheduleError
 from pipejax.placement import Placement
-from pipejax.schedules import (NONE, Schedule, gpipe, make_schedule, one_f_one_b, pb, pipedream,
-                               plot, render)
+from pipejax.schedules import (NONE, Schedule, bubble_fraction, gpipe, make_schedule, one_f_one_b,
+                               pb, pipedream, plot, render, ring_capacities,
+                               table_bubble_fraction)
 from pipejax.schedules.tasks import empty, from_lanes
 
 GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
@@ -18,7 +19,7 @@ GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
 def test_synchronous_bubble_is_gpipes(build, K, M):
     s = build(K, M)
     assert s.synchronous and s.ticks == (2 * (M + K - 1) if K > 1 else M)
-    assert s.bubble_fraction == pytest.approx((K - 1) / (M + K - 1), abs=1e-12)
+    assert bubble_fraction(s) == pytest.approx((K - 1) / (M + K - 1), abs=1e-12)
     assert s.delays == [0] * K
 
 
@@ -32,9 +33,9 @@ def test_fused_pairs_keep_no_residuals(build, K, M):
     fused = s.fused
     assert not fused[:, :-1].any()
     if K == 1:
-        assert fused[:, 0].all() and s.residual_capacity == 0
+        assert fused[:, 0].all() and ring_capacities(s).residuals == 0
     elif build is pb:
-        assert (fused[:, -1] == (s.fwd[:, -1] != NONE)).all() and s.residual_capacity >= 1
+        assert (fused[:, -1] == (s.fwd[:, -1] != NONE)).all() and ring_capacities(s).residuals >= 1
     else:
         assert not fused.any()
 
@@ -48,21 +49,22 @@ def _in_flight(s):
 
 @pytest.mark.parametrize("K,M", GRID)
 def test_1f1b_stashes_at_most_K_where_gpipe_stashes_M(K, M):
+    slots = ring_capacities(one_f_one_b(K, M))
     assert max(_in_flight(one_f_one_b(K, M))) <= K
-    assert one_f_one_b(K, M).input_capacity <= K and one_f_one_b(K, M).residual_capacity <= K
-    assert max(_in_flight(gpipe(K, M))) == M and gpipe(K, M).residual_capacity == M
+    assert slots.inputs <= K and slots.residuals <= K
+    assert max(_in_flight(gpipe(K, M))) == M and ring_capacities(gpipe(K, M)).residuals == M
 
 
 @pytest.mark.parametrize("K,M", GRID)
 def test_asynchronous_bubbles_vanish_over_many_steps(K, M):
     for S in (1, 4, 32):
         # PipeDream: one op per stage and tick, exactly (K−1)/(S·M+K−1).
-        assert pipedream(K, M).bubble_fraction_over(S) == pytest.approx(
+        assert bubble_fraction(pipedream(K, M), S) == pytest.approx(
             (K - 1) / (S * M + K - 1), abs=1e-12)
         # PB: a forward and a backward lane per tick, fill and drain 2K−2 ticks.
-        assert pb(K, M).bubble_fraction_over(S) == pytest.approx(
+        assert bubble_fraction(pb(K, M), S) == pytest.approx(
             (2 * K - 2) / (S * M + 2 * K - 2), abs=1e-12)
-    assert pb(K, M).bubble_fraction_over(1000) < 0.02
+    assert bubble_fraction(pb(K, M), 1000) < 0.02
 
 
 @pytest.mark.parametrize("K,M", GRID + [(1, 3), (8, 1)])
@@ -209,9 +211,9 @@ def test_a_cell_holds_one_forward():
 def test_the_drawn_table_of_an_asynchronous_schedule_has_no_bubble(K, M):
     """One steady-state period of PB and PipeDream keeps every stage busy in
     every slot (Kosson et al. 2020, §2); a synchronous table is the whole step."""
-    assert pb(K, M).table_bubble_fraction == 0 and pipedream(K, M).table_bubble_fraction == 0
+    assert table_bubble_fraction(pb(K, M)) == 0 == table_bubble_fraction(pipedream(K, M))
     for build in (gpipe, one_f_one_b):
-        assert build(K, M).table_bubble_fraction == pytest.approx((K - 1) / (M + K - 1))
+        assert table_bubble_fraction(build(K, M)) == pytest.approx((K - 1) / (M + K - 1))
 
 
 def test_pictures_name_the_bubble_they_show(monkeypatch, tmp_path):
