@@ -18,7 +18,7 @@ pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                    stages=4, microbatches=4, schedule="gpipe",
                    partition="variance", remat="stage")
 print(pipe)
-print(pipe.schedule.render())
+print(pj.schedules.render(pipe.schedule))
 
 trainer = pipe.trainer(optax.adam(1e-3))
 state = trainer.init(pipe.init(jax.random.key(0)))

@@ -29,7 +29,7 @@ print("delays", pipe.schedule.delays)
 
 updates = EPOCHS * (len(data.x_train) // M) * M  # one per micro-batch of one example
 reference = pj.transforms.lr_schedule("step", 0.1, updates)  # x0.1 at 50 % and 75 %
-mit = pj.transforms.mitigation("lwp+sc", reference=(reference, 0.9, 128), batch=1)
+mit = pj.transforms.lwp_sc(reference=(reference, 0.9, 128), batch=1)
 print(f"lr {mit.learning_rate(0):.3g}, momentum {mit.momentum:.5f} (eq. 9 from 0.1, 0.9, 128)")
 
 trainer = pipe.trainer(mit.optimizer)

@@ -16,7 +16,7 @@ data = pj.data.mnist1d()
 layers = pj.models.snn(depth=16, width=128, classes=10, dropout=0.02)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((32, 40)),
                    stages=4, microbatches=4, schedule="pipedream", weight_stashing=True)
-print(pipe.schedule.render())
+print(pj.schedules.render(pipe.schedule))
 print(f"weight stashing costs {pipe.layout.weight_stash_bytes / 2**20:.2f} MiB per stage")
 
 trainer = pipe.trainer(optax.adam(3e-4))

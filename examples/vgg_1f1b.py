@@ -17,7 +17,7 @@ layers = pj.models.vgg((16, 16, "M", 32, "M"), classes=10, dims=2, dense=64)
 pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((8, 8, 8, 1)),
                    stages=4, microbatches=8, schedule="1f1b", partition="bottleneck")
 print(pipe)
-print(pipe.schedule.render())
+print(pj.schedules.render(pipe.schedule))
 
 # Each stage's optimizer sees that stage's parameters only: tree-wide transforms
 # such as clip_by_global_norm would clip per stage, not over the whole model.

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from pipejax import checks
 from pipejax.compile.programs import (Build, Model, PipelinePrograms, Staged, build,
-                                      check_params, key_or_default, pipeline_programs,
+                                      check_params, check_table, key_or_default, pipeline_programs,
                                       stage_rows, unstage)
 from pipejax.errors import ConfigError
 from pipejax.layers import Layer, layer_list
@@ -193,6 +193,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     compute_dtype = checks.dtype(compute_dtype)
     placement = Placement(stages, virtual)
     table = make_schedule(schedule, placement, microbatches)
+    check_table(table)
     checks.staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
     example = _struct(example)

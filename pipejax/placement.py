@@ -52,6 +52,11 @@ class Placement:
         """The chunk j held by device k as its local chunk c (ints or arrays)."""
         return c * self.stages + k
 
+    def ring(self, g: Any, c: Any) -> Any:
+        """The ring id of micro-batch g on local chunk c: its slot in a
+        device's ring buffers is this id mod the ring's capacity."""
+        return g * self.virtual + c
+
     def device_chunks(self, k: int) -> range:
         """Device k's chunks, in its local order c = 0 … v − 1."""
         return range(k, self.chunks, self.stages)

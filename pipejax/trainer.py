@@ -93,6 +93,7 @@ class Trainer:
 
     @property
     def schedule(self) -> Schedule:
+        """The schedule table."""
         return self.build.schedule
 
     @property

@@ -48,9 +48,9 @@ def op_flops(code: StageCode) -> dict[Op, list[float]]:
 
 def _task_costs(schedule: Schedule, costs: dict[Op, list[float]]):
     """`[ticks][stages]`: the FLOPs each device runs at each tick."""
-    K = schedule.stages
-    return [[sum(costs[Op(op)][c * K + k] for op, _, c in schedule.table[t, k] if op != Op.IDLE)
-             for k in range(K)] for t in range(schedule.ticks)]
+    chunk = schedule.placement.chunk
+    return [[sum(costs[Op(op)][chunk(k, c)] for op, _, c in schedule.table[t, k] if op != Op.IDLE)
+             for k in range(schedule.stages)] for t in range(schedule.ticks)]
 
 
 def executed(schedule: Schedule, costs: dict[Op, list[float]]) -> float:

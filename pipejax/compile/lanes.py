@@ -52,9 +52,9 @@ def compiled_lanes(schedule: Schedule) -> list[Lane]:
     """A `Lane` for every op the executor compiles, in the order it runs
     them. Each op kind sits in one lane; a table's backwards are all fused
     (BW) or all split (B, W)."""
-    plan = [Lane(lane, op, len(schedule.lane_ops(lane)) > 1)
+    lanes = [Lane(lane, op, len(schedule.lane_ops(lane)) > 1)
             for lane in range(schedule.lanes) for op in schedule.lane_ops(lane)]
-    ops = [lane.op for lane in plan]
+    ops = [lane.op for lane in lanes]
     twice = {op for op in ops if ops.count(op) > 1}
     if twice:
         raise ConfigError(f"schedule {schedule.name!r} runs {sorted(o.name for o in twice)} in "
@@ -63,7 +63,7 @@ def compiled_lanes(schedule: Schedule) -> list[Lane]:
         raise ConfigError(f"schedule {schedule.name!r} runs fused backwards (BW) and split ones "
                           "(B, W); the executor sends one kind of gradient message: split every "
                           "backward or none")
-    return plan
+    return lanes
 
 
 def lane_rows(schedule: Schedule, compiled: list[Lane]) -> tuple:
@@ -91,4 +91,4 @@ def read_task(cell: Any, op: Op, k: jax.Array, placement: Placement,
     if ops is not None:
         real = real & (ops[k] == int(op))
     c = chunks[k] if chunks is not None else jnp.int32(0)
-    return TickTask(g, real, placement.chunk(k, c), g * placement.virtual + c)
+    return TickTask(g, real, placement.chunk(k, c), placement.ring(g, c))

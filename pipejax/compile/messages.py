@@ -62,7 +62,7 @@ def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
     file what arrives."""
     if placement.stages == 1:
         return rings
-    v, S = placement.virtual, placement.chunks
+    S = placement.chunks
     (msg_f, tf), (msg_b, tb) = forward, back
     on = placement.forward_pairs()
     # The receiver files a message under its own chunk: j + 1's (forward), j − 1's (back).
@@ -72,7 +72,7 @@ def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
         (msg_b, tb.g, placement.previous_local(tb.j, k), tb.real & (tb.j > 0)), AXIS,
         [(j, i) for i, j in on])
     return rings._replace(
-        inputs=_file(rings.inputs, (gf * v + cf) % layout.input_slots, got_f, vf),
-        grads=_file(rings.grads, (gb * v + cb) % layout.grad_slots, got_b, vb))
+        inputs=_file(rings.inputs, placement.ring(gf, cf) % layout.input_slots, got_f, vf),
+        grads=_file(rings.grads, placement.ring(gb, cb) % layout.grad_slots, got_b, vb))
 
 

@@ -112,8 +112,8 @@ class StageOptimizers:
         pp, sp, ahead = self.params, self.packing, any(self.forecasting)
 
         def branch(k):
-            def run(p, g, s):
-                params, grads = pp.unpack(k, p), pp.unpack(k, g)
+            def run(p, packed_grads, s):
+                params, grads = pp.unpack(k, p), pp.unpack(k, packed_grads)
                 updates, s = self.transforms[k].update(grads, sp.unpack(k, s), params)
                 if not apply:
                     return pp.pack(k, updates), sp.pack(k, s)
@@ -154,8 +154,8 @@ class StageOptimizers:
                scope: tuple[str, ...]) -> tuple:
         """The chain and the forecast in the stage switch (no outer collectives)."""
         _, when, skipped = self._guard(grads, when, scope)
-        branches = [lambda g, c, b=b: b(c[0], g, c[1]) for b in self._branches(apply=True)]
-        apply = lambda g, c: self.groups.run(branches, g, c)
+        branches = [lambda d, c, b=b: b(c[0], d, c[1]) for b in self._branches(apply=True)]
+        apply = lambda d, c: self.groups.run(branches, d, c)
         p, stages, ahead = (apply(grads, (p, s.stages, s.ahead)) if when is None
                             else run_if(when, apply, grads, (p, s.stages, s.ahead)))
         return p, OptState(stages, (), ahead), skipped

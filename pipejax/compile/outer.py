@@ -35,7 +35,7 @@ from pipejax.transforms.data_parallel import DataRule, consensus_distance, ssgd
 
 def all_finite(grads: Buffers, scope: tuple[str, ...] = ()) -> jax.Array:
     """Whether every gradient element is finite, on every device of mesh axes `scope`."""
-    bad = sum(jnp.sum(~jnp.isfinite(g)) for g in grads).astype(jnp.int32)
+    bad = sum(jnp.sum(~jnp.isfinite(d)) for d in grads).astype(jnp.int32)
     return (lax.psum(bad, scope) if scope else bad) == 0
 
 
@@ -44,12 +44,12 @@ def clip_by_global_norm(grads: Buffers, max_norm: float, ok: jax.Array | None = 
     squared norm is summed over the stage axis (padding holds zeros), so the
     clip means what it means for the unpipelined model. A stage whose
     gradient the guard drops (`ok` false) adds nothing to the norm."""
-    square = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads)
+    square = sum(jnp.sum(jnp.square(d.astype(jnp.float32))) for d in grads)
     if ok is not None:
         square = jnp.where(ok, square, 0.0)
     norm = jnp.sqrt(lax.psum(square, AXIS))
     trigger = norm < max_norm
-    return tuple(lax.select(trigger, g, (g / norm.astype(g.dtype)) * max_norm) for g in grads)
+    return tuple(lax.select(trigger, d, (d / norm.astype(d.dtype)) * max_norm) for d in grads)
 
 
 @dataclasses.dataclass(frozen=True)

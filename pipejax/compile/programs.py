@@ -1,7 +1,7 @@
 """The front door of the compiler: what `pj.pipeline` and a trainer need.
 
 `Pipeline` and `Trainer` import this module and nothing else of compile/.
-It makes the `Build` (the schedule's lanes checked, the last stage's vjp
+It checks a table the executor must run, makes the `Build` (the last stage's vjp
 seed, whether backwards are split into B and W) and compiles the programs
 on it: `pipeline_programs` (parameter init, value_and_grad) and
 `train_programs` (an optimizer's init, step and flush), each jitted,
@@ -35,7 +35,7 @@ from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
 __all__ = ["Build", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers", "Staged",
-           "TrainPrograms", "TrainState", "build", "check_params", "key_or_default",
+           "TrainPrograms", "TrainState", "build", "check_params", "check_table", "key_or_default",
            "pipeline_programs", "stage_rows", "train_programs", "unstage"]
 
 
@@ -45,10 +45,16 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, weight_stash
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
     the mean over M micro-batches (synchronous), 1 when every micro-batch is
     its own update; a table with W ops splits every backward into B and W."""
-    compiled_lanes(schedule)  # a table the executor runs: each op kind in one lane
+    check_table(schedule)
     seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
     code = StageCode(model, plan, seed, share, split=bool((schedule.ops == Op.W).any()))
     return Build(plan.placement, code, schedule, Layout.of(code, schedule, weight_stashing), mesh)
+
+
+def check_table(schedule: Schedule) -> None:
+    """Raise unless the executor runs `schedule`: each op kind in one lane,
+    its backwards all fused (BW) or all split (B, W)."""
+    compiled_lanes(schedule)
 
 
 class PipelinePrograms(NamedTuple):

@@ -4,8 +4,8 @@ Every device runs the same program (SPMD), so the per-stage functions are
 branches the programs switch between, each reading its own trees out of the
 shared slot buffers (heterogeneous stages in SPMD); stages of
 identical structure share one branch (sharing.py). The branches are per
-virtual stage j (= the stage when v = 1; with v chunks per device, chunk
-j // K of device j mod K): j runs its layers as f_j(params, h), the last
+virtual stage j (= the stage when v = 1; with v chunks per device, the
+device and local chunk the `Placement` gives): j runs its layers as f_j(params, h), the last
 ending in the loss; its backward is the exact vjp of f_j at (weights,
 stashed input), rebuilt from the residuals its forward kept, whole (BW) or
 split into B and W (split.py). A device's parameters are one tree, its

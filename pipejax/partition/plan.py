@@ -133,7 +133,7 @@ def make_plan(specs: Sequence[LayerSpec], placement: Placement,
     if virtual > 1 and isinstance(partition, (list, tuple)) and len(partition) != stages:
         raise ConfigError(f"partition {list(partition)} has {len(partition)} entries; with "
                           f"stages={placement.stages} and virtual={virtual} give one layer count "
-                          f"per chunk, {stages} in model order ({placement})")
+                          f"per chunk, {stages} in model order; {placement}")
     if isinstance(partition, str):
         unknown = [s for s in specs if s.cost is None] if stages > 1 else []  # one stage: no costs
         if unknown:

@@ -2,7 +2,8 @@
 
 `check_tasks` rejects cells the executor cannot run (unknown ops, two
 forwards, two input gradients or two weight gradients in one cell, a
-negative chunk, chunks in an asynchronous table); `check_order` rejects
+negative chunk, chunks in an asynchronous table, a placement of another
+stage count or fewer chunks than the table names); `check_order` rejects
 impossible orders (an op before its input or gradient exists, a backward
 before its forward, a split B or W not at a later tick than what it reads),
 naming the tick, stage and micro-batch.

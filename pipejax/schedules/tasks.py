@@ -4,8 +4,8 @@ A table entry is a `Task(op, microbatch, chunk)`, as JaxPP's task lists
 name them (`Task(stage, microbatch, FWD|BWD|BWD_I|BWD_W)`): the op, the
 micro-batch it runs (relative to the step's first), and the model chunk
 of the device it runs: with v virtual stages per device, device k holds
-chunks c = 0..v−1, virtual stages c·K + k (circular placement, Narayanan
-et al. 2021, §2.2). A table holds them as one int array
+local chunks c = 0..v−1, which the table's `Placement` maps to virtual
+stages (pipejax/placement.py). A table holds them as one int array
 `[ticks, stages, lanes, 3]`; within a tick the lanes run in order, then the
 messages of the tick travel. The executor dispatches on the op.
 """

@@ -23,8 +23,8 @@ from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
 class Timeline:
     """The table unrolled over `steps` steps (and the flush that follows, for
     an asynchronous table): global ticks and event times of every op of
-    every micro-batch on every virtual stage j = c·K + k (chunk c of device
-    k; j = k without chunks). An event time orders what happens within a
+    every micro-batch on every virtual stage j (local chunk c of device k,
+    as the table's `Placement` maps them). An event time orders what happens within a
     tick: the op of lane l of tick t happens at `unit·t + l + 1`, the
     messages of tick t arrive at `unit·t + lanes + 1` (`unit = lanes + 2`).
     `B` is the op that sends the input gradient back (B or the fused BW),

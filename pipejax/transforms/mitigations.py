@@ -25,7 +25,7 @@ from typing import Callable
 import optax
 
 from pipejax.errors import ConfigError
-from pipejax.transforms.recipes import (Mitigation, _check_form, _check_optimizer, _check_sweep,
+from pipejax.transforms.recipes import (Mitigation, check_form, check_optimizer, check_sweep,
                                         lwp, lwp_sc, no_mitigation, pipemare, sc, spectrain,
                                         stash)
 
@@ -59,13 +59,13 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
     """
     if name not in RECIPES:
         raise ConfigError(f"unknown mitigation {name!r}; choose one of {', '.join(MITIGATIONS)}")
-    _check_optimizer(optimizer)
+    check_optimizer(optimizer)
     if optimizer == "adam" and name not in _ADAM:
         raise ConfigError(f"mitigation {name!r} rewrites the momentum trace; with Adam use "
                           f"{', '.join(_ADAM)}")
     form = form or ("difference" if optimizer == "adam" else "velocity")
-    _check_form(form, optimizer)
-    _check_sweep(name, optimizer, form, sweep)
+    check_form(form, optimizer)
+    check_sweep(name, optimizer, form, sweep)
     given = {"learning_rate": learning_rate, "momentum": momentum, "reference": reference,
              "batch": batch, "horizon_scale": horizon_scale, "optimizer": optimizer,
              "form": form, "warmup_steps": warmup_steps, "sweep": sweep}

@@ -67,12 +67,12 @@ def _rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: f
     return scale_hyperparams(reference[0], reference[1], int(reference[2]), int(batch))
 
 
-def _check_optimizer(optimizer: str) -> None:
+def check_optimizer(optimizer: str) -> None:
     if optimizer not in ("momentum", "adam"):
         raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum' or 'adam'")
 
 
-def _check_form(form: str, optimizer: str) -> None:
+def check_form(form: str, optimizer: str) -> None:
     if form not in FORMS:
         raise ConfigError(f"mitigation: form={form!r}; use 'velocity' or 'difference'")
     if optimizer == "adam" and form == "velocity":
@@ -80,7 +80,7 @@ def _check_form(form: str, optimizer: str) -> None:
                           "not have; use form='difference' with Adam")
 
 
-def _check_sweep(name: str, optimizer: str, form: str, sweep: bool) -> None:
+def check_sweep(name: str, optimizer: str, form: str, sweep: bool) -> None:
     if sweep and (optimizer != "momentum" or name == "pipemare" or form != "velocity"):
         raise ConfigError(f"mitigation(sweep=True) builds the SGDM mitigations in the velocity "
                           f"form; {name!r} on {optimizer!r} with form={form!r} is not one of them")
@@ -126,8 +126,8 @@ def _sc(m: float, delay: float, h: float,
 def _plain(name: str, learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
            reference: tuple | None, batch: int | None, optimizer: str, sweep: bool) -> Mitigation:
     """`no_mitigation` or `stash`: the base optimizer, with or without stashing."""
-    _check_optimizer(optimizer)
-    _check_sweep(name, optimizer, "difference" if optimizer == "adam" else "velocity", sweep)
+    check_optimizer(optimizer)
+    check_sweep(name, optimizer, "difference" if optimizer == "adam" else "velocity", sweep)
     lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     make = _swept(lr, m, lambda s: (1.0, 0.0, 0.0, 0.0)) if sweep else (
         lambda s: _base(optimizer, lr, m))
@@ -209,10 +209,10 @@ def lwp(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float 
         "difference" (the default, and the only one, on Adam).
       Others as `no_mitigation`.
     """
-    _check_optimizer(optimizer)
+    check_optimizer(optimizer)
     form = form or ("difference" if optimizer == "adam" else "velocity")
-    _check_form(form, optimizer)
-    _check_sweep("lwp", optimizer, form, sweep)
+    check_form(form, optimizer)
+    check_sweep("lwp", optimizer, form, sweep)
     lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     h = horizon_scale
     if sweep:
@@ -250,8 +250,8 @@ def lwp_sc(learning_rate: optax.ScalarOrSchedule | None = None, *,
     (`form="difference"`: ŵ = w + D·(w − w_prev)); a, b as in `sc`, D →
     horizon_scale·D in both. Other args as `lwp`.
     """
-    _check_form(form, "momentum")
-    _check_sweep("lwp+sc", "momentum", form, sweep)
+    check_form(form, "momentum")
+    check_sweep("lwp+sc", "momentum", form, sweep)
     lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
     h = horizon_scale
     if sweep:
@@ -276,7 +276,7 @@ def pipemare(learning_rate: optax.ScalarOrSchedule | None = None, *, warmup_step
       optimizer: "momentum" (SGDM) or "adam".
       Others as `no_mitigation`.
     """
-    _check_optimizer(optimizer)
+    check_optimizer(optimizer)
     if warmup_steps is None or warmup_steps < 1:
         raise ConfigError(f"mitigation 'pipemare' divides the rate by τ^p with p fading over "
                           f"K_warm updates; give warmup_steps=K_warm >= 1, not {warmup_steps!r}")
