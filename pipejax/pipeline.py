@@ -47,16 +47,16 @@ def _describe(tree: Any) -> str:
 class Pipeline:
     """A layer list compiled for a stage mesh. Build it with `pj.pipeline`.
 
-    It holds the traced layers (`specs`), the `Build` every program is made
-    from (placement, stage code, schedule, layout, mesh) and the programs
-    that need no optimizer; `plan`, `schedule`, `layout`, `mesh`, `layers`,
-    `K` and `M` are read off the build."""
+    It holds the `Build` every program is made from (placement, stage code,
+    schedule, layout, mesh) and the programs that need no optimizer;
+    `plan`, `specs`, `schedule`, `layout`, `mesh`, `layers`, `K` and `M` are
+    read off the build."""
 
-    specs: tuple[LayerSpec, ...]
     build: Build
     programs: PipelinePrograms
 
     plan = property(lambda self: self.build.code.plan, doc="Which layers each stage holds (Plan).")
+    specs = property(lambda self: self.plan.specs, doc="The traced layers (LayerSpecs), in order.")
     schedule = property(lambda self: self.build.schedule, doc="The schedule table.")
     layout = property(lambda self: self.build.layout, doc="Buffers and their bytes (Layout).")
     mesh = property(lambda self: self.build.mesh, doc="The stage mesh.")
@@ -206,4 +206,4 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
                      keeps_activations=remat == "none", max_padding=checks.padding(max_padding))
     model = Model(tuple(layers), loss, remat, example, targets, compute_dtype)
     b = build(model, plan, table, mesh, weight_stashing, share_branches)
-    return Pipeline(specs, b, pipeline_programs(b))
+    return Pipeline(b, pipeline_programs(b))

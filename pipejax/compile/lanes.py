@@ -9,7 +9,7 @@ values (the table's own `Task` is static data: schedules/tasks.py).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,16 @@ class Counters(NamedTuple):
     fed: jax.Array
 
 
+class LaneRow(NamedTuple):
+    """One lane of the table as the scan reads it, each `[ticks, stages]`
+    int32: the micro-batches, the op codes (None unless the lane mixes ops)
+    and the local chunks (None without virtual stages)."""
+
+    microbatch: jax.Array
+    op: jax.Array | None
+    chunk: jax.Array | None
+
+
 class Lane(NamedTuple):
     """An op the executor compiles in lane `index`; `mixed`: the lane holds
     other ops too, so each task's op is read from the table."""
@@ -66,26 +76,24 @@ def compiled_lanes(schedule: Schedule) -> list[Lane]:
     return lanes
 
 
-def lane_rows(schedule: Schedule, compiled: list[Lane]) -> tuple:
-    """The scan's input per tick: for each lane (micro-batches, op codes,
-    chunks), each `[ticks, stages]` int32; the op codes only when the lane
-    mixes ops (`compiled`), the chunks only with virtual stages (else None)."""
+def lane_rows(schedule: Schedule, compiled: list[Lane]) -> tuple[LaneRow, ...]:
+    """The scan's input: a `LaneRow` per lane of the table; the op codes only
+    when the lane mixes ops (`compiled`), the chunks only with virtual stages."""
     mixed = {lane.index: lane.mixed for lane in compiled}
     rows = []
     for lane in range(schedule.lanes):
         col = lambda field: jnp.asarray(schedule.table[:, :, lane, field], jnp.int32)
-        rows.append((col(1), col(0) if mixed.get(lane) else None,
-                     col(2) if schedule.placement.virtual > 1 else None))
+        rows.append(LaneRow(col(1), col(0) if mixed.get(lane) else None,
+                            col(2) if schedule.placement.virtual > 1 else None))
     return tuple(rows)
 
 
-def read_task(cell: Any, op: Op, k: jax.Array, placement: Placement,
+def read_task(cell: LaneRow, op: Op, k: jax.Array, placement: Placement,
               counters: Counters) -> TickTask:
-    """Device k's task of lane `cell` (a `lane_rows` row). It is real if the
-    table names `op` there and its micro-batch was fed (`counters`)."""
+    """Device k's task of lane `cell` at this tick. It is real if the table
+    names `op` there and its micro-batch was fed (`counters`)."""
     base, start, fed = counters
-    rel, ops, chunks = cell
-    rel = rel[k]
+    rel, ops, chunks = cell.microbatch[k], cell.op, cell.chunk
     g = base + rel
     real = (rel != NONE) & (g >= start) & (g < fed)
     if ops is not None:
