@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError, LayerError
+from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
 REMATS = ("none", "stage")
@@ -50,14 +51,11 @@ def dtype(dtype: Any) -> Any:
     return dtype
 
 
-def counts(layers: tuple, stages: Any, microbatches: Any, virtual: Any = 1) -> None:
-    """Raise unless every (virtual) stage gets a layer and M >= 1."""
+def counts(layers: tuple, placement: Placement, microbatches: Any) -> None:
+    """Raise unless every (virtual) stage of `placement` gets a layer and M >= 1."""
     if len(layers) == 0:
         raise LayerError("the layer list is empty; give at least one layer")
-    if not isinstance(stages, (int, np.integer)) or stages < 1:
-        raise ConfigError(f"stages={stages!r}; a pipeline needs at least 1 stage")
-    if not isinstance(virtual, (int, np.integer)) or virtual < 1:
-        raise ConfigError(f"virtual={virtual!r}; give the model chunks per device, 1 or more")
+    stages, virtual = placement.stages, placement.virtual
     if stages * virtual > len(layers):
         need = f"stages × virtual = {stages * virtual}" if virtual > 1 else f"stages={stages}"
         raise ConfigError(f"{need} > {len(layers)} layers; every (virtual) stage needs a "

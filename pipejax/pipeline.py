@@ -188,10 +188,10 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
     layers = layer_list(layers)
-    checks.counts(layers, stages, microbatches, virtual)
+    placement = Placement(stages, virtual)
+    checks.counts(layers, placement, microbatches)
     remat = checks.remat(remat)
     compute_dtype = checks.dtype(compute_dtype)
-    placement = Placement(stages, virtual)
     table = make_schedule(schedule, placement, microbatches)
     check_table(table)
     checks.staleness(table, remat, weight_stashing)

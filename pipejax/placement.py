@@ -29,9 +29,11 @@ class Placement:
     virtual: int = 1  # v
 
     def __post_init__(self):
-        for name, value in (("stages", self.stages), ("virtual", self.virtual)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"{name}={value!r}; give a whole number, 1 or more")
+        if not isinstance(self.stages, (int, np.integer)) or self.stages < 1:
+            raise ConfigError(f"stages={self.stages!r}; a pipeline needs at least 1 stage")
+        if not isinstance(self.virtual, (int, np.integer)) or self.virtual < 1:
+            raise ConfigError(f"virtual={self.virtual!r}; give the model chunks per device, "
+                              "1 or more")
         object.__setattr__(self, "stages", int(self.stages))
         object.__setattr__(self, "virtual", int(self.virtual))
 

@@ -45,7 +45,6 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, weight_stash
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
     the mean over M micro-batches (synchronous), 1 when every micro-batch is
     its own update; a table with W ops splits every backward into B and W."""
-    check_table(schedule)
     seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
     code = StageCode(model, plan, seed, share, split=bool((schedule.ops == Op.W).any()))
     return Build(plan.placement, code, schedule, Layout.of(code, schedule, weight_stashing), mesh)
@@ -65,6 +64,7 @@ class PipelinePrograms(NamedTuple):
 
 
 def pipeline_programs(b: Build) -> PipelinePrograms:
+    """The init and (synchronous tables) value_and_grad programs of `b`."""
     code, mesh = b.code, b.mesh
     branches = init_branches(code)
     body = lambda key: lead(code.device_groups.switch(branches, key))

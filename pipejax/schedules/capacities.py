@@ -53,7 +53,7 @@ def in_flight(schedule: Schedule, k: int) -> int:
     between their forward and their weight gradient: the inputs and
     residuals it stashes."""
     tl = schedule.steady()
-    F, W = tl.per_device(tl.F)[k], tl.per_device(tl.W)[k]
+    F, W = tl.placement.per_device(tl.F)[k], tl.placement.per_device(tl.W)[k]
     return int(max(np.sum((F <= t) & (t <= W)) for t in F))
 
 
@@ -72,7 +72,7 @@ def ring_capacity(lives: list[list[tuple[int, int]]]) -> int:
 def _live(tl: Timeline, write: np.ndarray, read: np.ndarray) -> int:
     """Capacity for values written at `write[j, g]` and last read at
     `read[j, g]`, in the slots of their devices; read < write never lives."""
-    write, read = tl.per_device(write), tl.per_device(read)
+    write, read = tl.placement.per_device(write), tl.placement.per_device(read)
     return ring_capacity([list(zip(w.tolist(), r.tolist())) for w, r in zip(write, read)])
 
 

@@ -46,11 +46,6 @@ class Timeline:
         """Event time at which the messages sent at `ticks` are filed."""
         return self.unit * ticks + self.unit - 1
 
-    def per_device(self, a: np.ndarray) -> np.ndarray:
-        """`[S, N]` per virtual stage -> `[K, N·v]` per device, column g·v + c
-        for micro-batch g on chunk c: the ids of the device's ring slots."""
-        return self.placement.per_device(a)
-
 
 def lifetime(microbatch: np.ndarray, M: int) -> int:
     """Periods an asynchronous pipeline keeps a micro-batch after the one
