@@ -63,7 +63,8 @@ def test_dropout_streams_draw_per_micro_batch_and_step_key():
     assert abs(float(a) - float(b)) > 1e-4
 
 
-@pytest.mark.parametrize("schedule,K,stash", [("pb", 4, False), ("pipedream", 2, True)])
+@pytest.mark.parametrize("schedule,K,stash", [pytest.param("pb", 4, False, marks=pytest.mark.slow),
+                                              ("pipedream", 2, True)])
 def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash):
     run = train_async(schedule, K, 2, stash, layers=_mlp(dropout=0.25))
     assert rel_err(run.losses, run.ref_losses) < 1e-5

@@ -37,11 +37,13 @@ CASES = {
 
 
 SLOW = {"resnet-2d", "resnet-fine", "transformer", "residual_lstm"}  # 10-17 s each
+SLOW_NNX = {"snn", "vgg-2d"}  # 6-7 s each; the NNX twins of mlp and vgg-1d stay in `make test`
 
 
-@pytest.mark.parametrize("api", ["linen", "nnx"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
-                                  for n in sorted(CASES)])
+@pytest.mark.parametrize("name,api", [
+    pytest.param(n, api, marks=pytest.mark.slow)
+    if n in SLOW or (api == "nnx" and n in SLOW_NNX) else (n, api)
+    for n in sorted(CASES) for api in ("linen", "nnx")])
 def test_model_pipelines_exactly(name, api):
     """Linen against the sequential run of the same layers, NNX against the
     sequential model written with Flax's own API."""
