@@ -47,7 +47,8 @@ def _layout(trainer: Trainer) -> dict:
     """What must be equal for the layout-bound parts to restore as saved."""
     plan, schedule = trainer.plan, trainer.schedule
     return {"ranges": [[r.start, r.stop] for r in plan.ranges],
-            "virtual": plan.placement.virtual, "schedule": schedule.name,
+            "virtual": plan.placement.virtual, "placement": plan.placement.kind,
+            "schedule": schedule.name,
             "microbatches": schedule.microbatches, "replicas": trainer.replicas}
 
 
@@ -142,8 +143,9 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
         raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
                               f"{R}; restore into {saved_R} replicas (or save one replica)")
     rep = lambda a, r: a[r if saved_R > 1 else 0]
-    # Checkpoints written before virtual stages hold one chunk per device.
-    same_layout = {k: meta.get(k, 1) for k in _layout(trainer)} == _layout(trainer)
+    # Checkpoints written before virtual stages hold one chunk per device, in a loop.
+    older = {"virtual": 1, "placement": "loop"}
+    same_layout = {k: meta.get(k, older.get(k)) for k in _layout(trainer)} == _layout(trainer)
     if not (same_layout or meta["flushed"]):
         raise CheckpointError(
             f"the checkpoint holds micro-batches in flight for another layout (layer ranges "

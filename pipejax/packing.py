@@ -116,6 +116,19 @@ class Packing:
         return tuple(jnp.zeros(shape, d) if b is None else b
                      for b, (d, shape) in zip(out, self.slots))
 
+    def add(self, k: int, buffers: Buffers, tree: Any, first: int) -> Buffers:
+        """`buffers` with `tree`'s leaves added into the slots of stage k's
+        leaves `first`, `first` + 1, ... (one chunk of the stage): the other
+        slots pass through, so a loop that carries `buffers` updates only
+        these in place."""
+        out = list(buffers)
+        for spec, x in zip(self.leaves[k][first:], jax.tree.leaves(tree)):
+            dtype, shape = self.slots[spec.slot]
+            x = jnp.asarray(x).astype(dtype)
+            b = out[spec.slot]
+            out[spec.slot] = b + x if spec.shape == shape else b.at[:spec.size].add(jnp.ravel(x))
+        return tuple(out)
+
     def unpack(self, k: int, buffers: Buffers) -> Any:
         """Stage k's tree from its slot buffers (a reshape when the leaf fills its slot)."""
         flat = []

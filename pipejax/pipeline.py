@@ -26,7 +26,7 @@ from pipejax.layers import Layer, layer_list
 from pipejax.mesh import stage_mesh
 from pipejax.partition import make_plan
 from pipejax.placement import Placement
-from pipejax.schedules import Schedule, capacities, make_schedule
+from pipejax.schedules import Schedule, capacities, make_schedule, placement_for
 from pipejax.trace import LayerSpec, trace, trace_loss
 from pipejax.trainer import Trainer
 from pipejax.transforms.data_parallel import DataRule
@@ -137,7 +137,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,
-             virtual: int = 1) -> Pipeline:
+             virtual: int | None = None, placement: str | None = None) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -149,8 +149,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       stages: K, pipeline stages, one device each.
       microbatches: M, micro-batches per step; a batch stacks M of them.
       targets: ONE micro-batch of targets; default integer class labels `[mb]`.
-      schedule: "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2"
-        (synchronous) | "pipedream" | "pb" (asynchronous) | a `pj.Schedule` table.
+      schedule: "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" (synchronous,
+        loop placement) | "zb-v" | "dualpipev" (synchronous, V placement) |
+        "pipedream" | "pb" (asynchronous) | a `pj.Schedule` table (built,
+        or read with `pj.Schedule.from_csv`: it brings its own virtual and
+        placement).
       partition: "variance" (GPipe: min Σ_k C_k²) | "bottleneck" (PipeDream:
         min max_k C_k) | a list of layer counts per (virtual) stage.
       remat: "stage" (keep stage inputs only, recompute the forward in the
@@ -178,17 +181,21 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         and their gradients travel in it, the loss is float32. Layers with
         their own Flax `dtype` keep it. Default None: as stored.
       virtual: v, model chunks per device (interleaved virtual stages,
-        Narayanan et al. 2021): the list is split into K·v chunks and device
-        k holds chunks k, k + K, ...; a micro-batch goes round the devices
-        v times and the fill/drain bubble shrinks to (K−1)/(v·M+K−1).
-        Synchronous schedules only ("gpipe", "interleaved", "zb-h1", "zb-h2").
+        Narayanan et al. 2021): the list is split into K·v chunks; a
+        micro-batch visits the devices v times and the fill/drain bubble
+        shrinks to (K−1)/(v·M+K−1). Synchronous schedules only. Default:
+        the table's (a `pj.Schedule`), 2 for "zb-v" and "dualpipev", else 1.
+      placement: which chunks a device holds (`pj.Placement`): "loop" (device
+        k holds chunks k, k + K, ...; the default) or "v" (chunks k and
+        2K − 1 − k: the first and last chunks share device 0; the default of
+        "zb-v" and "dualpipev", the only one they run).
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
     layers = layer_list(layers)
-    placement = Placement(stages, virtual)
+    placement = placement_for(schedule, stages, virtual, placement)
     checks.counts(layers, placement, microbatches)
     remat = checks.remat(remat)
     compute_dtype = checks.dtype(compute_dtype)

@@ -126,6 +126,20 @@ def sequential_value_and_grad(layers, M, loss=pj.losses.cross_entropy):
 _COMPILED: dict = {}  # keeps the layers alive, so their ids are not reused
 
 
+def assert_equals_sequential(pipe: pj.Pipeline, features: int = 20) -> None:
+    """`pipe` (built on `heterogeneous_layers`) gives the sequential model's
+    loss and gradients to 1e-5 for one batch of its M micro-batches."""
+    M, mb = pipe.schedule.microbatches, pipe.build.code.model.example.shape[0]
+    params = pipe.init(jax.random.key(1))
+    x, y = batch(M * mb, features)
+    key = jax.random.key(2)
+    loss, grads = pipe.value_and_grad(params, (x, y), key)
+    ref_loss, ref_grads = sequential_value_and_grad(heterogeneous_layers(), M)(
+        pj.unstage(params), x, y, key)
+    assert rel_err(loss, ref_loss) < 1e-5
+    assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
+
+
 def rel_err(a, b) -> float:
     """Largest per-leaf max|a − b| / max|b| over two pytrees of equal structure.
 

@@ -69,6 +69,23 @@ def test_four_stage_checkpoint_restores_into_two_stages(tmp_path):
     np.testing.assert_allclose(_flat(again), _flat(state), rtol=1e-6, atol=1e-7)
 
 
+def test_a_v_placement_checkpoint_restores_into_a_loop(tmp_path):
+    # Device 0 holds the first and last chunks under zb-v, the first and third under interleaved.
+    pipe_v, on_v = _trainer(2, "zb-v")
+    state = on_v.init(pipe_v.init(jax.random.key(0)))
+    state, _ = on_v.step(state, _batch(0))
+    pj.save(tmp_path, on_v, state)
+    pipe_loop = pj.pipeline(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 40)),
+                            stages=2, microbatches=M, schedule="interleaved", virtual=2)
+    loop = pipe_loop.trainer(optax.adam(1e-2))
+    again = pj.restore(tmp_path, loop)
+    np.testing.assert_array_equal(_flat(again), _flat(state))
+    state, m_v = on_v.step(state, _batch(1))
+    again, m_loop = loop.step(again, _batch(1))
+    np.testing.assert_allclose(float(m_loop["loss"]), float(m_v["loss"]), rtol=1e-6)
+    np.testing.assert_allclose(_flat(again), _flat(state), rtol=1e-6, atol=1e-7)
+
+
 def test_asynchronous_checkpoint_restores_into_other_stages_after_a_flush(tmp_path):
     pipe, four = _trainer(4, "pb")
     state = four.init(pipe.init(jax.random.key(0)))

@@ -14,19 +14,36 @@ from pipejax.schedules import Schedule, make_schedule
 from tests.reference import heterogeneous_layers
 
 
-@pytest.mark.parametrize("K,v", [(1, 1), (3, 1), (2, 2), (4, 3)])
-def test_maps_are_the_circular_placement(K, v):
-    p = Placement(K, v)
+def _route_of(p: Placement, j: int, step: int) -> tuple[int, int]:
+    """The (source, destination) devices of chunk j's message to j + step,
+    found among the placement's routes (a ppermute each: a permutation)."""
+    pair = (p.device(j), p.device(j + step))
+    found = [r for r in p.routes(step) if pair in r.pairs]
+    assert len(found) == 1
+    src, dst = zip(*found[0].pairs)
+    assert len(set(src)) == len(src) == len(set(dst))
+    assert all((d - s) % p.stages == found[0].shift for s, d in found[0].pairs)
+    return pair
+
+
+@pytest.mark.parametrize("K,v,kind", [(1, 1, "loop"), (3, 1, "loop"), (2, 2, "loop"),
+                                      (4, 3, "loop"), (2, 2, "v"), (4, 2, "v"), (3, 4, "v")])
+def test_maps_agree(K, v, kind):
+    p = Placement(K, v, kind)
     assert p.chunks == K * v
     for j in range(K * v):
         k, c = p.device(j), p.local(j)
-        assert (k, c) == (j % K, j // K) and p.chunk(k, c) == j
+        assert c == j // K and p.chunk(k, c) == j
+        if kind == "loop":
+            assert k == j % K
         assert j in p.device_chunks(k) and list(p.device_chunks(k)).index(j) == c
         if j + 1 < K * v:  # where the message of chunk j is filed, computed by its sender
             assert p.next_local(j, k) == p.local(j + 1)
-            assert (k, p.device(j + 1)) in p.forward_pairs() or K == 1
+            _route_of(p, j, 1)
         if j > 0:
             assert p.previous_local(j, k) == p.local(j - 1)
+            _route_of(p, j, -1)
+    assert sorted(j for k in range(K) for j in p.device_chunks(k)) == list(range(K * v))
     a = np.arange(K * v * 5).reshape(K * v, 5)  # [S, N] -> [K, N·v], column g·v + c
     per = p.per_device(a)
     assert per.shape == (K, 5 * v)
@@ -54,7 +71,8 @@ def test_a_table_names_chunks_its_placement_holds():
         Schedule("mine", table.table, microbatches=4)
     with pytest.raises(ScheduleError, match="the table has 2 stages but its placement 3"):
         Schedule("mine", table.table, microbatches=4, placement=Placement(3, 2))
-    with pytest.raises(ConfigError, match="virtual=2 but the pipeline has K=2, M=4, virtual=1"):
+    with pytest.raises(ScheduleError, match="virtual=2, placement='loop' but the pipeline has "
+                                            "K=2, M=4, virtual=1"):
         make_schedule(table, Placement(2), 4)
 
 
@@ -67,3 +85,20 @@ def test_the_build_checks_that_code_and_table_agree():
     other = make_schedule("gpipe", Placement(2), 4)
     with pytest.raises(ConfigError, match="schedule is made for Placement"):
         Build(b.placement, b.code, other, b.layout, b.mesh)
+
+
+def test_v_placement_folds_the_chunks_back():
+    p = Placement(4, 2, "v")
+    assert [list(p.device_chunks(k)) for k in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    shifts = {r.shift: r.pairs for r in p.routes(1)}  # down, the turn, up
+    assert shifts == {1: [(0, 1), (1, 2), (2, 3)], 0: [(3, 3)], 3: [(1, 0), (2, 1), (3, 2)]}
+    assert "V placement" in str(p)
+    arrays = p.device(np.arange(8))  # the maps take arrays too
+    assert arrays.tolist() == [0, 1, 2, 3, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("kwargs,match", [({"virtual": 1, "kind": "v"}, "virtual=2"),
+                                          ({"virtual": 2, "kind": "zigzag"}, "'loop'")])
+def test_bad_placement_is_named(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        Placement(2, **kwargs)

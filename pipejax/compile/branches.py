@@ -35,6 +35,12 @@ def _device_grads(code: StageCode, j: int, grads: Any) -> Buffers:
     return code.params.pack(k, tree)
 
 
+def _add_grads(code: StageCode, j: int, grad_sum: Buffers, grads: Any) -> Buffers:
+    """The device's gradient sum with virtual stage j's gradients added into
+    its own slots only (the other chunks' pass through)."""
+    return code.params.add(code.placement.device(j), grad_sum, grads, code.first_leaf(j))
+
+
 def _chunk(code: StageCode, j: int, p: Buffers) -> Any:
     """Virtual stage j's parameters out of its device's buffers."""
     return code.params.unpack(code.placement.device(j), p)[code.slice_of(j)]
@@ -63,15 +69,22 @@ def forward(code: StageCode) -> list[Callable]:
     return code.groups.branches(branch)
 
 
-def backward(code: StageCode) -> list[Callable]:
+def backward(code: StageCode, into_sum: bool = False) -> list[Callable]:
     """The branch of virtual stage j's group, the fused backward BW:
     (params, input slot, gradient slot, kept slot, micro) -> (packed
-    parameter gradients of the device, message for j − 1)."""
+    parameter gradients of the device, message for j − 1). `into_sum`:
+    ((params, slots..., micro), (gradient sum, message)) -> (the sum with
+    the chunk's gradients added, message), for `StageGroups.run`."""
     def branch(j):
         def run(p, h, ct, r, micro):
             dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
             return _device_grads(code, j, dparams), _message_back(code, j, dh)
-        return run
+
+        def add(operands, carry):
+            p, h, ct, r, micro = operands
+            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
+            return _add_grads(code, j, carry[0], dparams), _message_back(code, j, dh)
+        return add if into_sum else run
 
     return code.groups.branches(branch)
 
@@ -106,19 +119,23 @@ def input_grad(code: StageCode) -> list[Callable]:
     return code.groups.branches(branch)
 
 
-def weight_grad(code: StageCode) -> list[Callable]:
+def weight_grad(code: StageCode, into_sum: bool = False) -> list[Callable]:
     """The branch of virtual stage j's group, zero bubble's W: (params,
     input slot, kept slot, bridge slot, micro) -> packed parameter
-    gradients of the device."""
+    gradients of the device. `into_sum`: ((params, slots..., micro),
+    gradient sum) -> the sum with the chunk's gradients added."""
     def branch(j):
         split = code.splits[code.groups.of[j]]
 
-        def run(p, h, r, b, micro):
+        def grads(p, h, r, b, micro):
             params, h_in, feed, kept, _ = _unpack_backward(code, j, p, (h, None, r), micro)
             reread = jax.tree.leaves((params, h_in, feed, kept))
-            grads = split.run_w(reread, jax.tree.leaves(code.bridge.unpack(j, b)))
-            return _device_grads(code, j, jax.tree.unflatten(jax.tree.structure(params), grads))
-        return run
+            flat = split.run_w(reread, jax.tree.leaves(code.bridge.unpack(j, b)))
+            return jax.tree.unflatten(jax.tree.structure(params), flat)
+
+        run = lambda *operands: _device_grads(code, j, grads(*operands))
+        add = lambda operands, grad_sum: _add_grads(code, j, grad_sum, grads(*operands))
+        return add if into_sum else run
 
     return code.groups.branches(branch)
 

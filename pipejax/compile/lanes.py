@@ -60,8 +60,7 @@ class Lane(NamedTuple):
 
 def compiled_lanes(schedule: Schedule) -> list[Lane]:
     """A `Lane` for every op the executor compiles, in the order it runs
-    them. Each op kind sits in one lane; a table's backwards are all fused
-    (BW) or all split (B, W)."""
+    them. Each op kind sits in one lane."""
     lanes = [Lane(lane, op, len(schedule.lane_ops(lane)) > 1)
             for lane in range(schedule.lanes) for op in schedule.lane_ops(lane)]
     ops = [lane.op for lane in lanes]
@@ -69,10 +68,6 @@ def compiled_lanes(schedule: Schedule) -> list[Lane]:
     if twice:
         raise ConfigError(f"schedule {schedule.name!r} runs {sorted(o.name for o in twice)} in "
                           "more than one lane; put each op kind in one lane")
-    if Op.BW in ops and Op.B in ops:
-        raise ConfigError(f"schedule {schedule.name!r} runs fused backwards (BW) and split ones "
-                          "(B, W); the executor sends one kind of gradient message: split every "
-                          "backward or none")
     return lanes
 
 

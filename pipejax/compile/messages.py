@@ -6,7 +6,8 @@ output's gradient, kept residuals, the B→W bridge) lives in ring slot
 (schedules/capacities.py). `reads` names the slots an op reads; `exchange`
 sends activations to the next virtual stage and gradients to the one before
 with `lax.ppermute`, outside the stage switch, between the devices that
-hold chunks j and j + 1 (`Placement.forward_pairs`). A
+hold chunks j and j + 1, along the placement's routes (`Placement.routes`:
+the ring for a loop; down, up and the turn on one device for a V). A
 message carries (payload, micro-batch, chunk, valid); the receiver files a
 valid one in its slot.
 """
@@ -56,23 +57,43 @@ class Message(NamedTuple):
     task: TickTask
 
 
+def either(a: Message, b: Message) -> Message:
+    """The message of whichever of two ops ran (a cell runs at most one
+    op that sends a gradient back: B or BW)."""
+    pick = lambda x, y: jnp.where(a.task.real, x, y)
+    return Message(jax.tree.map(pick, a.payload, b.payload),
+                   TickTask(*map(pick, a.task, b.task)))
+
+
+def _send(placement: Placement, k: jax.Array, message: Message, step: int) -> list[tuple]:
+    """`message` from chunk j to chunk j + `step`, along each of the
+    placement's routes (a `lax.ppermute`, or none for a message that stays
+    on its device): what each route delivers to this device, as (payload,
+    micro-batch, the receiver's local chunk, valid)."""
+    payload, task = message
+    target = task.j + step
+    local = (placement.next_local(task.j, k) if step > 0 else
+             placement.previous_local(task.j, k))
+    valid = task.real & (target >= 0) & (target < placement.chunks)
+    routes = placement.routes(step)
+    got = []
+    for route in routes:
+        on = valid if len(routes) == 1 else valid & (
+            (placement.device(target) - k) % placement.stages == route.shift)
+        sent = (payload, task.g, local, on)
+        got.append(sent if route.shift == 0 else lax.ppermute(sent, AXIS, route.pairs))
+    return got
+
+
 def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
              forward: Message, back: Message) -> Rings:
     """Inside shard_map, on device k: send `forward` on and `back` back;
-    file what arrives."""
+    file what arrives, under the receiver's own chunk (j + 1's, j − 1's)."""
     if placement.stages == 1:
         return rings
-    S = placement.chunks
-    (msg_f, tf), (msg_b, tb) = forward, back
-    on = placement.forward_pairs()
-    # The receiver files a message under its own chunk: j + 1's (forward), j − 1's (back).
-    got_f, gf, cf, vf = lax.ppermute(
-        (msg_f, tf.g, placement.next_local(tf.j, k), tf.real & (tf.j < S - 1)), AXIS, on)
-    got_b, gb, cb, vb = lax.ppermute(
-        (msg_b, tb.g, placement.previous_local(tb.j, k), tb.real & (tb.j > 0)), AXIS,
-        [(j, i) for i, j in on])
-    return rings._replace(
-        inputs=_file(rings.inputs, placement.ring(gf, cf) % layout.input_slots, got_f, vf),
-        grads=_file(rings.grads, placement.ring(gb, cb) % layout.grad_slots, got_b, vb))
-
-
+    inputs, grads = rings.inputs, rings.grads
+    for payload, g, c, valid in _send(placement, k, forward, 1):
+        inputs = _file(inputs, placement.ring(g, c) % layout.input_slots, payload, valid)
+    for payload, g, c, valid in _send(placement, k, back, -1):
+        grads = _file(grads, placement.ring(g, c) % layout.grad_slots, payload, valid)
+    return rings._replace(inputs=inputs, grads=grads)

@@ -68,15 +68,16 @@ class StageGroups:
             return branches[0](*operands)
         return lax.switch(jnp.asarray(self.of, jnp.int32)[j], branches, *operands)
 
-    def run(self, branches: Sequence[Callable], operands: Any, carry: Any) -> Any:
+    def run(self, branches: Sequence[Callable], operands: Any, carry: Any,
+            at: Any = None) -> Any:
         """Inside shard_map: `branches[g](operands, carry)` for this device's
-        group g, as one loop of 0 or 1 trips per group. Unlike `switch` (a
-        conditional, whose results XLA writes to buffers of their own and
-        then copies into a donated or loop-carried state) the loops update
-        `carry` in place."""
+        group g (or, given `at`, virtual stage `at`'s group), as one loop of
+        0 or 1 trips per group. Unlike `switch` (a conditional, whose results
+        XLA writes to buffers of their own and then copies into a donated or
+        loop-carried state) the loops update `carry` in place."""
         if len(branches) == 1:
             return branches[0](operands, carry)
-        index = self.index()
+        index = self.index() if at is None else jnp.asarray(self.of, jnp.int32)[at]
         for g, branch in enumerate(branches):
             carry = run_if(index == g, branch, operands, carry)
         return carry

@@ -125,6 +125,11 @@ class StageCode:
         start = sum(len(ranges[i]) for i in before)
         return slice(start, start + len(ranges[j]))
 
+    def first_leaf(self, j: int) -> int:
+        """Index of virtual stage j's first leaf among its device's leaves."""
+        tree = self.params.abstract_tree(self.placement.device(j))
+        return len(jax.tree.leaves(tree[:self.slice_of(j).start]))
+
     def _abstract_params(self, j: int) -> Any:
         return self.params.abstract_tree(self.placement.device(j))[self.slice_of(j)]
 

@@ -89,8 +89,13 @@ class _Tick:
         self.x, self.y = inp.data
         self.counters = inp.counters
         self.key = inp.key
-        made = {Op.F: branches.forward, Op.BW: branches.backward, Op.B: branches.input_grad,
-                Op.W: branches.weight_grad}
+        # With v chunks a device, a synchronous backward adds its chunk's
+        # gradients into the sum's own slots, in place (`StageGroups.run`),
+        # instead of a whole device's gradient, zero but for one chunk.
+        self.per_chunk = self.sync and self.placement.virtual > 1
+        adds = lambda made: (lambda code: made(code, self.per_chunk))
+        made = {Op.F: branches.forward, Op.BW: adds(branches.backward),
+                Op.B: branches.input_grad, Op.W: adds(branches.weight_grad)}
         self.branches = {lane.op: made[lane.op](self.code) for lane in self.lanes}
         self.gradients = GradientPolicy(self.sync, opts, self.code.params)
         # Which loops a tick runs, known from the table: the forward's and
@@ -139,7 +144,8 @@ class _Tick:
             else:
                 ops, msg = self._weight_grad(runs[op], ops, slots[op]), None
             sent[op] = messages.Message(msg, tasks[op])
-        back = next(sent[op] for op in BACKWARD if op in sent)  # B or BW: a table has one
+        back = [sent[op] for op in BACKWARD if op in sent]  # a cell runs one of B and BW
+        back = back[0] if len(back) == 1 else messages.either(*back)
         rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
         rings = messages.exchange(rings, self.layout, self.placement, self.k, sent[Op.F],
                                   back)
@@ -198,9 +204,13 @@ class _Tick:
             stashed = messages.read(ops.weights, slot) if self.layout.weight_stashing else None
 
         def backward(args, c):
-            p, s, carried, _, loss, skipped = c
+            p, s, carried, msg, loss, skipped = c
             w = stashed if stashed is not None else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
+            if self.per_chunk:
+                carried, msg = self.code.groups.run(self.branches[Op.BW], (w, *args),
+                                                    (carried, msg), at=task.j)
+                return p, s, carried, msg, loss, skipped
             grads, msg = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
             return p, s, carried, msg, loss, skipped
@@ -249,6 +259,9 @@ class _Tick:
         summed (a synchronous table)."""
         def weight_grad(args, c):
             p, grad_sum = c
+            if self.per_chunk:
+                return p, self.code.groups.run(self.branches[Op.W], (p, *args), grad_sum,
+                                               at=task.j)
             grads = self.code.groups.switch_at(task.j, self.branches[Op.W], p, *args)
             return p, tuple(a + d for a, d in zip(grad_sum, grads))
 

@@ -5,7 +5,7 @@ The builders, `make_schedule` (a table by name), and what is read off a
 
 from typing import Callable
 
-from pipejax.errors import ConfigError
+from pipejax.errors import ConfigError, ScheduleError
 from pipejax.placement import Placement
 from pipejax.schedules.asynchronous import pb, pipedream
 from pipejax.schedules.bubbles import bubble_fraction, table_bubble_fraction
@@ -16,6 +16,7 @@ from pipejax.schedules.schedule import Schedule, StageInfo
 from pipejax.schedules.synchronous import gpipe, one_f_one_b
 from pipejax.schedules.tasks import NONE, Op, Task
 from pipejax.schedules.timeline import Timeline
+from pipejax.schedules.v_shape import dualpipev, zb_v
 from pipejax.schedules.zero_bubble import zb_h1, zb_h2
 
 # name -> (K, M, v) -> table; v = 1 only where the value is None for v > 1.
@@ -33,6 +34,24 @@ _NO_VIRTUAL = {
     "pb": "asynchronous tables run one chunk per device (see 'pipedream')"}
 
 
+# name -> (K, M) -> table on the V placement, two chunks per device.
+V_BUILDERS: dict[str, Callable[[int, int], Schedule]] = {"zb-v": zb_v, "dualpipev": dualpipev}
+
+
+def placement_for(schedule: "str | Schedule", stages: int, virtual: int | None,
+                  kind: str | None) -> Placement:
+    """The placement a pipeline runs `schedule` on: a table's own (what the
+    caller gives must agree, checked by `make_schedule`), two chunks in a V
+    for the V schedules, else `virtual` (default 1) chunks in a loop."""
+    if isinstance(schedule, Schedule):
+        have = schedule.placement
+        return Placement(stages, have.virtual if virtual is None else virtual,
+                         have.kind if kind is None else kind)
+    if schedule in V_BUILDERS:
+        return Placement(stages, 2 if virtual is None else virtual, kind or "v")
+    return Placement(stages, 1 if virtual is None else virtual, kind or "loop")
+
+
 def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> Schedule:
     """A schedule by name for the devices and chunks of `placement` and M
     micro-batches, or a user-built `Schedule` checked against them."""
@@ -40,13 +59,25 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
     if isinstance(schedule, Schedule):
         if (schedule.placement, schedule.microbatches) != (placement, M):
             have = schedule.placement
-            raise ConfigError(f"schedule {schedule.name!r} is built for K={have.stages}, "
-                              f"M={schedule.microbatches}, virtual={have.virtual} but the "
-                              f"pipeline has K={K}, M={M}, virtual={v}")
+            raise ScheduleError(f"schedule {schedule.name!r} is built for K={have.stages}, "
+                                f"M={schedule.microbatches}, virtual={have.virtual}, placement="
+                                f"{have.kind!r} but the pipeline has K={K}, M={M}, virtual={v}, "
+                                f"placement={placement.kind!r}; give stages={have.stages} and "
+                                f"microbatches={schedule.microbatches}, or a table for the "
+                                "pipeline's")
         return schedule
-    if schedule not in BUILDERS:
-        raise ConfigError(f"unknown schedule {schedule!r}; use one of {sorted(BUILDERS)} "
+    names = sorted([*BUILDERS, *V_BUILDERS])
+    if schedule not in names:
+        raise ConfigError(f"unknown schedule {schedule!r}; use one of {names} "
                           "or a pipejax.schedules.Schedule")
+    if (schedule in V_BUILDERS) != (placement.kind == "v") or (
+            schedule in V_BUILDERS and v != 2):
+        runs = "placement='v' with virtual=2" if schedule in V_BUILDERS else "placement='loop'"
+        raise ConfigError(f"schedule {schedule!r} runs on {runs}, not on {placement}; "
+                          f"V placement runs {sorted(V_BUILDERS)} and tables read with "
+                          "pj.Schedule.from_csv")
+    if schedule in V_BUILDERS:
+        return V_BUILDERS[schedule](K, M)
     plain, virtual = BUILDERS[schedule]
     if v == 1:
         return plain(K, M)
@@ -58,6 +89,6 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
 
 
 __all__ = ["NONE", "Capacities", "Op", "Schedule", "Task", "StageInfo", "Timeline",
-           "bubble_fraction", "gpipe", "gpipe_virtual", "in_flight", "interleaved",
-           "make_schedule", "one_f_one_b", "pb", "pipedream", "plot", "render", "ring_capacities",
-           "table_bubble_fraction", "zb_h1", "zb_h2"]
+           "bubble_fraction", "dualpipev", "gpipe", "gpipe_virtual", "in_flight", "interleaved",
+           "make_schedule", "one_f_one_b", "pb", "pipedream", "placement_for", "plot", "render",
+           "ring_capacities", "table_bubble_fraction", "zb_h1", "zb_h2", "zb_v"]

@@ -1,5 +1,5 @@
-"""Tables from per-device policies: each tick, every device runs one op as
-soon as what it needs has arrived.
+"""Tables from per-device policies: each tick, every device runs an op (or
+a pair of ops) as soon as what it needs has arrived.
 
 A synchronous schedule is fixed by what each device runs next (its order
 of ops, or a rule over the ops that are ready); the ticks follow from the
@@ -7,19 +7,22 @@ dependencies: the forward of virtual stage j needs j − 1's forward of the
 same micro-batch one tick earlier (the message travels between ticks), the
 input gradient B needs j + 1's (or, on the last virtual stage, its own
 forward), the weight gradient W its own B. `greedy_table` steps all devices
-tick by tick and writes a one-lane table (one op per device and tick).
+tick by tick and writes the table; `in_order` is the policy of a list of
+ops per device (the V schedules, and tables read from CSV).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
-from pipejax.errors import ConfigError
+import numpy as np
+
+from pipejax.errors import ScheduleError
 from pipejax.placement import Placement
-from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op, Task, empty, put
 
-Pick = Callable[[int, Callable[[Task], bool]], "Task | None"]  # (device, ready) -> task
+Step = "Task | tuple[Task, ...] | None"  # what a device runs in one tick: an op, a pair, or idle
+Pick = Callable[[int, Callable[[Task], bool]], Step]  # (device, ready) -> step
 
 
 class Progress:
@@ -49,46 +52,82 @@ class Progress:
             self.done[op, j, task.microbatch] = t
 
 
-def greedy_table(name: str, K: int, M: int, v: int, pick: Pick, ops: int) -> Schedule:
-    """The table of `pick`: each tick, device k runs `pick(k, ready)` (None:
-    idle), until every device ran `ops` ops."""
-    placement = Placement(K, v)
-    progress, table, t = Progress(placement), [], 0
+def greedy_table(name: str, placement: Placement, M: int, pick: Pick, ops: Sequence[int],
+                 waiting: Callable[[int], str] | None = None) -> np.ndarray:
+    """The table of `pick`: each tick, device k runs `pick(k, ready)` (a
+    task, a pair of tasks in one tick, or None: idle) until it ran `ops[k]`
+    ops. One lane, or, where a device runs a pair, two: the
+    forwards, then the other ops. A tick in which no device can run stalls
+    for ever: `waiting(k)` names what device k waits for, in the error."""
+    K = placement.stages
+    progress, rows, t = Progress(placement), [], 0
     ran = [0] * K
-    limit = 4 * (ops + K * v)  # a policy that cannot finish stalls well before this
-    while min(ran) < ops:
-        if t > limit:
-            raise ConfigError(f"schedule {name!r} (K={K}, M={M}, v={v}) stalls: a device waits "
-                              "for an op that never runs")
-        row = []
-        for k in range(K):
-            task = pick(k, lambda task, k=k: progress.ready(k, task, t)) if ran[k] < ops else None
-            row.append(task)
-        for k, task in enumerate(row):
-            if task is not None:
+    while any(r < n for r, n in zip(ran, ops)):
+        row = [(pick(k, lambda task, k=k: progress.ready(k, task, t)) if ran[k] < ops[k]
+                else None) for k in range(K)]
+        row = [() if step is None else (step,) if isinstance(step, Task) else tuple(step)
+               for step in row]
+        if not any(row):
+            stuck = [k for k in range(K) if ran[k] < ops[k]]
+            what = "; ".join(f"device {k} waits to run {waiting(k)}" for k in stuck) if waiting \
+                else f"devices {stuck} wait for ops that never run"
+            raise ScheduleError(f"schedule {name!r} (K={K}, M={M}, v={placement.virtual}) "
+                                f"stalls at tick {t}: {what}")
+        for k, step in enumerate(row):
+            for task in step:
                 progress.run(k, task, t)
-                ran[k] += 1
-        table.append(row)
+            ran[k] += len(step)
+        rows.append(row)
         t += 1
-    out = empty(len(table), K, 1)
-    for tick, row in enumerate(table):
-        for k, task in enumerate(row):
-            if task is not None:
-                put(out, tick, k, 0, task)
-    return Schedule(name, out, microbatches=M, placement=placement)
+    lanes = max(len(step) for row in rows for step in row)
+    out = empty(len(rows), K, lanes)
+    for tick, row in enumerate(rows):
+        for k, step in enumerate(row):
+            for task in step:
+                put(out, tick, k, 0 if lanes == 1 or task.op == Op.F else 1, task)
+    return out
 
 
-def in_order(orders: list[list[Task]]) -> Pick:
-    """Each device runs its list in order, waiting while the next is not ready."""
-    nxt = [0] * len(orders)
+class InOrder:
+    """Each device runs its list in order (a task, or a tuple of tasks run
+    in one tick), waiting while the next is not ready."""
 
-    def pick(k: int, ready: Callable[[Task], bool]) -> Task | None:
-        if nxt[k] < len(orders[k]) and ready(orders[k][nxt[k]]):
-            nxt[k] += 1
-            return orders[k][nxt[k] - 1]
+    def __init__(self, orders: list[list[Step]]):
+        self.orders, self.next = orders, [0] * len(orders)
+
+    def __call__(self, k: int, ready: Callable[[Task], bool]) -> Step:
+        if self.next[k] == len(self.orders[k]):
+            return None
+        step = self.orders[k][self.next[k]]
+        if all(ready(task) for task in ((step,) if isinstance(step, Task) else step)):
+            self.next[k] += 1
+            return step
         return None
 
-    return pick
+    def waiting(self, k: int) -> str:
+        """What device k runs next (for a stall's error)."""
+        if self.next[k] == len(self.orders[k]):
+            return "nothing (its list is done)"
+        step = self.orders[k][self.next[k]]
+        return " and ".join(task_name(t) for t in ((step,) if isinstance(step, Task) else step))
+
+    def ops(self) -> list[int]:
+        """Ops per device."""
+        return [sum(1 if isinstance(s, Task) else len(s) for s in order) for order in self.orders]
+
+
+def in_order(name: str, placement: Placement, M: int, orders: list[list[Step]],
+             waiting: Callable[[int], str] | None = None) -> np.ndarray:
+    """The table in which device k runs `orders[k]` in order, each op at the
+    earliest tick after what it needs and after the device's previous op
+    (`waiting(k)`, if given, names device k's next op in a stall's error)."""
+    pick = InOrder(orders)
+    return greedy_table(name, placement, M, pick, pick.ops(), waiting or pick.waiting)
+
+
+def task_name(task: Task) -> str:
+    """A task as the schedule pictures name it: op, micro-batch, local chunk."""
+    return f"{task.op.name} of micro-batch {task.microbatch} on local chunk {task.chunk}"
 
 
 def rounds(K: int, M: int, v: int, backward: bool = False) -> Iterable[tuple[int, int]]:

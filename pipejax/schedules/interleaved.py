@@ -15,7 +15,8 @@ Both take 2·(v·M+K−1) ticks when K divides M.
 from __future__ import annotations
 
 from pipejax.errors import ConfigError
-from pipejax.schedules.greedy import greedy_table, in_order, rounds
+from pipejax.placement import Placement
+from pipejax.schedules.greedy import in_order, rounds
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op, Task
 
@@ -59,11 +60,15 @@ def interleaved(K: int, M: int, v: int = 2) -> Schedule:
         for i in range(v * M - warm):
             order += [fwd[warm + i], bwd[i]]
         orders.append(order + bwd[v * M - warm:])
-    return greedy_table("interleaved", K, M, v, in_order(orders), 2 * v * M)
+    placement = Placement(K, v)
+    return Schedule("interleaved", in_order("interleaved", placement, M, orders), M,
+                    placement=placement)
 
 
 def gpipe_virtual(K: int, M: int, v: int) -> Schedule:
     """GPipe over v chunks per device: every forward, then every backward."""
     check_virtual("gpipe", K, M, v)
     order = _forwards(K, M, v) + _backwards(K, M, v)
-    return greedy_table("gpipe", K, M, v, in_order([order] * K), 2 * v * M)
+    placement = Placement(K, v)
+    return Schedule("gpipe", in_order("gpipe", placement, M, [order] * K), M,
+                    placement=placement)

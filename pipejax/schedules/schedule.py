@@ -25,12 +25,14 @@ ring capacities (capacities.py), bubbles (bubbles.py), pictures (pictures.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import NamedTuple
 
 import numpy as np
 
 from pipejax.errors import ScheduleError
 from pipejax.placement import Placement
+from pipejax.schedules import torch_csv
 from pipejax.schedules.checks import check_order, check_tasks
 from pipejax.schedules.tasks import BACKWARD, NONE, Op
 from pipejax.schedules.timeline import Timeline, lifetime, unroll
@@ -123,6 +125,35 @@ class Schedule:
     def synchronous(self) -> bool:
         return not self.asynchronous
 
+    # ------------------------------------------------------------ torch's CSV
+    @classmethod
+    def from_csv(cls, source: str | os.PathLike, microbatches: int, format: str = "torch",
+                 name: str | None = None) -> Schedule:
+        """The table of a schedule written by torch.distributed.pipelining
+        (`_dump_csv`, "compute_only": a row per rank; a path or its text),
+        for `microbatches` micro-batches. Each rank's actions keep their
+        order; each runs at the earliest tick after what it needs (torch_csv.py).
+        The ranks' stages give the placement (loop or V) and `virtual`."""
+        _format(format)
+        if name is None:
+            text = isinstance(source, os.PathLike) or "\n" not in source
+            name = os.path.splitext(os.path.basename(source))[0] if text else "csv"
+        table, placement = torch_csv.read(source, microbatches, name)
+        return cls(name, table, microbatches, placement=placement)
+
+    def to_csv(self, path: str | os.PathLike | None = None, format: str = "torch") -> str:
+        """This table in torch's CSV ("compute_only": a row per rank, a slot
+        per tick, global stage ids), written to `path` if given; returns the text."""
+        _format(format)
+        if self.asynchronous:
+            raise ScheduleError(f"schedule {self.name!r} is asynchronous: torch's format holds "
+                                "a synchronous step, from an empty pipeline to an empty one")
+        text = torch_csv.write(self.table, self.placement)
+        if path is not None:
+            with open(path, "w", newline="") as f:
+                f.write(text)
+        return text
+
     # ------------------------------------------------------------- unrolling
     def timeline(self, steps: int = 1) -> Timeline:
         """Unroll `steps` steps; an asynchronous table then runs periods with no
@@ -199,8 +230,15 @@ class Schedule:
                          forward_horizon=f, backward_horizon=b)
 
     def __repr__(self) -> str:
-        v = self.placement.virtual
-        virtual = f", virtual={v}" if v > 1 else ""
+        v, kind = self.placement.virtual, self.placement.kind
+        virtual = f", virtual={v}" + (f", placement={kind!r}" if kind != "loop" else "") \
+            if v > 1 else ""
         return (f"Schedule({self.name!r}, stages={self.stages}{virtual}, "
                 f"microbatches={self.microbatches}, ticks={self.ticks}, "
                 f"asynchronous={self.asynchronous})")
+
+
+def _format(format: str) -> None:
+    if format != "torch":
+        raise ScheduleError(f"format={format!r}; pipejax reads and writes torch's compute_only "
+                            "CSV, format='torch'")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pipejax.placement import Placement
 from pipejax.schedules.greedy import greedy_table, rounds
 from pipejax.schedules.interleaved import check_virtual
 from pipejax.schedules.schedule import Schedule
@@ -57,7 +58,9 @@ def zero_bubble(name: str, K: int, M: int, v: int, limit: Callable[[int], int]) 
                 return task
         return None
 
-    return greedy_table(name, K, M, v, pick, 3 * v * M)
+    placement = Placement(K, v)
+    return Schedule(name, greedy_table(name, placement, M, pick, [3 * v * M] * K), M,
+                    placement=placement)
 
 
 def zb_h1(K: int, M: int, v: int = 1) -> Schedule:
