@@ -10,9 +10,11 @@ of this shared machine hit both alike. Reported per configuration: the
 median ratio of step times (new / baseline), XLA's bytes accessed, its
 compiled temp bytes and peak bytes (argument + output − alias + temp).
 
-Interleaved 1F1B (v = 2) and ZB-H1 run at K = 4 too.
+Interleaved 1F1B (v = 2), ZB-H1 (v = 1 and 2) and GPipe over v = 2 chunks run
+at K = 4 too.
 
 Run: python benchmarks/against_baseline.py --baseline /tmp/base [--rounds 15] [--name NAME]
+[--schedules S ...] [--virtual V]
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 CONFIGS = [("mlp", 4, 8, 32, "gpipe", "none", 1), ("mlp", 4, 8, 32, "1f1b", "none", 1),
            ("mlp", 4, 8, 32, "pipedream", "none", 1), ("mlp", 4, 8, 32, "pb", "stage", 1),
            ("mlp", 1, 4, 64, "gpipe", "none", 1), ("transformer", 1, 4, 8, "gpipe", "none", 1),
-           ("mlp", 4, 8, 32, "interleaved", "stage", 2), ("mlp", 4, 8, 32, "zb-h1", "none", 1)]
+           ("mlp", 4, 8, 32, "interleaved", "stage", 2), ("mlp", 4, 8, 32, "zb-h1", "none", 1),
+           ("mlp", 4, 8, 32, "zb-h1", "none", 2), ("mlp", 4, 8, 32, "gpipe", "none", 2)]
 STEPS = 5  # steps per timed round
 
 
@@ -121,12 +124,14 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, required=True, help="a checkout to compare with")
     parser.add_argument("--rounds", type=int, default=15, help="alternated timed rounds")
     parser.add_argument("--schedules", nargs="*", help="only the configurations of these schedules")
+    parser.add_argument("--virtual", type=int, help="only the configurations of v chunks a device")
     parser.add_argument("--name", default="against_baseline",
                         help="the JSON's name under results/")
     args = parser.parse_args()
     commit = subprocess.run(["git", "-C", str(args.baseline), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    configs = [c for c in CONFIGS if not args.schedules or c[4] in args.schedules]
+    configs = [c for c in CONFIGS if (not args.schedules or c[4] in args.schedules)
+               and args.virtual in (None, c[6])]
     rows = compare(args.baseline, args.rounds, configs)
     print(table(rows))
     print(f"wrote {save(args.name, {'baseline': commit, 'rows': rows})}")

@@ -56,7 +56,7 @@ def _batch(R: int, M: int, mb: int, seed: int):
 
 
 CASES = {
-    # name: (schedule, K, data, remat, stash, optimizer, rule, clip, skip)
+    # name: (schedule, K, data, remat, stash, optimizer, rule, clip, skip[, virtual])
     "gpipe-stage": ("gpipe", 3, 1, "stage", False, "adam", None, None, False),
     "gpipe-none-clip": ("gpipe", 3, 1, "none", False, "adam", None, 0.5, False),
     "1f1b-none-skip": ("1f1b", 3, 1, "none", False, "sgdm", None, None, True),
@@ -73,6 +73,9 @@ CASES = {
     "pb-ssgd-lwp+sc": ("pb", 2, 2, "stage", False, "lwp+sc", "ssgd", None, False),
     "pb-elastic-skip": ("pb", 3, 2, "stage", False, "sgdm", "elastic", None, True),
     "pipedream-adpsgd": ("pipedream", 2, 2, "stage", False, "adam", "adpsgd", 0.5, False),
+    "zb-h1-none": ("zb-h1", 3, 1, "none", False, "adam", None, None, False),
+    "interleaved-v2": ("interleaved", 2, 1, "stage", False, "adam", None, None, False, 2),
+    "zb-h1-v2-clip": ("zb-h1", 3, 1, "stage", False, "sgdm", None, 0.5, False, 2),
 }
 
 
@@ -85,14 +88,14 @@ def _optimizer(name: str):
 
 
 def run_case(name: str) -> dict:
-    schedule, K, data, remat, stash, opt, rule, clip, skip = CASES[name]
+    schedule, K, data, remat, stash, opt, rule, clip, skip, *virtual = CASES[name]
     M, mb = 4, 8
     mesh = pj.make_mesh(K, data) if data > 1 else None
     remat = jax.checkpoint_policies.dots_saveable if remat == "dots" else remat
     x, y = _batch(1, 1, mb, 0)
     pipe = pj.pipeline(_layers(), loss=pj.losses.cross_entropy, example=x, stages=K,
                        microbatches=M, schedule=schedule, remat=remat, mesh=mesh,
-                       weight_stashing=stash)
+                       weight_stashing=stash, virtual=virtual[0] if virtual else 1)
     out = {}
     params = pipe.init(jax.random.key(1))
     out["init"] = _digest(params.buffers)

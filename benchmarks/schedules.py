@@ -6,7 +6,8 @@ a 16-layer MLP (width 256, micro-batch 16): ticks per step, bubble fraction
 for stage inputs, output gradients, kept values and (zero bubble) the B→W
 bridge, compiled `temp_size_in_bytes` of the training step, and its compile
 time. The virtual-stage and zero-bubble tables: interleaved and GPipe over v = 2
-chunks per device, zb-h1 and zb-h2 at v = 1 and zb-h1 at v = 2.
+chunks per device, zb-h1 and zb-h2 at v = 1 and zb-h1 at v = 2, and on the V
+placement zb-v and dualpipev.
 Acceptance: 1F1B's compiled memory is below GPipe's at K = 4, M = 16; a
 zero-bubble step executes 1F1B's FLOPs within 5 % (table × each op's XLA
 FLOPs, `pipejax.bench.op_costs`); compile time flat in M.
@@ -60,7 +61,7 @@ def measure(schedule: str, K: int, M: int, v: int = 1, remat: str = "stage") -> 
 
 
 CASES = [(s, 1) for s in ("gpipe", "1f1b", "pipedream", "pb", "zb-h1", "zb-h2")] + \
-    [(s, 2) for s in ("gpipe", "interleaved", "zb-h1")]
+    [(s, 2) for s in ("gpipe", "interleaved", "zb-h1", "zb-v", "dualpipev")]
 
 
 def flops(K: int = 4, M: int = 16) -> list[dict]:
@@ -70,7 +71,7 @@ def flops(K: int = 4, M: int = 16) -> list[dict]:
     rows = []
     base = None
     for schedule, v in (("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("interleaved", 2),
-                        ("zb-h1", 2)):
+                        ("zb-h1", 2), ("zb-v", 2), ("dualpipev", 2)):
         pipe = _pipe(schedule, K, M, v)
         costs = op_flops(pipe.build.code)
         total, path = executed(pipe.schedule, costs), critical_path(pipe.schedule, costs)
@@ -97,7 +98,8 @@ def main() -> None:
     # What the B→W bridge costs: with remat "stage" B replays the forward and
     # bridges the layer inputs W reads; with "none" they were kept anyway.
     remat = [measure(s, 4, 16, v, r) for r in ("stage", "none")
-             for s, v in (("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("zb-h1", 2))]
+             for s, v in (("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("zb-h1", 2),
+                          ("zb-v", 2), ("dualpipev", 2))]
     print()
     print(table([{k: r[k] for k in ("schedule", "v", "remat", "kept_slots", "bridge_slots",
                                     "temp_bytes")} for r in remat]))

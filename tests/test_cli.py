@@ -2,6 +2,7 @@
 
 import base64
 import json
+import pathlib
 import re
 import types
 
@@ -35,6 +36,21 @@ def test_plan_prints_partition_and_timeline(tmp_path, capsys):
     assert "(synchronous, one step, fill and drain)" in captured.out
     assert "fill/drain bubble=0.429" in captured.out  # (K-1)/(M+K-1) = 3/7
     assert "no accelerator found; simulating 4 CPU devices" in captured.err
+
+
+def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):
+    from pipejax.cli.schedule_flag import ASYNCHRONOUS, SCHEDULES
+    from pipejax.schedules import BUILDERS, V_BUILDERS
+
+    assert sorted(SCHEDULES) == sorted([*BUILDERS, *V_BUILDERS])
+    assert {s for s in SCHEDULES if pj.schedules.make_schedule(
+        s, pj.schedules.placement_for(s, 2, None, None), 4).asynchronous} == set(ASYNCHRONOUS)
+    table = str(pathlib.Path(__file__).parent / "schedules/torch_tables/ScheduleDualPipeV_K2_M4.csv")
+    assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "4",
+                 "--schedule", table]) == 0
+    out = capsys.readouterr().out
+    assert "K=2 v=2 (V placement) M=4" in out and "ScheduleDualPipeV_K2_M4" in out
+    assert "V placement" in out  # the plan's chunks
 
 
 def test_train_in_bf16_with_bounded_padding(tmp_path, capsys):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from pipejax.cli.run import sample
+from pipejax.cli.schedule_flag import SCHEDULES, schedule_name
 from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, make_pipeline,
                               model_kwargs, resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
@@ -45,11 +46,17 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--microbatch-size", type=int, default=None,
                        help="examples per micro-batch: the update size of an asynchronous "
                             "schedule (Kosson et al. train at 1); sets --batch-size")
-        q.add_argument("--schedule", default="gpipe",
-                       choices=["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "pipedream", "pb"])
-        q.add_argument("--virtual", type=int, default=1, metavar="V",
-                       help="model chunks per device (interleaved virtual stages): device k "
-                            "holds chunks k, k + K, ...; with gpipe, interleaved, zb-h1, zb-h2")
+        q.add_argument("--schedule", default="gpipe", type=schedule_name, metavar="NAME|CSV",
+                       help=f"one of {', '.join(SCHEDULES)}, or a path to a table in torch's "
+                            "CSV (torch.distributed.pipelining's _dump_csv), which brings its "
+                            "own --virtual and --placement")
+        q.add_argument("--virtual", type=int, default=None, metavar="V",
+                       help="model chunks per device (virtual stages; default 1, 2 for zb-v "
+                            "and dualpipev); with gpipe, interleaved, zb-h1, zb-h2, zb-v, "
+                            "dualpipev")
+        q.add_argument("--placement", default=None, choices=["loop", "v"],
+                       help="which chunks a device holds: loop (k, k + K, ...; default) or v "
+                            "(k and 2K − 1 − k; the default and only one of zb-v, dualpipev)")
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
         q.add_argument("--remat", default="stage", choices=["none", "stage"])

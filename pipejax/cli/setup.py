@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from pipejax.cli.schedule_flag import schedule_arg
+
 # Per model: keyword arguments of its builder and the training settings that
 # reach the README's accuracies on MNIST-1D (4 stages, GPipe); the GPT's
 # reach the README's validation loss on Shakespeare's works.
@@ -141,9 +143,10 @@ def make_pipeline(args, task, mesh, weight_stashing: bool = False):
     example, targets = task.example(mb)
     pipe = pj.pipeline(layers, loss=task.loss, example=example, targets=targets,
                        stages=args.stages, microbatches=args.microbatches,
-                       schedule=args.schedule, partition=partition, remat=args.remat, mesh=mesh,
-                       weight_stashing=weight_stashing, compute_dtype=args.compute_dtype,
-                       max_padding=args.max_padding, virtual=args.virtual)
+                       schedule=schedule_arg(args), partition=partition, remat=args.remat,
+                       mesh=mesh, weight_stashing=weight_stashing,
+                       compute_dtype=args.compute_dtype, max_padding=args.max_padding,
+                       virtual=args.virtual, placement=args.placement)
     return layers, pipe
 
 

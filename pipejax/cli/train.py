@@ -18,6 +18,7 @@ import jax
 
 from pipejax.cli.report import write_report
 from pipejax.cli.run import save_run
+from pipejax.cli.schedule_flag import synchronous as is_synchronous
 from pipejax.cli.setup import (apply_model_defaults,
                               describe_optimizer, make_optimizer, make_pipeline, model_kwargs,
                               model_lr,
@@ -222,7 +223,7 @@ def train(args) -> int:
     total = args.steps if args.steps is not None else args.epochs * per_epoch
     if "warmup" in defaulted:  # a model's warm-up takes at most a tenth of a short run
         args.warmup = min(args.warmup, total // 10)
-    synchronous = pj.schedules.make_schedule(args.schedule, pj.Placement(1), 1).synchronous
+    synchronous = is_synchronous(args)
     per_step = 1 if synchronous else args.microbatches  # a stage's updates per step
     optimizer, stash, settings = make_optimizer(
         args, model_lr(args), (total * per_step, per_epoch * per_step),
@@ -253,7 +254,7 @@ def train(args) -> int:
                f"{task.unit}_per_s": rate,
                "model": args.model, "api": args.api, "data": args.data,
                "schedule": args.schedule, "stages": args.stages,
-               "split": list(pipe.plan.split), "virtual": args.virtual,
+               "split": list(pipe.plan.split), "virtual": pipe.plan.placement.virtual,
                "batch_size": args.batch_size,
                "microbatches": args.microbatches, **settings,
                "mitigation": args.mitigation or "none", "form": args.form,
@@ -279,7 +280,7 @@ def train(args) -> int:
     lines = task.lines(summary) + [
         ("steps", f"{total} in {seconds:.0f} s ({rate:.0f} {unit})"),
         ("stages", f"{args.stages} x {pipe.plan.split} layers"
-                   f"{f' in {args.virtual} chunks a device' if args.virtual > 1 else ''}, "
+                   f"{f' in {v} chunks a device' if (v := pipe.plan.placement.virtual) > 1 else ''}, "
                    f"{args.schedule}, {args.microbatches} micro-batches, mitigation "
                    f"{summary['mitigation']}")]
     if args.replicas > 1:

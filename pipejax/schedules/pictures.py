@@ -26,17 +26,29 @@ def _tasks(schedule: Schedule, t: int, k: int) -> list[tuple[Op, str]]:
     return out
 
 
+def _letter(schedule: Schedule, op: Op) -> str:
+    """B for a backward; in a table that also splits backwards (DualPipeV's
+    drain), the fused one is BW."""
+    return "BW" if op == Op.BW and (schedule.ops == Op.B).any() else _LETTER[op]
+
+
 def _cell(schedule: Schedule, t: int, k: int) -> str:
-    return "".join(_LETTER[op] + label for op, label in _tasks(schedule, t, k)) or "."
+    return "".join(_letter(schedule, op) + label for op, label in _tasks(schedule, t, k)) or "."
+
+
+def _placement(schedule: Schedule) -> str:
+    """The chunks a device holds, when it holds more than one."""
+    p = schedule.placement
+    return "" if p.virtual == 1 else f" v={p.virtual}" + (" (V placement)" if p.kind == "v" else "")
 
 
 def _legend(schedule: Schedule) -> str:
     """What the colours and letters mean, for the ops the table runs."""
     ops = {Op(o) for o in schedule.ops.flat if o != Op.IDLE}
     names = {Op.F: "F forward", Op.B: "B input gradient", Op.W: "W weight gradient",
-             Op.BW: "B whole backward"}
+             Op.BW: f"{_letter(schedule, Op.BW)} whole backward"}
     colors = {Op.F: "blue", Op.B: "orange", Op.W: "green", Op.BW: "orange"}
-    parts = [f"{colors[o]} {names[o]}" for o in Op if o in ops and not (o == Op.BW and Op.B in ops)]
+    parts = [f"{colors[o]} {names[o]}" for o in Op if o in ops]
     chunks = ("; m.c = micro-batch m on chunk c, darker = later chunk"
               if schedule.placement.virtual > 1 else "")
     return ", ".join(parts) + chunks
@@ -68,8 +80,8 @@ def render(schedule: Schedule) -> str:
         rows.append(f"stage {k} " + "".join(_cell(schedule, t, k).rjust(width)
                                              for t in range(schedule.ticks)))
     kind = "asynchronous" if schedule.asynchronous else "synchronous"
-    virtual = f" v={schedule.placement.virtual}" if schedule.placement.virtual > 1 else ""
-    rows.append(f"{schedule.name} ({kind}, {_shows(schedule)}): K={schedule.stages}{virtual} "
+    rows.append(f"{schedule.name} ({kind}, {_shows(schedule)}): K={schedule.stages}"
+                f"{_placement(schedule)} "
                 f"M={schedule.microbatches} ticks={schedule.ticks} {_bubbles(schedule)} "
                 f"delays={schedule.delays}")
     rows.append(f"  {_legend(schedule)}")
@@ -101,8 +113,8 @@ def plot(schedule: Schedule, path: str) -> None:
     ax.set_xlim(0, T), ax.set_ylim(K, 0)
     ax.set_xlabel("tick"), ax.set_yticks([k + 0.5 for k in range(K)])
     ax.set_yticklabels([f"stage {k}" for k in range(K)])
-    virtual = f" v={v}" if v > 1 else ""
-    ax.set_title(f"{schedule.name}: K={K}{virtual} M={schedule.microbatches}, {_shows(schedule)}\n"
+    ax.set_title(f"{schedule.name}: K={K}{_placement(schedule)} M={schedule.microbatches}, "
+                 f"{_shows(schedule)}\n"
                  f"{_legend(schedule)}\n{_bubbles(schedule)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
