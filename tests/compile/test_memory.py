@@ -10,7 +10,7 @@ from pipejax.bench import peak_bytes
 
 
 @pytest.mark.parametrize("schedule,remat", [("gpipe", "stage"), ("1f1b", "none"), ("pb", "stage"),
-                                           ("dualpipev", "stage")])
+                                           ("zb-v", "stage")])
 def test_prediction_is_within_a_quarter_of_the_compiled_step(schedule, remat):
     M, mb = 4, 8
     pipe = pj.pipeline(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
