@@ -25,8 +25,9 @@ class DeviceError(PipejaxError, RuntimeError):
     """The devices or the mesh cannot hold the requested stages."""
 
 
-class ScheduleError(PipejaxError, ValueError):
-    """A schedule table is impossible (an op before its input exists)."""
+class ScheduleError(ConfigError):
+    """A schedule table is impossible (an op before its input exists) or
+    does not fit the pipeline: a setting, so a ConfigError too."""
 
 
 class DataError(PipejaxError, ValueError):

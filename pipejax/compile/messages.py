@@ -89,7 +89,7 @@ def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
              forward: Message, back: Message) -> Rings:
     """Inside shard_map, on device k: send `forward` on and `back` back;
     file what arrives, under the receiver's own chunk (j + 1's, j − 1's)."""
-    if placement.stages == 1:
+    if placement.chunks == 1:  # one device, one chunk: no message
         return rings
     inputs, grads = rings.inputs, rings.grads
     for payload, g, c, valid in _send(placement, k, forward, 1):

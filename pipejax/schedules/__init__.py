@@ -57,14 +57,17 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
     micro-batches, or a user-built `Schedule` checked against them."""
     K, v = placement.stages, placement.virtual
     if isinstance(schedule, Schedule):
-        if (schedule.placement, schedule.microbatches) != (placement, M):
-            have = schedule.placement
-            raise ScheduleError(f"schedule {schedule.name!r} is built for K={have.stages}, "
-                                f"M={schedule.microbatches}, virtual={have.virtual}, placement="
-                                f"{have.kind!r} but the pipeline has K={K}, M={M}, virtual={v}, "
-                                f"placement={placement.kind!r}; give stages={have.stages} and "
-                                f"microbatches={schedule.microbatches}, or a table for the "
-                                "pipeline's")
+        have = schedule.placement
+        table = {"stages": have.stages, "microbatches": schedule.microbatches,
+                 "virtual": have.virtual, "placement": have.kind}
+        given = {"stages": K, "microbatches": M, "virtual": v, "placement": placement.kind}
+        differ = [f"{k}={table[k]!r} (the pipeline's {given[k]!r})" for k in table
+                  if table[k] != given[k]]
+        if differ:
+            raise ScheduleError(
+                f"schedule {schedule.name!r} is built for {', '.join(differ)}; give the "
+                "table's stages and microbatches, and leave virtual and placement out: "
+                "pj.pipeline takes them from the table")
         return schedule
     names = sorted([*BUILDERS, *V_BUILDERS])
     if schedule not in names:

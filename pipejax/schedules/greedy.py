@@ -83,6 +83,10 @@ def greedy_table(name: str, placement: Placement, M: int, pick: Pick, ops: Seque
     out = empty(len(rows), K, lanes)
     for tick, row in enumerate(rows):
         for k, step in enumerate(row):
+            if len(step) == 2 and [task.op == Op.F for task in step].count(True) != 1:
+                raise ScheduleError(f"schedule {name!r}: tick {tick}, device {k} runs "
+                                    f"{' and '.join(map(task_name, step))} together; a tick "
+                                    "pairs a forward with one other op")
             for task in step:
                 put(out, tick, k, 0 if lanes == 1 or task.op == Op.F else 1, task)
     return out
@@ -92,8 +96,11 @@ class InOrder:
     """Each device runs its list in order (a task, or a tuple of tasks run
     in one tick), waiting while the next is not ready."""
 
-    def __init__(self, orders: list[list[Step]]):
+    def __init__(self, orders: list[list[Step]],
+                 describe: Callable[[int, Step], str] | None = None):
         self.orders, self.next = orders, [0] * len(orders)
+        self.describe = describe or (lambda k, step: " and ".join(
+            task_name(t) for t in ((step,) if isinstance(step, Task) else step)))
 
     def __call__(self, k: int, ready: Callable[[Task], bool]) -> Step:
         if self.next[k] == len(self.orders[k]):
@@ -108,8 +115,7 @@ class InOrder:
         """What device k runs next (for a stall's error)."""
         if self.next[k] == len(self.orders[k]):
             return "nothing (its list is done)"
-        step = self.orders[k][self.next[k]]
-        return " and ".join(task_name(t) for t in ((step,) if isinstance(step, Task) else step))
+        return self.describe(k, self.orders[k][self.next[k]])
 
     def ops(self) -> list[int]:
         """Ops per device."""
@@ -117,12 +123,12 @@ class InOrder:
 
 
 def in_order(name: str, placement: Placement, M: int, orders: list[list[Step]],
-             waiting: Callable[[int], str] | None = None) -> np.ndarray:
+             describe: Callable[[int, Step], str] | None = None) -> np.ndarray:
     """The table in which device k runs `orders[k]` in order, each op at the
     earliest tick after what it needs and after the device's previous op
-    (`waiting(k)`, if given, names device k's next op in a stall's error)."""
-    pick = InOrder(orders)
-    return greedy_table(name, placement, M, pick, pick.ops(), waiting or pick.waiting)
+    (`describe(k, step)`, if given, names device k's step in a stall's error)."""
+    pick = InOrder(orders, describe)
+    return greedy_table(name, placement, M, pick, pick.ops(), pick.waiting)
 
 
 def task_name(task: Task) -> str:

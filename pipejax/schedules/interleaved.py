@@ -27,8 +27,9 @@ def check_virtual(name: str, K: int, M: int, v: int) -> None:
         raise ConfigError(f"{name} needs K >= 1 stages, M >= 1 micro-batches and v >= 1 chunks, "
                           f"got K={K}, M={M}, v={v}")
     if v > 1 and K < 2:
-        raise ConfigError(f"{name} with virtual={v} needs stages >= 2: the chunks of one device "
-                          "would pass activations to itself; use virtual=1 on one stage")
+        raise ConfigError(f"{name} with virtual={v} needs stages >= 2: on one device its chunks "
+                          "run one after the other, with nothing to overlap; use virtual=1 on "
+                          "one stage")
 
 
 def _forwards(K: int, M: int, v: int) -> list[Task]:

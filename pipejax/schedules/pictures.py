@@ -14,6 +14,7 @@ from pipejax.schedules.tasks import Op
 
 _LETTER = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "B"}
 _COLOR = {Op.F: "#4c9be8", Op.B: "#f08a4b", Op.W: "#5cb85c", Op.BW: "#f08a4b"}
+_MIXED_BW = "#b5523b"  # BW in a table that also splits backwards (DualPipeV's drain)
 
 
 def _tasks(schedule: Schedule, t: int, k: int) -> list[tuple[Op, str]]:
@@ -26,10 +27,14 @@ def _tasks(schedule: Schedule, t: int, k: int) -> list[tuple[Op, str]]:
     return out
 
 
+def _mixed(schedule: Schedule) -> bool:
+    """Whether the table runs fused backwards (BW) and split ones (B, W)."""
+    return bool((schedule.ops == Op.B).any() and (schedule.ops == Op.BW).any())
+
+
 def _letter(schedule: Schedule, op: Op) -> str:
-    """B for a backward; in a table that also splits backwards (DualPipeV's
-    drain), the fused one is BW."""
-    return "BW" if op == Op.BW and (schedule.ops == Op.B).any() else _LETTER[op]
+    """B for a backward; in a table that also splits backwards, the fused one is BW."""
+    return "BW" if op == Op.BW and _mixed(schedule) else _LETTER[op]
 
 
 def _cell(schedule: Schedule, t: int, k: int) -> str:
@@ -47,7 +52,8 @@ def _legend(schedule: Schedule) -> str:
     ops = {Op(o) for o in schedule.ops.flat if o != Op.IDLE}
     names = {Op.F: "F forward", Op.B: "B input gradient", Op.W: "W weight gradient",
              Op.BW: f"{_letter(schedule, Op.BW)} whole backward"}
-    colors = {Op.F: "blue", Op.B: "orange", Op.W: "green", Op.BW: "orange"}
+    colors = {Op.F: "blue", Op.B: "orange", Op.W: "green",
+              Op.BW: "red" if _mixed(schedule) else "orange"}
     parts = [f"{colors[o]} {names[o]}" for o in Op if o in ops]
     chunks = ("; m.c = micro-batch m on chunk c, darker = later chunk"
               if schedule.placement.virtual > 1 else "")
@@ -106,7 +112,8 @@ def plot(schedule: Schedule, path: str) -> None:
             for i, (op, label) in enumerate(parts):
                 h, c = 1 / len(parts), int(label.split(".")[1]) if v > 1 else 0
                 shade = 1.0 - 0.45 * c / max(v - 1, 1)  # later chunks darker
-                rgb = [min(1.0, x * shade) for x in matplotlib.colors.to_rgb(_COLOR[op])]
+                color = _MIXED_BW if op == Op.BW and _mixed(schedule) else _COLOR[op]
+                rgb = [min(1.0, x * shade) for x in matplotlib.colors.to_rgb(color)]
                 ax.add_patch(plt.Rectangle((t, k + i * h), 1, h, color=rgb, ec="white"))
                 ax.text(t + 0.5, k + (i + 0.5) * h, label, ha="center", va="center",
                         fontsize=7 if v == 1 else 5.5)

@@ -136,8 +136,8 @@ class Schedule:
         The ranks' stages give the placement (loop or V) and `virtual`."""
         _format(format)
         if name is None:
-            text = isinstance(source, os.PathLike) or "\n" not in source
-            name = os.path.splitext(os.path.basename(source))[0] if text else "csv"
+            path = torch_csv.is_path(source)
+            name = os.path.splitext(os.path.basename(source))[0] if path else "csv"
         table, placement = torch_csv.read(source, microbatches, name)
         return cls(name, table, microbatches, placement=placement)
 

@@ -12,7 +12,9 @@ the executor derives its messages from the table.
 action runs at the earliest tick after what it needs and after its rank's
 previous action (`greedy.in_order`), so a table keeps its meaning under
 pipejax's tick (one op, messages between ticks). The ranks' stages fix
-the placement (loop or V). `write` is the reverse, slot per tick.
+the placement (loop or V). `write` is the reverse, slot per tick; a tick
+that fuses one micro-batch's forward and backward (the last stage's pair,
+every tick at K = 1) becomes two slots, which read back one tick apart.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 from pipejax.errors import ScheduleError
 from pipejax.placement import KINDS, Placement
-from pipejax.schedules.greedy import InOrder, Step, greedy_table
+from pipejax.schedules.greedy import Step, in_order
 from pipejax.schedules.tasks import NONE, Op, Task
 
 _ACTION = re.compile(r"^(\d+)(F|I|W|B)(\d+)$")
@@ -48,21 +50,29 @@ class Action(NamedTuple):
         return f"{self.stage}{_LETTERS[self.op]}{self.microbatch}"
 
 
-def _text(source: str | os.PathLike) -> str:
-    """The CSV text of a path, or `source` itself when it is CSV text."""
-    if isinstance(source, os.PathLike) or ("\n" not in source and os.path.exists(source)):
-        with open(source, newline="") as f:
-            return f.read()
+def is_path(source: str | os.PathLike) -> bool:
+    """Whether `source` names a file (else it is the CSV text itself)."""
+    if isinstance(source, os.PathLike) or os.path.exists(source):
+        return True
     if "\n" not in source and "," not in source and source.endswith(".csv"):
         raise ScheduleError(f"no schedule file {source!r}; give a path to torch's CSV or its text")
-    return source
+    return False
+
+
+def _text(source: str | os.PathLike) -> str:
+    """The CSV text of a path (a byte-order mark dropped), or `source` itself."""
+    if is_path(source):
+        with open(source, newline="", encoding="utf-8-sig") as f:
+            return f.read()
+    return str(source)
 
 
 def parse(source: str | os.PathLike) -> list[list[tuple[Action, ...]]]:
     """Each rank's compute actions in order, a tuple per slot (two for an
     OVERLAP_F_B), idle slots and communication actions left out."""
     ranks = []
-    for r, row in enumerate(csv.reader(io.StringIO(_text(source)))):
+    rows = (row for row in csv.reader(io.StringIO(_text(source))) if any(c.strip() for c in row))
+    for r, row in enumerate(rows):  # a blank line is not a rank
         steps = []
         for cell in (c.strip() for c in row):
             if not cell or _COMMS.match(cell):
@@ -78,10 +88,12 @@ def parse(source: str | os.PathLike) -> list[list[tuple[Action, ...]]]:
                         "writes {stage}{F|I|W|B}{micro-batch}, e.g. 0F1, or "
                         "(0F7;7B3)OVERLAP_F_B")
                 actions.append(Action(int(m.group(1)), _OPS[m.group(2)], int(m.group(3))))
+            if overlap and sorted(a.op == Op.F for a in actions) != [False, True]:
+                raise ScheduleError(f"rank {r}: {cell} overlaps {len(actions)} actions; an "
+                                    "OVERLAP_F_B pairs one forward with one backward, e.g. "
+                                    "(0F7;7B3)OVERLAP_F_B")
             steps.append(tuple(actions))
         ranks.append(steps)
-    while ranks and not ranks[-1]:  # a trailing empty line is not a rank
-        ranks.pop()
     if not ranks:
         raise ScheduleError("the schedule CSV has no rows; torch writes one row per rank")
     return ranks
@@ -152,14 +164,14 @@ def read(source: str | os.PathLike, M: int, name: str) -> tuple[np.ndarray, Plac
         tasks = [tuple(Task(a.op, a.microbatch, placement.local(a.stage)) for a in step)
                  for step in steps]
         orders.append([t[0] if len(t) == 1 else t for t in tasks])
-    pick = InOrder(orders)
+    at = {k: {step: i for i, step in enumerate(order)} for k, order in enumerate(orders)}
 
-    def waiting(k: int) -> str:
-        step = ranks[k][pick.next[k]]
-        return (f"{' and '.join(map(str, step))}, which needs an action that its rank or "
+    def describe(k: int, step: Step) -> str:
+        actions = ranks[k][at[k][step]]
+        return (f"{' and '.join(map(str, actions))}, which needs an action that its rank or "
                 "another runs only after it")
 
-    return greedy_table(name, placement, M, pick, pick.ops(), waiting), placement
+    return in_order(name, placement, M, orders, describe), placement
 
 
 def write(table: np.ndarray, placement: Placement) -> str:
@@ -173,11 +185,16 @@ def write(table: np.ndarray, placement: Placement) -> str:
                    for op, m, c in table[t, k] if op != Op.IDLE and m != NONE]
             if len(ops) > 2 or (len(ops) == 2 and Op.F not in (a.op for a in ops)):
                 raise ScheduleError(
-                    f"tick {t}, stage {k} runs {' and '.join(map(str, ops))}; torch's format "
+                    f"tick {t}, rank {k} runs {' and '.join(map(str, ops))}; torch's format "
                     "holds one action per slot, or a forward and one other (OVERLAP_F_B)")
             ops.sort(key=lambda a: a.op != Op.F)
-            cells.append("" if not ops else str(ops[0]) if len(ops) == 1 else
-                         f"({';'.join(map(str, ops))})OVERLAP_F_B")
+            fused = len(ops) == 2 and (ops[0].stage, ops[0].microbatch) == (ops[1].stage,
+                                                                           ops[1].microbatch)
+            if fused:  # one micro-batch's F and BW in one tick
+                cells += map(str, ops)  # read back as two slots: the BW waits for its F
+            else:
+                cells.append("" if not ops else str(ops[0]) if len(ops) == 1 else
+                             f"({';'.join(map(str, ops))})OVERLAP_F_B")
         while cells and not cells[-1]:  # torch does not pad a row
             cells.pop()
         rows.append(cells)

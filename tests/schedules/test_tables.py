@@ -132,7 +132,7 @@ def test_validate_rejects_a_missing_or_repeated_op():
 
 
 def test_user_schedule_must_fit_the_pipeline():
-    with pytest.raises(Exception, match="built for K=2, M=3"):
+    with pytest.raises(ScheduleError, match=r"built for stages=2 \(the pipeline's 4\)"):
         make_schedule(gpipe(2, 3), Placement(4), 3)
     assert make_schedule(gpipe(2, 3), Placement(2), 3).ticks == 8
     with pytest.raises(Exception, match="unknown schedule"):

@@ -56,6 +56,17 @@ def test_named_tables_are_torchs(K, M):
 def test_to_csv_round_trips(name, v, tmp_path):
     kind = "v" if name in ("zb-v", "dualpipev") else "loop"
     s = make_schedule(name, Placement(4, v, kind), 8)
+    assert_round_trips(s, tmp_path)
+
+
+def test_a_fused_pair_is_written_as_two_slots(tmp_path):
+    s = make_schedule("1f1b", Placement(1), 2)  # K = 1: every tick fuses F and BW
+    assert s.to_csv().splitlines() == ["0F0,0B0,0F1,0B1"]
+    back = pj.Schedule.from_csv(s.to_csv(), microbatches=2)
+    assert back.ticks == 4 and not back.fused.any()  # the BW waits a tick for its F
+
+
+def assert_round_trips(s: pj.Schedule, tmp_path) -> None:
     path = tmp_path / "table.csv"
     text = s.to_csv(path)
     assert path.read_bytes().decode() == text and len(text.splitlines()) == 4
@@ -94,9 +105,31 @@ def test_bad_tables_name_the_rank_and_the_action(text, match):
 
 def test_a_table_of_other_ranks_than_stages_is_named():
     table = pj.Schedule.from_csv(GPIPE, microbatches=2)
-    with pytest.raises(ScheduleError, match="built for K=2.*give stages=2"):
+    with pytest.raises(ScheduleError, match=r"built for stages=2 \(the pipeline's 4\)"):
         pj.pipeline([lambda x: x] * 4, loss=lambda o, t: o.mean(), example=np.zeros((2, 3)),
                     stages=4, microbatches=2, schedule=table)
+
+
+def test_a_table_brings_its_placement_and_the_pipeline_says_what_differs():
+    table = pj.Schedule.from_csv(TABLES / "ScheduleDualPipeV_K2_M4.csv", microbatches=4)
+    pipe = lambda **kw: pj.pipeline([lambda x: x] * 4, loss=lambda o, t: o.mean(),
+                                    example=np.zeros((2, 3)), stages=2, microbatches=4,
+                                    schedule=table, **kw)
+    assert pipe().plan.placement == Placement(2, 2, "v")
+    with pytest.raises(ScheduleError, match=r"placement='v' \(the pipeline's 'loop'\); .*leave "
+                                            "virtual and placement out"):
+        pipe(placement="loop")
+
+
+def test_odd_but_valid_csv_reads_and_bad_overlaps_are_named(tmp_path):
+    path = tmp_path / "gpipe.csv"
+    path.write_bytes(b"\xef\xbb\xbf\r\n0F0, 0F1 ,,0SEND_F1,0B0,\"0B1\"\r\n\r\n1F0,1F1,1B0,1B1,,\r\n")
+    s = pj.Schedule.from_csv(path, microbatches=2)  # a byte-order mark, blank lines, comms
+    assert s.name == "gpipe" and tasks(s) == tasks(pj.Schedule.from_csv(GPIPE, microbatches=2))
+    assert pj.Schedule.from_csv(GPIPE, microbatches=2).name == "csv"
+    for cell in ("(1F0;1F1)OVERLAP_F_B", "(1B0;1W0)OVERLAP_F_B", "(1F0;1B0;1W0)OVERLAP_F_B"):
+        with pytest.raises(ScheduleError, match="rank 1: .* an OVERLAP_F_B pairs one forward"):
+            pj.Schedule.from_csv(f"0F0,0F1,0B0,0B1\n{cell},1F1,1B1\n", microbatches=2)
 
 
 def test_asynchronous_tables_and_other_formats_are_refused():
