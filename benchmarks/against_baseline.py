@@ -2,7 +2,8 @@
 
 A change to the executor must not make pipelines slower or larger. Each
 configuration (MLP 8x512, K = 4, M = 8, micro-batch 32, Adam, every
-schedule; and K = 1, M = 4: the MLP at micro-batch 64 and a Transformer
+schedule, PipeDream with weight stashing at remat="none" and without at
+"stage"; and K = 1, M = 4: the MLP at micro-batch 64 and a Transformer
 4x256 at micro-batch 8) runs in two worker processes, one importing this checkout's pipejax, one the
 baseline's (`--baseline DIR`, e.g. made by `git worktree add /tmp/base
 <commit>`); the parent alternates timed rounds between them, so the drifts
@@ -28,7 +29,8 @@ from pathlib import Path
 
 # (model, K, M, micro-batch, schedule, remat, virtual)
 CONFIGS = [("mlp", 4, 8, 32, "gpipe", "none", 1), ("mlp", 4, 8, 32, "1f1b", "none", 1),
-           ("mlp", 4, 8, 32, "pipedream", "none", 1), ("mlp", 4, 8, 32, "pb", "stage", 1),
+           ("mlp", 4, 8, 32, "pipedream", "none", 1), ("mlp", 4, 8, 32, "pipedream", "stage", 1),
+           ("mlp", 4, 8, 32, "pb", "stage", 1),
            ("mlp", 1, 4, 64, "gpipe", "none", 1), ("transformer", 1, 4, 8, "gpipe", "none", 1),
            ("mlp", 4, 8, 32, "interleaved", "stage", 2), ("mlp", 4, 8, 32, "zb-h1", "none", 1),
            ("mlp", 4, 8, 32, "zb-h1", "none", 2), ("mlp", 4, 8, 32, "gpipe", "none", 2)]
@@ -52,7 +54,8 @@ def worker(model: str, K: int, M: int, MB: int, schedule: str, remat: str, virtu
                         (pj.models.transformer(layers=4, dim=256, heads=4, patch=4), 256))
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, features)),
                        stages=K, microbatches=M, schedule=schedule, remat=remat,
-                       weight_stashing=schedule == "pipedream", virtual=virtual)
+                       weight_stashing=schedule == "pipedream" and remat == "none",
+                       virtual=virtual)
     trainer = pipe.trainer(optax.adam(1e-3))
     state = trainer.init(pipe.init(jax.random.key(0)))
     batch = (jax.random.normal(jax.random.key(1), (M * MB, features)),

@@ -33,64 +33,97 @@ def alternate(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, np
     return {name: np.asarray(t) for name, t in times.items()}
 
 
+def _plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
+                 names: tuple[str, ...]) -> dict[str, Callable]:
+    """Plain jits `(v, s, x, y) -> (v, s, loss)` of the model and optimizer:
+    `plain_microbatched` sums the gradients of M micro-batches in a
+    `lax.scan`, then updates once; `plain_full_batch` updates once on the
+    whole batch; `plain_per_microbatch` updates after every micro-batch in
+    the scan (what an asynchronous table runs at K = 1, delay 0)."""
+    def loss(v, x, y):
+        return pj.losses.cross_entropy(pj.apply_layers(layers, v, x), y)
+
+    def update(v, s, g):
+        u, s = opt.update(g, s, v)
+        return optax.apply_updates(v, u), s
+
+    split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
+
+    def microbatched(v, s, x, y):
+        def one(acc, xy):
+            value, g = jax.value_and_grad(loss)(v, *xy)
+            return jax.tree.map(jnp.add, acc, (value, g)), None
+        (value, g), _ = jax.lax.scan(one, (jnp.zeros(()), jax.tree.map(jnp.zeros_like, v)),
+                                     (split(x), split(y)))
+        return *update(v, s, jax.tree.map(lambda a: a / M, g)), value / M
+
+    def full_batch(v, s, x, y):
+        value, g = jax.value_and_grad(loss)(v, x, y)
+        return *update(v, s, g), value
+
+    def per_microbatch(v, s, x, y):
+        def one(vs, xy):
+            value, g = jax.value_and_grad(loss)(vs[0], *xy)
+            return update(*vs, g), value
+        (v, s), values = jax.lax.scan(one, (v, s), (split(x), split(y)))
+        return v, s, values.mean()
+
+    steps = {"plain_microbatched": microbatched, "plain_full_batch": full_batch,
+             "plain_per_microbatch": per_microbatch}
+    return {name: jax.jit(steps[name]) for name in names}
+
+
+def _compare(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
+             repeats: int, pipelines: dict[str, dict], plain: tuple[str, ...]) -> dict:
+    """Seconds per step of 1-stage pipelined steps (`pipelines`: name ->
+    `pj.pipeline` arguments) and of the `plain` jits (`_plain_steps`), all
+    alternated, from the same initial parameters; XLA's bytes accessed and
+    compiled temp bytes of each program."""
+    x, y = batch(M * example.shape[0], example.shape[1:])
+    trainers, held = {}, {}
+    for name, kwargs in pipelines.items():
+        pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=example, stages=1,
+                           microbatches=M, **kwargs)
+        params = pipe.init(jax.random.key(0))
+        trainers[name] = pipe.trainer(opt)
+        held[name] = trainers[name].init(params)
+    variables = pj.unstage(params)
+    steps = _plain_steps(layers, M, opt, plain)
+    held.update({n: (variables, opt.init(variables)) for n in steps})
+
+    def runner(name):
+        def run():
+            if name in trainers:
+                held[name], m = trainers[name].step(held[name], (x, y))
+                jax.block_until_ready(m["loss"])
+            else:
+                v, s, value = steps[name](*held[name], x, y)
+                held[name] = (v, s)
+                jax.block_until_ready(value)
+        return run
+
+    t = alternate({n: runner(n) for n in held}, repeats)
+    compiled = {n: trainers[n].step.lower(held[n], (x, y)).compile() for n in trainers}
+    compiled.update({n: steps[n].lower(*held[n], x, y).compile() for n in steps})
+    return {"times": t, "seconds": {n: float(np.median(v)) for n, v in t.items()},
+            "bytes_accessed": {n: int(cost(c).get("bytes accessed", 0))
+                               for n, c in compiled.items()},
+            "temp_bytes": {n: int(c.memory_analysis().temp_size_in_bytes)
+                           for n, c in compiled.items()},
+            "examples": int(x.shape[0]), "rounds": repeats}
+
+
 def step_times(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
                repeats: int, remat: str = "none") -> dict:
     """Seconds per step of the 1-stage pipelined step (`remat`) and of
     plain jits of the same model (micro-batched, whole batch), alternated;
     the model's FLOPs per step and XLA's bytes accessed by each program."""
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=example, stages=1,
-                       microbatches=M, remat=remat)
-    params = pipe.init(jax.random.key(0))
-    trainer = pipe.trainer(opt)
-    x, y = batch(M * example.shape[0], example.shape[1:])
-    variables = pj.unstage(params)
-
-    def loss(v, x, y):
-        return pj.losses.cross_entropy(pj.apply_layers(layers, v, x), y)
-
-    def microbatched(v, x, y):
-        def one(acc, xy):
-            value, g = jax.value_and_grad(loss)(v, *xy)
-            return jax.tree.map(jnp.add, acc, (value, g)), None
-        split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
-        (value, g), _ = jax.lax.scan(one, (jnp.zeros(()), jax.tree.map(jnp.zeros_like, v)),
-                                     (split(x), split(y)))
-        return value / M, jax.tree.map(lambda a: a / M, g)
-
-    def make(grad_fn):
-        @jax.jit
-        def step(v, s, x, y):
-            value, g = grad_fn(v, x, y)
-            u, s = opt.update(g, s, v)
-            return optax.apply_updates(v, u), s, value
-        return step
-
-    plain = {"plain_microbatched": make(microbatched), "plain_full_batch": make(
-        jax.value_and_grad(loss))}
-    held = {"pipelined": trainer.init(params),
-            **{n: (variables, opt.init(variables)) for n in plain}}
-
-    def runner(name):
-        def run():
-            if name == "pipelined":
-                held[name], m = trainer.step(held[name], (x, y))
-                jax.block_until_ready(m["loss"])
-            else:
-                v, s, value = plain[name](*held[name], x, y)
-                held[name] = (v, s)
-                jax.block_until_ready(value)
-        return run
-
-    t = alternate({n: runner(n) for n in ["pipelined", *plain]}, repeats)
-    analyses = {"pipelined": trainer.step.lower(held["pipelined"], (x, y)),
-                **{n: plain[n].lower(*held[n], x, y) for n in plain}}
-    analyses = {n: cost(lowered.compile()) for n, lowered in analyses.items()}
-    return {"seconds": {n: float(np.median(v)) for n, v in t.items()},
-            "over_microbatched": float(np.median(t["pipelined"] / t["plain_microbatched"])),
+    out = _compare(layers, example, M, opt, repeats, {"pipelined": {"remat": remat}},
+                   ("plain_microbatched", "plain_full_batch"))
+    t = out.pop("times")
+    return {**out, "over_microbatched": float(np.median(t["pipelined"] / t["plain_microbatched"])),
             "over_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"])),
-            "flops_per_step": M * model_flops(layers, example),
-            "bytes_accessed": {n: int(a.get("bytes accessed", 0)) for n, a in analyses.items()},
-            "examples": int(x.shape[0]), "rounds": repeats}
+            "flops_per_step": M * model_flops(layers, example)}
 
 
 def model_flops(layers: list, example: jax.Array) -> float:
@@ -133,6 +166,35 @@ def overhead(repeats: int) -> list[dict]:
                      "bytes_over_microbatched": round(
                          accessed["pipelined"] / accessed["plain_microbatched"], 3),
                      "over_full_batch": round(out["over_full_batch"], 3)})
+    return rows
+
+
+# The asynchronous 1-stage steps: name -> `pj.pipeline` arguments. Without
+# weight stashing an asynchronous table needs remat="stage"; at K = 1 both
+# tables are fused pairs, which keep nothing and run without it.
+ASYNCHRONOUS = {"pipedream": {"schedule": "pipedream", "remat": "stage"},
+                "pipedream stash": {"schedule": "pipedream", "remat": "none",
+                                    "weight_stashing": True},
+                "pb": {"schedule": "pb", "remat": "stage"}}
+
+
+def asynchronous(repeats: int) -> list[dict]:
+    """The 1-stage asynchronous steps over a plain jit that updates after
+    every micro-batch (the same updates: delay 0), all alternated in one
+    run: step time, XLA's bytes accessed and compiled temp bytes."""
+    rows = []
+    for model, (layers, shape, opt) in CPU_MODELS.items():
+        out = _compare(layers(), jnp.zeros(shape), 4, opt(), repeats, ASYNCHRONOUS,
+                       ("plain_per_microbatch",))
+        t, s, accessed, temp = (out[k] for k in ("times", "seconds", "bytes_accessed",
+                                                 "temp_bytes"))
+        plain = "plain_per_microbatch"
+        for name in ASYNCHRONOUS:
+            rows.append({"model": model, "step": name, "ms": round(1e3 * s[name], 2),
+                         "plain_ms": round(1e3 * s[plain], 2),
+                         "over_plain": round(float(np.median(t[name] / t[plain])), 3),
+                         "bytes_over_plain": round(accessed[name] / accessed[plain], 3),
+                         "temp_bytes": temp[name], "plain_temp_bytes": temp[plain]})
     return rows
 
 

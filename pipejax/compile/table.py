@@ -166,7 +166,12 @@ class _Tick:
 
         The weights pass through the loop's carry, untouched: as an operand
         of the loop XLA would copy them at every tick (they live on into
-        the backward), in the carry it updates them in place."""
+        the backward), in the carry it updates them in place. The body hands
+        them on through an optimization barrier: a carry it returns as it
+        came XLA reads as the loop's input, gives the backward's loop that
+        same buffer to update, and copies the weights twice a tick (both
+        loops then own one; measured on PipeDream without weight stashing
+        and PB)."""
         if not self.separate:
             return ops, self.code.acts.zeros(), loss
         slot = task.ring % self.layout.kept_slots
@@ -179,7 +184,7 @@ class _Tick:
                                                              *args)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
-            return w, kept, weights, msg, loss
+            return lax.optimization_barrier(w), kept, weights, msg, loss
 
         init = (s.ahead if ahead else p, ops.kept, ops.weights, self.code.acts.zeros(), loss)
         w, kept, weights, msg, loss = self._run(task.real, forward,

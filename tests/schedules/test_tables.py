@@ -23,12 +23,12 @@ def test_synchronous_bubble_is_gpipes(build, K, M):
     assert s.delays == [0] * K
 
 
-@pytest.mark.parametrize("build", [gpipe, one_f_one_b, pb])
+@pytest.mark.parametrize("build", [gpipe, one_f_one_b, pb, pipedream])
 @pytest.mark.parametrize("K,M", [(1, 1), (1, 4), (2, 4), (4, 8)])
 def test_fused_pairs_keep_no_residuals(build, K, M):
     """A stage that runs a micro-batch's backward in the tick of its forward
     (always at K = 1; pipelined backpropagation's last stage) keeps nothing:
-    at K = 1 no residual slot at all."""
+    at K = 1 no residual slot at all. PipeDream keeps one op per tick at K > 1."""
     s = build(K, M)
     fused = s.fused
     assert not fused[:, :-1].any()
