@@ -1,4 +1,4 @@
-"""Overhead of the pipeline compiler on one machine (issue: core acceptance).
+"""Overhead of the pipeline compiler on one machine.
 
 1. Step time and XLA's bytes accessed of the pipelined step at 1 stage,
    remat="none", over a plain `jax.jit` of the same model and optimizer
