@@ -46,9 +46,11 @@ def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
     assert rel_err(losses, ref_losses) < 1e-5
 
 
-@pytest.mark.parametrize("schedule", ["pb", "pipedream"])
-@pytest.mark.parametrize("K,stash", [(4, False), (4, True),
-                                     pytest.param(8, True, marks=pytest.mark.slow)])
+# make test runs PB without and PipeDream with weight stashing; CI every pair.
+@pytest.mark.parametrize("schedule,K,stash", [
+    pytest.param(schedule, K, stash, marks=() if (schedule, K, stash) in
+                 (("pb", 4, False), ("pipedream", 4, True)) else pytest.mark.slow)
+    for schedule in ("pb", "pipedream") for K, stash in ((4, False), (4, True), (8, True))])
 def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash):
     pipe, state, losses, ref, ref_losses = train_async(schedule, K, 2, stash)[:5]
     assert pipe.schedule.delays[0] == (2 * (K - 1) if schedule == "pb" else K - 1)
@@ -158,7 +160,9 @@ def _one_lane(schedule: pj.Schedule) -> pj.Schedule:
                        schedule.asynchronous, schedule.placement)
 
 
-@pytest.mark.parametrize("name", [pytest.param("1f1b", marks=pytest.mark.slow), "pipedream"])
+# Both with the slow tests (CI): the zero-bubble and V tables run mixed lanes in make test.
+@pytest.mark.parametrize("name", [pytest.param("1f1b", marks=pytest.mark.slow),
+                                  pytest.param("pipedream", marks=pytest.mark.slow)])
 def test_the_executor_dispatches_a_lane_of_mixed_ops(name):
     """1F1B and PipeDream run one op per stage and tick: as one lane holding
     both F and BW tasks (the executor reads each task's op) they train as

@@ -28,7 +28,8 @@ def _pipeline(layers, stages, schedule="1f1b"):
                        schedule=schedule)
 
 
-@pytest.mark.parametrize("stages, dropout", [(2, 0.1), (4, 0.0)])
+@pytest.mark.parametrize("stages, dropout", [pytest.param(2, 0.1, marks=pytest.mark.slow),
+                                             (4, 0.0)])
 def test_gpt_pipelines_exactly(stages, dropout):
     layers = pj.models.gpt(**SIZE, dropout=dropout)
     assert [type(layer).__name__ for layer in layers] == (
