@@ -23,6 +23,7 @@ grow with the number of micro-batches or ticks.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -93,9 +94,9 @@ class _Tick:
         # gradients into the sum's own slots, in place (`StageGroups.run`),
         # instead of a whole device's gradient, zero but for one chunk.
         self.per_chunk = self.sync and self.placement.virtual > 1
-        adds = lambda made: (lambda code: made(code, self.per_chunk))
-        made = {Op.F: branches.forward, Op.BW: adds(branches.backward),
-                Op.B: branches.input_grad, Op.W: adds(branches.weight_grad)}
+        made = {Op.F: branches.forward, Op.B: branches.input_grad,
+                Op.BW: functools.partial(branches.backward, into_sum=self.per_chunk),
+                Op.W: functools.partial(branches.weight_grad, into_sum=self.per_chunk)}
         self.branches = {lane.op: made[lane.op](self.code) for lane in self.lanes}
         self.gradients = GradientPolicy(self.sync, opts, self.code.params)
         # Which loops a tick runs, known from the table: the forward's and
