@@ -22,7 +22,7 @@ docs/design.md follows `virtual` from `pj.pipeline` to the compiled step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -93,10 +93,8 @@ class Placement:
         device's ring buffers is this id mod the ring's capacity."""
         return g * self.virtual + c
 
-    def device_chunks(self, k: int) -> Sequence[int]:
+    def device_chunks(self, k: int) -> list[int]:
         """Device k's chunks, in its local order c = 0 … v − 1."""
-        if self.kind == "loop":
-            return range(k, self.chunks, self.stages)
         return [self.chunk(k, c) for c in range(self.virtual)]
 
     def next_local(self, j: Any, k: Any) -> Any:

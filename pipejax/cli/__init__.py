@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from pipejax.cli.run import sample
-from pipejax.cli.schedule_flag import SCHEDULES, schedule_name
+from pipejax.cli.schedule_flag import schedule_name
 from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, make_pipeline,
                               model_kwargs, resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
-from pipejax.schedules import plot, render
+from pipejax.schedules import NAMES, plot, render
 from pipejax.cli.train import train
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="examples per micro-batch: the update size of an asynchronous "
                             "schedule (Kosson et al. train at 1); sets --batch-size")
         q.add_argument("--schedule", default="gpipe", type=schedule_name, metavar="NAME|CSV",
-                       help=f"one of {', '.join(SCHEDULES)}, or a path to a table in torch's "
+                       help=f"one of {', '.join(NAMES)}, or a path to a table in torch's "
                             "CSV (torch.distributed.pipelining's _dump_csv), which brings its "
                             "own --virtual and --placement")
         q.add_argument("--virtual", type=int, default=None, metavar="V",

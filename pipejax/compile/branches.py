@@ -76,14 +76,17 @@ def backward(code: StageCode, into_sum: bool = False) -> list[Callable]:
     ((params, slots..., micro), (gradient sum, message)) -> (the sum with
     the chunk's gradients added, message), for `StageGroups.run`."""
     def branch(j):
-        def run(p, h, ct, r, micro):
+        def grads(p, h, ct, r, micro):
             dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
-            return _device_grads(code, j, dparams), _message_back(code, j, dh)
+            return dparams, _message_back(code, j, dh)
+
+        def run(*operands):
+            dparams, msg = grads(*operands)
+            return _device_grads(code, j, dparams), msg
 
         def add(operands, carry):
-            p, h, ct, r, micro = operands
-            dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
-            return _add_grads(code, j, carry[0], dparams), _message_back(code, j, dh)
+            dparams, msg = grads(*operands)
+            return _add_grads(code, j, carry[0], dparams), msg
         return add if into_sum else run
 
     return code.groups.branches(branch)

@@ -36,6 +36,8 @@ _NO_VIRTUAL = {
 
 # name -> (K, M) -> table on the V placement, two chunks per device.
 V_BUILDERS: dict[str, Callable[[int, int], Schedule]] = {"zb-v": zb_v, "dualpipev": dualpipev}
+NAMES = tuple(sorted([*BUILDERS, *V_BUILDERS]))  # every schedule by name
+ASYNCHRONOUS = ("pb", "pipedream")  # the names whose tables never drain (asynchronous.py)
 
 
 def placement_for(schedule: "str | Schedule", stages: int, virtual: int | None,
@@ -69,9 +71,8 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
                 "table's stages and microbatches, and leave virtual and placement out: "
                 "pj.pipeline takes them from the table")
         return schedule
-    names = sorted([*BUILDERS, *V_BUILDERS])
-    if schedule not in names:
-        raise ConfigError(f"unknown schedule {schedule!r}; use one of {names} "
+    if schedule not in NAMES:
+        raise ConfigError(f"unknown schedule {schedule!r}; use one of {list(NAMES)} "
                           "or a pipejax.schedules.Schedule")
     if (schedule in V_BUILDERS) != (placement.kind == "v") or (
             schedule in V_BUILDERS and v != 2):
@@ -91,7 +92,7 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
     return virtual(K, M, v)
 
 
-__all__ = ["NONE", "Capacities", "Op", "Schedule", "Task", "StageInfo", "Timeline",
+__all__ = ["ASYNCHRONOUS", "NAMES", "NONE", "Capacities", "Op", "Schedule", "Task", "StageInfo", "Timeline",
            "bubble_fraction", "dualpipev", "gpipe", "gpipe_virtual", "in_flight", "interleaved",
            "make_schedule", "one_f_one_b", "pb", "pipedream", "placement_for", "plot", "render",
            "ring_capacities", "table_bubble_fraction", "zb_h1", "zb_h2", "zb_v"]

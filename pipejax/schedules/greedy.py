@@ -25,6 +25,11 @@ Step = "Task | tuple[Task, ...] | None"  # what a device runs in one tick: an op
 Pick = Callable[[int, Callable[[Task], bool]], Step]  # (device, ready) -> step
 
 
+def tasks_of(step: Step) -> tuple[Task, ...]:
+    """The tasks of a step: none (idle), one, or a pair."""
+    return () if step is None else (step,) if isinstance(step, Task) else tuple(step)
+
+
 class Progress:
     """What has run so far: the tick of every (op, virtual stage, micro-batch)."""
 
@@ -63,10 +68,8 @@ def greedy_table(name: str, placement: Placement, M: int, pick: Pick, ops: Seque
     progress, rows, t = Progress(placement), [], 0
     ran = [0] * K
     while any(r < n for r, n in zip(ran, ops)):
-        row = [(pick(k, lambda task, k=k: progress.ready(k, task, t)) if ran[k] < ops[k]
-                else None) for k in range(K)]
-        row = [() if step is None else (step,) if isinstance(step, Task) else tuple(step)
-               for step in row]
+        row = [tasks_of(pick(k, lambda task, k=k: progress.ready(k, task, t)))
+               if ran[k] < ops[k] else () for k in range(K)]
         if not any(row):
             stuck = [k for k in range(K) if ran[k] < ops[k]]
             what = "; ".join(f"device {k} waits to run {waiting(k)}" for k in stuck) if waiting \
@@ -97,16 +100,16 @@ class InOrder:
     in one tick), waiting while the next is not ready."""
 
     def __init__(self, orders: list[list[Step]],
-                 describe: Callable[[int, Step], str] | None = None):
+                 describe: Callable[[int, int], str] | None = None):
         self.orders, self.next = orders, [0] * len(orders)
-        self.describe = describe or (lambda k, step: " and ".join(
-            task_name(t) for t in ((step,) if isinstance(step, Task) else step)))
+        self.describe = describe or (lambda k, i: " and ".join(
+            map(task_name, tasks_of(self.orders[k][i]))))
 
     def __call__(self, k: int, ready: Callable[[Task], bool]) -> Step:
         if self.next[k] == len(self.orders[k]):
             return None
         step = self.orders[k][self.next[k]]
-        if all(ready(task) for task in ((step,) if isinstance(step, Task) else step)):
+        if all(map(ready, tasks_of(step))):
             self.next[k] += 1
             return step
         return None
@@ -115,18 +118,18 @@ class InOrder:
         """What device k runs next (for a stall's error)."""
         if self.next[k] == len(self.orders[k]):
             return "nothing (its list is done)"
-        return self.describe(k, self.orders[k][self.next[k]])
+        return self.describe(k, self.next[k])
 
     def ops(self) -> list[int]:
         """Ops per device."""
-        return [sum(1 if isinstance(s, Task) else len(s) for s in order) for order in self.orders]
+        return [sum(len(tasks_of(step)) for step in order) for order in self.orders]
 
 
 def in_order(name: str, placement: Placement, M: int, orders: list[list[Step]],
-             describe: Callable[[int, Step], str] | None = None) -> np.ndarray:
+             describe: Callable[[int, int], str] | None = None) -> np.ndarray:
     """The table in which device k runs `orders[k]` in order, each op at the
     earliest tick after what it needs and after the device's previous op
-    (`describe(k, step)`, if given, names device k's step in a stall's error)."""
+    (`describe(k, i)`, if given, names device k's i-th step in a stall's error)."""
     pick = InOrder(orders, describe)
     return greedy_table(name, placement, M, pick, pick.ops(), pick.waiting)
 

@@ -159,16 +159,12 @@ def read(source: str | os.PathLike, M: int, name: str) -> tuple[np.ndarray, Plac
     ranks = parse(source)
     placement = _placement(ranks)
     _check(ranks, placement, M)
-    orders: list[list[Step]] = []
-    for steps in ranks:
-        tasks = [tuple(Task(a.op, a.microbatch, placement.local(a.stage)) for a in step)
-                 for step in steps]
-        orders.append([t[0] if len(t) == 1 else t for t in tasks])
-    at = {k: {step: i for i, step in enumerate(order)} for k, order in enumerate(orders)}
+    orders: list[list[Step]] = [
+        [tuple(Task(a.op, a.microbatch, placement.local(a.stage)) for a in step) for step in steps]
+        for steps in ranks]
 
-    def describe(k: int, step: Step) -> str:
-        actions = ranks[k][at[k][step]]
-        return (f"{' and '.join(map(str, actions))}, which needs an action that its rank or "
+    def describe(k: int, i: int) -> str:
+        return (f"{' and '.join(map(str, ranks[k][i]))}, which needs an action that its rank or "
                 "another runs only after it")
 
     return in_order(name, placement, M, orders, describe), placement

@@ -27,22 +27,17 @@ from __future__ import annotations
 
 from pipejax.errors import ConfigError
 from pipejax.placement import Placement
-from pipejax.schedules.greedy import Step, in_order
+from pipejax.schedules.greedy import Step, in_order, tasks_of
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.tasks import Op, Task
 
 
 def _v_schedule(name: str, K: int, M: int, orders: list[list[Step]]) -> Schedule:
     """The V table of `orders` with micro-batches M and above left out."""
-    keep = lambda task: task.microbatch < M
-    kept: list[list[Step]] = []
+    kept = []
     for order in orders:
-        steps = []
-        for step in order:
-            tasks = tuple(t for t in ((step,) if isinstance(step, Task) else step) if keep(t))
-            if tasks:
-                steps.append(tasks[0] if len(tasks) == 1 else tasks)
-        kept.append(steps)
+        steps = (tuple(t for t in tasks_of(step) if t.microbatch < M) for step in order)
+        kept.append([step for step in steps if step])
     placement = Placement(K, 2, "v")
     return Schedule(name, in_order(name, placement, M, kept), M, placement=placement)
 
