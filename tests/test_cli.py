@@ -286,8 +286,8 @@ def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
     assert main(["train", "--model", "mlp", "--data", "shakespeare", "--stages", "2"]) == 2
     assert "--model mlp trains on a classification data set" in capsys.readouterr().err
     assert main(["train", "--model", "gpt", "--stages", "2", "--schedule", "pb",
-                 "--optimizer", "adamw", "--mitigation", "lwp"]) == 2
-    assert "--mitigation lwp runs on --optimizer momentum or adam, not adamw" in (
+                 "--optimizer", "adamw", "--mitigation", "spectrain"]) == 2
+    assert "mitigation 'spectrain' forecasts with a momentum trace, which Adam does not have" in (
         capsys.readouterr().err)
     assert main(["train", "--model", "gpt", "--stages", "2", "--prompt", ""]) == 2
     assert "the report's sample needs a prompt of one byte or more" in capsys.readouterr().err

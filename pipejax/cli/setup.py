@@ -235,12 +235,10 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
                 "adam": lambda: optax.adam(rate),
                 "adamw": lambda: optax.adamw(rate, b2=0.95, weight_decay=args.weight_decay,
                                              mask=_matrices)}[args.optimizer](), False, settings
-    if args.optimizer == "adamw":
-        raise ConfigError(f"--mitigation {args.mitigation} runs on --optimizer momentum or adam, "
-                          "not adamw; give one of them (or leave --optimizer out: adam)")
+    base = {"adam": "adam", "adamw": T.AdamW(b2=0.95, weight_decay=args.weight_decay,
+                                              mask=_matrices)}.get(args.optimizer, "momentum")
     mit = T.mitigation(args.mitigation, rate, momentum=momentum,
-                       horizon_scale=args.horizon_scale, form=args.form,
-                       optimizer="adam" if args.optimizer == "adam" else "momentum",
+                       horizon_scale=args.horizon_scale, form=args.form, optimizer=base,
                        warmup_steps=(args.warmup or per_epoch) if pipemare else None)
     return mit.optimizer, mit.weight_stashing, settings
 

@@ -25,6 +25,33 @@ from pipejax.errors import ConfigError
 FORMS = ("difference", "velocity")
 
 
+class DirectionState(NamedTuple):
+    """The update direction d of the last update, as the chain computed it
+    up to `update_direction` (Adam's m̂/(√v̂ + ε))."""
+
+    direction: optax.Updates
+
+
+def update_direction() -> optax.GradientTransformation:
+    """Keep the updates that reach it, the optimizer's direction d, for the
+    velocity form of `weight_forecast` (ŵ = w − η·T·d): PipeOptim's
+    prediction Ŵ_{t+s} = W_t − lr·s·ΔW_t with ΔW_t the optimizer's own
+    direction (Guan et al. 2023, arXiv 2312.00839, and its table of ΔW_t).
+    Place it after the scaling (`optax.scale_by_adam`) and before the weight
+    decay and the rate, as `AdamW(...)(rate, direction=True)` does; updates
+    pass through unchanged. On SGDM the direction is the momentum trace v,
+    which the velocity form reads without it."""
+
+    def init_fn(params):
+        return DirectionState(optax.tree.zeros_like(params))
+
+    def update_fn(updates, state, params=None):
+        del state, params
+        return updates, DirectionState(updates)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 class WeightForecastState(NamedTuple):
     """Holds the horizons T and what the form needs: the last applied update
     w_t − w_{t−1} (difference form), or η of the last update and the update
@@ -67,12 +94,14 @@ def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "
 
         difference form   ŵ = w + T·(w_t − w_{t−1})     (Kosson et al. 2020, §3.4)
         velocity form     ŵ = w − η·T·v                  (Kosson et al. 2020, §3.4;
-                                                          Chen et al. 2018, eq. 4)
+                                                          Chen et al. 2018, eq. 4;
+                                                          Guan et al. 2023)
 
     The difference form works after any optimizer (Adam included); the
     velocity form reads the momentum trace v (the `trace` field of an
     `optax.trace` or `spike_compensation` state in the same chain) and is
-    Kosson et al.'s default (appendix H.5). The two are equal for plain SGDM
+    Kosson et al.'s default (appendix H.5), or the direction an
+    `update_direction` in the chain kept (PipeOptim: Adam's m̂/(√v̂ + ε)). The two are equal for plain SGDM
     and differ under spike compensation. Updates pass through unchanged:
     this must be the chain's last transform.
 
@@ -168,10 +197,12 @@ def forecast(params: optax.Params, opt_state: Any, horizon: Any = None, *,
     T = forecast_horizon(opt_state, backward) if horizon is None else horizon
     if state.last_update is not None:
         return jax.tree.map(lambda w, d: w + T * d.astype(w.dtype), params, state.last_update)
-    traces = optax.tree.get_all_with_path(opt_state, "trace")
+    traces = (optax.tree.get_all_with_path(opt_state, "trace")
+              + optax.tree.get_all_with_path(opt_state, "direction"))
     if len(traces) != 1:
-        raise ConfigError(f"forecast(form='velocity') needs one momentum trace in the chain "
-                          f"(optax.trace or spike_compensation) and found {len(traces)}; use "
-                          "form='difference', which works after any optimizer")
+        raise ConfigError(f"forecast(form='velocity') needs one velocity in the chain (the "
+                          f"trace of optax.trace or spike_compensation, or an update_direction) "
+                          f"and found {len(traces)}; use form='difference', which works after "
+                          "any optimizer")
     v = traces[0][1]
     return jax.tree.map(lambda w, u: w - state.learning_rate * T * u.astype(w.dtype), params, v)

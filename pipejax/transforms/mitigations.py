@@ -10,6 +10,14 @@ lookup over the recipe functions of `recipes.py`.
   lwp+sc    both, the forecast in the velocity form (the paper's default, H.5)   lwp_sc
   pipemare  the learning rate divided by τ^p per stage, p fading over a
             warm-up (Yang et al. 2019, §3)   pipemare
+  pipeoptim the forward at w − η·D·ΔW, ΔW the optimizer's own direction
+            (Guan et al. 2023; Adam's m̂/(√v̂ + ε))   pipeoptim
+  nesterov  NAdam (β1 = 0.99, decoupled decay) on stashed weights
+            (Ajanthan et al. 2025)   nesterov
+
+Every name but spectrain runs on Adam (`optimizer="adam"` or
+`pj.transforms.AdamW(...)`); sc and lwp+sc then compensate Adam's first
+moment (`adam_spike_compensation`), and nesterov runs on nothing else.
 
 Kosson et al. train at update size 1 with the hyper-parameters of a
 reference batch scaled by their eq. 9; `reference=(η, m, B), batch=B′` does
@@ -25,15 +33,18 @@ from typing import Callable
 import optax
 
 from pipejax.errors import ConfigError
-from pipejax.transforms.recipes import (Mitigation, check_form, check_optimizer, check_sweep,
-                                        lwp, lwp_sc, no_mitigation, pipemare, sc, spectrain,
-                                        stash)
+from pipejax.transforms.adam_recipes import nesterov, pipeoptim
+from pipejax.transforms.adam import Base, check_optimizer, default_form, is_adam
+from pipejax.transforms.recipes import (Mitigation, check_form, check_sweep, lwp, lwp_sc,
+                                        no_mitigation, pipemare, sc, spectrain, stash)
 
 RECIPES: dict[str, Callable[..., Mitigation]] = {
     "none": no_mitigation, "stash": stash, "spectrain": spectrain, "lwp": lwp, "sc": sc,
-    "lwp+sc": lwp_sc, "pipemare": pipemare}
+    "lwp+sc": lwp_sc, "pipemare": pipemare, "pipeoptim": pipeoptim, "nesterov": nesterov}
 MITIGATIONS = tuple(RECIPES)
-# the ones that run on Adam: they do not rewrite a momentum trace
+# settings left to the recipe's own default when not given
+_OWN_DEFAULT = ("optimizer", "form", "momentum_decay")
+# the ones that run on Adam
 _ADAM = tuple(name for name, recipe in RECIPES.items()
               if "optimizer" in inspect.signature(recipe).parameters)
 
@@ -41,8 +52,9 @@ _ADAM = tuple(name for name, recipe in RECIPES.items()
 def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *,
                momentum: float | None = None, reference: tuple | None = None,
                batch: int | None = None, horizon_scale: float = 1.0,
-               optimizer: str = "momentum", form: str | None = None,
-               warmup_steps: int | None = None, sweep: bool = False) -> Mitigation:
+               optimizer: Base | None = None, form: str | None = None,
+               warmup_steps: int | None = None, momentum_decay: float | None = None,
+               sweep: bool = False) -> Mitigation:
     """`RECIPES[name](...)`, given the settings that recipe takes; the others
     are checked and left out (`horizon_scale` on "none", `warmup_steps` off
     "pipemare", ...), so that one call serves every name.
@@ -50,24 +62,31 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
     Args:
       name: one of `MITIGATIONS`.
       learning_rate, momentum, reference, batch: as the recipes take them.
-      horizon_scale: for spectrain, lwp, sc and lwp+sc.
-      optimizer: "momentum" (every name) or "adam" (none, stash, lwp, pipemare).
+      horizon_scale: for spectrain, lwp, sc, lwp+sc and pipeoptim.
+      optimizer: "momentum", "adam" or `pj.transforms.AdamW(...)` (every name
+        but spectrain on Adam, nesterov on nothing else); default the
+        recipe's own ("momentum"; "adam" for pipeoptim; Ajanthan et al.'s
+        AdamW for nesterov).
       form: for lwp and lwp+sc: "velocity" (the default on SGDM) or
         "difference" (the default, and the only one, on Adam).
       warmup_steps: for pipemare, K_warm >= 1.
+      momentum_decay: for nesterov, ψ of NAdam's momentum schedule.
       sweep: the sweep chain, for every name but pipemare, in the velocity form.
     """
     if name not in RECIPES:
         raise ConfigError(f"unknown mitigation {name!r}; choose one of {', '.join(MITIGATIONS)}")
-    check_optimizer(optimizer)
-    if optimizer == "adam" and name not in _ADAM:
-        raise ConfigError(f"mitigation {name!r} rewrites the momentum trace; with Adam use "
-                          f"{', '.join(_ADAM)}")
-    form = form or ("difference" if optimizer == "adam" else "velocity")
-    check_form(form, optimizer)
-    check_sweep(name, optimizer, form, sweep)
+    takes = inspect.signature(RECIPES[name]).parameters
+    base = optimizer if optimizer is not None else (
+        takes["optimizer"].default if "optimizer" in takes else "momentum")
+    check_optimizer(base)
+    if is_adam(base) and name not in _ADAM:
+        raise ConfigError(f"mitigation {name!r} forecasts with a momentum trace, which Adam does "
+                          f"not have; with Adam use {', '.join(_ADAM)}")
+    check_form(form or default_form(base), base)
+    check_sweep(name, base, form or default_form(base), sweep)
     given = {"learning_rate": learning_rate, "momentum": momentum, "reference": reference,
              "batch": batch, "horizon_scale": horizon_scale, "optimizer": optimizer,
-             "form": form, "warmup_steps": warmup_steps, "sweep": sweep}
-    takes = inspect.signature(RECIPES[name]).parameters
-    return RECIPES[name](**{key: value for key, value in given.items() if key in takes})
+             "form": form, "warmup_steps": warmup_steps, "momentum_decay": momentum_decay,
+             "sweep": sweep}
+    return RECIPES[name](**{key: value for key, value in given.items()
+                            if key in takes and not (value is None and key in _OWN_DEFAULT)})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import optax
 
 from pipejax.errors import ConfigError
+from pipejax.transforms.adam import Base, base_optimizer, check_optimizer, default_form, is_adam
 from pipejax.transforms.forecast import FORMS, weight_forecast
 from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
 from pipejax.transforms.spike import coefficients, spike_compensation
@@ -40,9 +41,9 @@ class Mitigation(NamedTuple):
     momentum: float
 
 
-def _rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
+def rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
                        reference: tuple | None, batch: int | None,
-                       optimizer: str) -> tuple[optax.ScalarOrSchedule, float]:
+                       optimizer: Base) -> tuple[optax.ScalarOrSchedule, float]:
     """(η, m): as given, or scaled from `reference` = (η, m, B) to `batch` by eq. 9."""
     if reference is None:
         if learning_rate is None:
@@ -67,30 +68,18 @@ def _rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: f
     return scale_hyperparams(reference[0], reference[1], int(reference[2]), int(batch))
 
 
-def check_optimizer(optimizer: str) -> None:
-    if optimizer not in ("momentum", "adam"):
-        raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum' or 'adam'")
-
-
-def check_form(form: str, optimizer: str) -> None:
+def check_form(form: str, optimizer: Base) -> None:
     if form not in FORMS:
         raise ConfigError(f"mitigation: form={form!r}; use 'velocity' or 'difference'")
-    if optimizer == "adam" and form == "velocity":
+    if is_adam(optimizer) and form == "velocity":
         raise ConfigError("mitigation: the velocity form reads a momentum trace, which Adam does "
                           "not have; use form='difference' with Adam")
 
 
-def check_sweep(name: str, optimizer: str, form: str, sweep: bool) -> None:
+def check_sweep(name: str, optimizer: Base, form: str, sweep: bool) -> None:
     if sweep and (optimizer != "momentum" or name == "pipemare" or form != "velocity"):
         raise ConfigError(f"mitigation(sweep=True) builds the SGDM mitigations in the velocity "
                           f"form; {name!r} on {optimizer!r} with form={form!r} is not one of them")
-
-
-def _base(optimizer: str, rate: optax.ScalarOrSchedule, m: float) -> optax.GradientTransformation:
-    """v ← m·v + g, w ← w − η·v (SGDM), or Adam at rate η."""
-    if optimizer == "adam":
-        return optax.adam(rate)
-    return optax.chain(optax.trace(m), optax.scale_by_learning_rate(rate))
 
 
 def _family(momentum, a, b, learning_rate, forward, backward) -> optax.GradientTransformation:
@@ -112,31 +101,34 @@ def _swept(lr: optax.ScalarOrSchedule, m: float,
     return make
 
 
-def _lwp(T: float, form: str, lr: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+def forecast_ahead(T: float, form: str, lr: optax.ScalarOrSchedule) -> optax.GradientTransformation:
     """The forecast T updates ahead: w − η·T·v or w + T·(w − w_prev)."""
     return weight_forecast(T, form=form, learning_rate=lr if form == "velocity" else None)
 
 
-def _sc(m: float, delay: float, h: float,
+def _sc(optimizer: Base, m: float, delay: float, h: float,
         lr: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-    """SC with D → h·D at rate η: w ← w − η·(a·v + b·g)."""
+    """SC with D → h·D at rate η: w ← w − η·(a·v + b·g), or SC_{hD} on Adam's
+    first moment (`adam_spike_compensation`)."""
+    if is_adam(optimizer):
+        return base_optimizer(optimizer, lr, m, h * delay)
     return optax.chain(spike_compensation(m, delay, scale=h), optax.scale_by_learning_rate(lr))
 
 
 def _plain(name: str, learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
-           reference: tuple | None, batch: int | None, optimizer: str, sweep: bool) -> Mitigation:
+           reference: tuple | None, batch: int | None, optimizer: Base, sweep: bool) -> Mitigation:
     """`no_mitigation` or `stash`: the base optimizer, with or without stashing."""
     check_optimizer(optimizer)
-    check_sweep(name, optimizer, "difference" if optimizer == "adam" else "velocity", sweep)
-    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
+    check_sweep(name, optimizer, default_form(optimizer), sweep)
+    lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     make = _swept(lr, m, lambda s: (1.0, 0.0, 0.0, 0.0)) if sweep else (
-        lambda s: _base(optimizer, lr, m))
+        lambda s: base_optimizer(optimizer, lr, m))
     return Mitigation(make, name == "stash", lr, m)
 
 
 def no_mitigation(learning_rate: optax.ScalarOrSchedule | None = None, *,
                   momentum: float | None = None, reference: tuple | None = None,
-                  batch: int | None = None, optimizer: str = "momentum",
+                  batch: int | None = None, optimizer: Base = "momentum",
                   sweep: bool = False) -> Mitigation:
     """SGDM on stale gradients, the baseline (Kosson et al. 2020, eqs 7–8):
 
@@ -150,7 +142,7 @@ def no_mitigation(learning_rate: optax.ScalarOrSchedule | None = None, *,
       reference: (η, m, B) of a recipe tuned at batch B; with `batch` = B′,
         η and m are scaled by Kosson et al.'s eq. 9 (`scale_hyperparams`).
       batch: the update size B′ (an asynchronous pipeline's micro-batch size).
-      optimizer: "momentum" (SGDM) or "adam".
+      optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
       sweep: the sweep chain (SGDM only; see the module docstring).
     """
     return _plain("none", learning_rate, momentum, reference, batch, optimizer, sweep)
@@ -158,7 +150,7 @@ def no_mitigation(learning_rate: optax.ScalarOrSchedule | None = None, *,
 
 def stash(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float | None = None,
           reference: tuple | None = None, batch: int | None = None,
-          optimizer: str = "momentum", sweep: bool = False) -> Mitigation:
+          optimizer: Base = "momentum", sweep: bool = False) -> Mitigation:
     """PipeDream's weight stashing (Chen et al. 2018, §3.2): the update of
     `no_mitigation`, v ← m·v + g(w_{t−D}); w ← w − η·v, with the backward of a
     micro-batch at the weights w_{t−D} its forward used. Args as `no_mitigation`.
@@ -179,7 +171,7 @@ def spectrain(learning_rate: optax.ScalarOrSchedule | None = None, *,
     schedule's table (eqs 5–6 for PipeDream's), times `horizon_scale`.
     Other args as `no_mitigation`.
     """
-    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
+    lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
     h = horizon_scale
     if sweep:
         return Mitigation(_swept(lr, m, lambda s: (1.0, 0.0, h * s.forward_horizon,
@@ -187,7 +179,7 @@ def spectrain(learning_rate: optax.ScalarOrSchedule | None = None, *,
 
     def make(s: StageInfo) -> optax.GradientTransformation:
         horizons = (h * s.forward_horizon, h * s.backward_horizon)
-        return optax.chain(_base("momentum", lr, m),
+        return optax.chain(base_optimizer("momentum", lr, m),
                            weight_forecast(horizons, form="velocity", learning_rate=lr))
 
     return Mitigation(make, False, lr, m)
@@ -195,7 +187,7 @@ def spectrain(learning_rate: optax.ScalarOrSchedule | None = None, *,
 
 def lwp(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float | None = None,
         reference: tuple | None = None, batch: int | None = None, horizon_scale: float = 1.0,
-        optimizer: str = "momentum", form: str | None = None,
+        optimizer: Base = "momentum", form: str | None = None,
         sweep: bool = False) -> Mitigation:
     """Linear weight prediction LWP_D (Kosson et al. 2020, §3.4): the base
     optimizer, with the forward at the weights forecast T = D updates ahead,
@@ -204,66 +196,73 @@ def lwp(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float 
 
     Args:
       horizon_scale: T = horizon_scale·D (2 gives LWP_2D).
-      optimizer: "momentum" (SGDM) or "adam".
+      optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
       form: "velocity" (the default on SGDM, Kosson et al. H.5) or
         "difference" (the default, and the only one, on Adam).
       Others as `no_mitigation`.
     """
     check_optimizer(optimizer)
-    form = form or ("difference" if optimizer == "adam" else "velocity")
+    form = form or default_form(optimizer)
     check_form(form, optimizer)
     check_sweep("lwp", optimizer, form, sweep)
-    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
+    lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     h = horizon_scale
     if sweep:
         return Mitigation(_swept(lr, m, lambda s: (1.0, 0.0, h * s.delay, 0.0)), False, lr, m)
-    return Mitigation(lambda s: optax.chain(_base(optimizer, lr, m), _lwp(h * s.delay, form, lr)),
+    return Mitigation(lambda s: optax.chain(base_optimizer(optimizer, lr, m), forecast_ahead(h * s.delay, form, lr)),
                       False, lr, m)
 
 
 def sc(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float | None = None,
        reference: tuple | None = None, batch: int | None = None, horizon_scale: float = 1.0,
-       sweep: bool = False) -> Mitigation:
+       optimizer: Base = "momentum", sweep: bool = False) -> Mitigation:
     """Spike compensation SC_D (Kosson et al. 2020, eq. 14):
 
         v ← m·v + g;   w ← w − η·(a·v + b·g),   a = m^D,  b = (1 − m^D)/(1 − m)
 
-    with D → horizon_scale·D (2 gives SC_2D). Other args as `no_mitigation`.
+    with D → horizon_scale·D (2 gives SC_2D); on Adam, the same on its first
+    moment (`adam_spike_compensation`). Other args as `no_mitigation`.
     """
-    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
+    check_optimizer(optimizer)
+    check_sweep("sc", optimizer, default_form(optimizer), sweep)
+    lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     h = horizon_scale
     if sweep:
         return Mitigation(_swept(lr, m, lambda s: (*coefficients(m, s.delay, h), 0.0, 0.0)),
                           False, lr, m)
-    return Mitigation(lambda s: _sc(m, s.delay, h, lr), False, lr, m)
+    return Mitigation(lambda s: _sc(optimizer, m, s.delay, h, lr), False, lr, m)
 
 
 def lwp_sc(learning_rate: optax.ScalarOrSchedule | None = None, *,
            momentum: float | None = None, reference: tuple | None = None,
-           batch: int | None = None, horizon_scale: float = 1.0, form: str = "velocity",
+           batch: int | None = None, horizon_scale: float = 1.0,
+           optimizer: Base = "momentum", form: str | None = None,
            sweep: bool = False) -> Mitigation:
     """LWP_D and SC_D together, the paper's default in the velocity form
     (Kosson et al. 2020, H.5):
 
         v ← m·v + g;   w ← w − η·(a·v + b·g);   ŵ = w − η·D·v
 
-    (`form="difference"`: ŵ = w + D·(w − w_prev)); a, b as in `sc`, D →
+    (`form="difference"`: ŵ = w + D·(w − w_prev), the form on Adam, whose
+    first moment then carries SC_D as in `sc`); a, b as in `sc`, D →
     horizon_scale·D in both. Other args as `lwp`.
     """
-    check_form(form, "momentum")
-    check_sweep("lwp+sc", "momentum", form, sweep)
-    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, "momentum")
+    check_optimizer(optimizer)
+    form = form or default_form(optimizer)
+    check_form(form, optimizer)
+    check_sweep("lwp+sc", optimizer, form, sweep)
+    lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     h = horizon_scale
     if sweep:
         return Mitigation(_swept(lr, m, lambda s: (*coefficients(m, s.delay, h), h * s.delay,
                                                    0.0)), False, lr, m)
-    return Mitigation(lambda s: optax.chain(_sc(m, s.delay, h, lr), _lwp(h * s.delay, form, lr)),
-                      False, lr, m)
+    return Mitigation(lambda s: optax.chain(_sc(optimizer, m, s.delay, h, lr),
+                                            forecast_ahead(h * s.delay, form, lr)), False, lr, m)
 
 
 def pipemare(learning_rate: optax.ScalarOrSchedule | None = None, *, warmup_steps: int,
              momentum: float | None = None, reference: tuple | None = None,
-             batch: int | None = None, optimizer: str = "momentum") -> Mitigation:
+             batch: int | None = None, optimizer: Base = "momentum") -> Mitigation:
     """PipeMare's learning-rate rescheduling (Yang et al. 2019, §3): the base
     optimizer at stage rate
 
@@ -273,13 +272,14 @@ def pipemare(learning_rate: optax.ScalarOrSchedule | None = None, *, warmup_step
 
     Args:
       warmup_steps: K_warm >= 1, in updates.
-      optimizer: "momentum" (SGDM) or "adam".
+      optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
       Others as `no_mitigation`.
     """
     check_optimizer(optimizer)
     if warmup_steps is None or warmup_steps < 1:
         raise ConfigError(f"mitigation 'pipemare' divides the rate by τ^p with p fading over "
                           f"K_warm updates; give warmup_steps=K_warm >= 1, not {warmup_steps!r}")
-    lr, m = _rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
-    return Mitigation(lambda s: _base(optimizer, pipemare_lr(lr, s.delay, warmup_steps), m),
+    lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
+    return Mitigation(lambda s: base_optimizer(optimizer, pipemare_lr(lr, s.delay, warmup_steps), m),
                       False, lr, m)
+

@@ -63,9 +63,11 @@ def _reference(name: str, infos: list) -> tuple[list, list]:
     return opts, predict
 
 
-# lwp and sc alone run with the slow tests (CI); make test runs them together, lwp+sc.
+# lwp and sc alone run with the slow tests (CI); make test runs them together, lwp+sc. The
+# Adam-only recipes (pipeoptim, nesterov) meet the trainer in tests/test_delayed.py.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("lwp", "sc")
-                                  else n for n in pj.transforms.MITIGATIONS])
+                                  else n for n in pj.transforms.MITIGATIONS
+                                  if n not in ("pipeoptim", "nesterov")])
 def test_pb_with_each_mitigation_equals_the_versioned_reference_and_simulate(name):
     schedule = optax.piecewise_constant_schedule(LR, {DECAY_AT: 0.1})
     mit = pj.transforms.mitigation(name, schedule, momentum=MOMENTUM, warmup_steps=WARMUP

@@ -136,7 +136,7 @@ def test_errors_name_the_fix():
         pj.transforms.forecast(W0, optax.sgd(0.1).init(W0))
     opt = optax.chain(optax.adam(0.1), pj.transforms.weight_forecast(2, form="velocity",
                                                                       learning_rate=0.1))
-    with pytest.raises(ConfigError, match="momentum trace"):
+    with pytest.raises(ConfigError, match="needs one velocity in the chain"):
         pj.transforms.forecast(W0, opt.init(W0))
 
 

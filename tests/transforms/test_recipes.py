@@ -95,7 +95,7 @@ def test_a_recipe_rejects_what_it_does_not_take():
     with pytest.raises(TypeError, match="warmup_steps"):
         T.lwp(0.1, warmup_steps=10)
     with pytest.raises(TypeError, match="optimizer"):
-        T.sc(0.1, optimizer="adam")  # it rewrites the momentum trace, which Adam lacks
+        T.spectrain(0.1, optimizer="adam")  # it forecasts with the momentum trace
     with pytest.raises(TypeError, match="form"):
         T.no_mitigation(0.1, form="velocity")
     with pytest.raises(TypeError, match="sweep"):
@@ -114,12 +114,13 @@ def test_a_recipe_rejects_what_it_does_not_take():
 
 def test_the_lookup_checks_what_it_leaves_out():
     with pytest.raises(ConfigError, match="unknown mitigation 'sgd'; choose one of none, stash, "
-                                          "spectrain, lwp, sc, lwp\\+sc, pipemare"):
+                                          "spectrain, lwp, sc, lwp\\+sc, pipemare, pipeoptim, nesterov"):
         T.mitigation("sgd", 0.1)
-    with pytest.raises(ConfigError, match="mitigation 'sc' rewrites the momentum trace; with "
-                                          "Adam use none, stash, lwp, pipemare"):
-        T.mitigation("sc", 0.1, optimizer="adam")
-    with pytest.raises(ConfigError, match="mitigation optimizer 'sgd'; use 'momentum' or 'adam'"):
+    with pytest.raises(ConfigError, match="with Adam use none, stash, lwp, sc, lwp\\+sc, "
+                                          "pipemare, pipeoptim, nesterov"):
+        T.mitigation("spectrain", 0.1, optimizer="adam")
+    with pytest.raises(ConfigError, match="mitigation optimizer 'sgd'; use 'momentum', 'adam' "
+                                          "or pj.transforms.AdamW"):
         T.mitigation("none", 0.1, optimizer="sgd")
     with pytest.raises(ConfigError, match="form='fast'; use 'velocity' or 'difference'"):
         T.mitigation("none", 0.1, form="fast")  # `none` takes no form, yet it is checked

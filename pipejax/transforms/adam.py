@@ -1,0 +1,178 @@
+"""Adam under delayed gradients: the base optimizer a recipe takes (SGDM,
+Adam or AdamW), spike compensation on Adam's first moment, and torch's NAdam.
+
+`AdamW(b1, b2, eps, weight_decay, mask)` is what a recipe's `optimizer=`
+takes for Adam (the string "adam" is `optax.adam`): calling it with a rate
+gives `optax.adamw`'s chain, with SC_D on the first moment
+(`adam_spike_compensation`) or the update direction kept for a forecast
+(`update_direction`, PipeOptim) when a recipe asks. `scale_by_nadam` is
+the NAdam of torch.optim.NAdam, the optimizer Ajanthan et al. 2025 run on
+stashed weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pipejax.errors import ConfigError
+from pipejax.transforms.forecast import update_direction
+
+
+def _check(name: str, b1: float, b2: float, eps: float) -> None:
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps >= 0.0):
+        raise ConfigError(f"{name}: b1={b1}, b2={b2} must lie in [0, 1) and eps={eps} be >= 0")
+
+
+def adam_spike_compensation(delay: float, *, b1: float = 0.9, b2: float = 0.999,
+                            eps: float = 1e-8, scale: float = 1.0) -> optax.GradientTransformation:
+    """Adam's scaling with spike compensation SC_D on its first moment:
+
+        μ ← β1·μ + (1 − β1)·g;   ν ← β2·ν + (1 − β2)·g²
+        update = (a·μ/(1 − β1^(t+D)) + (1 − a)·g/(1 − β1^t)) / (√(ν/(1 − β2^t)) + ε),  a = β1^D
+
+    Kosson et al. 2020's SC_D (eq. 14: v ← m·v + g, update a·v + b·g with
+    a = m^D, b = (1 − m^D)/(1 − m)) written for Adam's averaged moment
+    μ = (1 − m)·v: a·v + b·g = (m^D·μ + (1 − m^D)·g)/(1 − m). A gradient
+    that arrives D updates late gets at once the weight that momentum would
+    have given it over those D updates; its total weight over time is
+    Adam's. The bias corrections are those of optax's NAdam, which this is
+    at D = 1 (`optax.scale_by_adam(nesterov=True)`, Dozat 2016); D = 0 is
+    `optax.scale_by_adam`. `scale` gives SC_{scale·D}. Follow it with the
+    weight decay and `optax.scale_by_learning_rate`, as `optax.adamw` does.
+    """
+    _check("adam_spike_compensation", b1, b2, eps)
+    if delay < 0 or scale < 0:
+        raise ConfigError(f"adam_spike_compensation: delay={delay} and scale={scale} must be >= 0")
+    D = float(scale * delay)
+    a = b1 ** D
+
+    def update_fn(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        t = optax.safe_increment(state.count)
+        tf = t.astype(jnp.float32)
+        late, now = 1 - b1 ** (tf + D), 1 - b1 ** tf
+        out = jax.tree.map(
+            lambda m, g, v: (a * m / late + (1 - a) * g / now)
+            / (jnp.sqrt(v / (1 - b2 ** tf)) + eps), mu, updates, nu)
+        return out, optax.ScaleByAdamState(count=t, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(optax.scale_by_adam(b1, b2, eps).init, update_fn)
+
+
+class NAdamState(NamedTuple):
+    """Adam's moments and the running product Π_t of the momentum schedule."""
+
+    count: jax.Array  # int32: updates done
+    mu: optax.Updates
+    nu: optax.Updates
+    mu_product: jax.Array  # float32: Π_{i ≤ t} μ_i
+
+
+def scale_by_nadam(b1: float = 0.99, b2: float = 0.999, eps: float = 1e-8,
+                   momentum_decay: float = 0.004) -> optax.GradientTransformation:
+    """NAdam as torch.optim.NAdam computes it (Dozat 2016, Algorithm 2, with
+    its momentum schedule), at update t:
+
+        μ_t = β1·(1 − ½·0.96^(t·ψ));   Π_t = Π_{t−1}·μ_t
+        m ← β1·m + (1 − β1)·g;   v ← β2·v + (1 − β2)·g²;   d = √(v/(1 − β2^t)) + ε
+        update = (1 − μ_t)/(1 − Π_t)·g/d + μ_{t+1}/(1 − Π_t·μ_{t+1})·m/d
+
+    ψ = `momentum_decay`. The optimizer of Ajanthan et al. 2025 ("Nesterov
+    method for asynchronous pipeline parallel optimization", ICML, arXiv
+    2505.01099; their code runs torch's NAdam, β1 = 0.99, on stashed weights): the look-ahead μ_{t+1}·m with the
+    gradient's own weight discounted to (1 − μ_t). Follow it with the weight
+    decay and `optax.scale_by_learning_rate` (torch's decoupled decay
+    θ ← θ·(1 − γλ) is `optax.add_decayed_weights(λ)` before the rate).
+    """
+    _check("scale_by_nadam", b1, b2, eps)
+    if momentum_decay < 0:
+        raise ConfigError(f"scale_by_nadam: momentum_decay={momentum_decay} must be >= 0")
+
+    def schedule(t):
+        return b1 * (1 - 0.5 * 0.96 ** (t * momentum_decay))
+
+    def init_fn(params):
+        return NAdamState(jnp.zeros((), jnp.int32), optax.tree.zeros_like(params),
+                          optax.tree.zeros_like(params), jnp.ones((), jnp.float32))
+
+    def update_fn(updates, state, params=None):
+        del params
+        t = optax.safe_increment(state.count)
+        tf = t.astype(jnp.float32)
+        mu_t, mu_next = schedule(tf), schedule(tf + 1)
+        product = state.mu_product * mu_t
+        m = optax.tree.update_moment(updates, state.mu, b1, 1)
+        v = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        c_g, c_m = (1 - mu_t) / (1 - product), mu_next / (1 - product * mu_next)
+        out = jax.tree.map(lambda g, m, v: (c_g * g + c_m * m) / (jnp.sqrt(v / (1 - b2 ** tf)) + eps),
+                           updates, m, v)
+        return out, NAdamState(t, m, v, product)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class AdamW(NamedTuple):
+    """Adam with decoupled weight decay (Loshchilov & Hutter 2019), as
+    `optax.adamw(rate, b1, b2, eps, weight_decay=..., mask=...)`: a recipe's
+    `optimizer=` for Adam with settings other than `optax.adam`'s."""
+
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    mask: Any = None  # as optax.adamw's: a tree of bools or a function of the params
+
+    def __call__(self, learning_rate: optax.ScalarOrSchedule, *, delay: float = 0.0,
+                 direction: bool = False) -> optax.GradientTransformation:
+        """`optax.adamw`'s chain at `learning_rate`, with SC_delay on the first
+        moment (`adam_spike_compensation`) when delay > 0, and the direction
+        m̂/(√v̂ + ε) kept for a forecast (`update_direction`) when asked."""
+        _check("AdamW", self.b1, self.b2, self.eps)
+        scaling = (adam_spike_compensation(delay, b1=self.b1, b2=self.b2, eps=self.eps) if delay
+                   else optax.scale_by_adam(self.b1, self.b2, self.eps))
+        return optax.chain(scaling, *([update_direction()] if direction else []),
+                           optax.add_decayed_weights(self.weight_decay, self.mask),
+                           optax.scale_by_learning_rate(learning_rate))
+
+    def nadam(self, learning_rate: optax.ScalarOrSchedule,
+              momentum_decay: float = 0.004) -> optax.GradientTransformation:
+        """torch.optim.NAdam(decoupled_weight_decay=True) at these settings
+        (`scale_by_nadam`)."""
+        return optax.chain(scale_by_nadam(self.b1, self.b2, self.eps, momentum_decay),
+                           optax.add_decayed_weights(self.weight_decay, self.mask),
+                           optax.scale_by_learning_rate(learning_rate))
+
+
+Base = str | AdamW  # a recipe's optimizer: "momentum" (SGDM), "adam" (optax.adam) or AdamW(...)
+
+
+def check_optimizer(optimizer: Base) -> None:
+    if not (isinstance(optimizer, AdamW) or optimizer in ("momentum", "adam")):
+        raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum', 'adam' or "
+                          "pj.transforms.AdamW(b1, b2, eps, weight_decay, mask)")
+
+
+def is_adam(optimizer: Base) -> bool:
+    return isinstance(optimizer, AdamW) or optimizer == "adam"
+
+
+def default_form(optimizer: Base) -> str:
+    """The forecast's form by default: velocity on SGDM, difference on Adam."""
+    return "difference" if is_adam(optimizer) else "velocity"
+
+
+def base_optimizer(optimizer: Base, rate: optax.ScalarOrSchedule, m: float,
+                   delay: float = 0.0) -> optax.GradientTransformation:
+    """v ← m·v + g, w ← w − η·v (SGDM), or Adam at rate η; with SC_delay on
+    Adam's first moment when delay > 0."""
+    if isinstance(optimizer, AdamW) or (optimizer == "adam" and delay):
+        return (optimizer if isinstance(optimizer, AdamW) else AdamW())(rate, delay=delay)
+    if optimizer == "adam":
+        return optax.adam(rate)
+    return optax.chain(optax.trace(m), optax.scale_by_learning_rate(rate))
