@@ -1,0 +1,229 @@
+"""Asynchronous pipelines with AdamW on a language model: every correction on one table.
+
+A byte-level GPT (`pj.models.gpt(depth=8, width=64, heads=4, context=64)`,
+10 layers, split into K stages as `pj.pipeline` partitions it) trains on
+Shakespeare's works (`pj.data.shakespeare`) in `pj.simulate`, which equals
+the PB and PipeDream trainers update for update (tests/test_delayed.py).
+Every run of a seed sees the same windows in the same order: batch s is
+`pj.data.windows(train, 32, 64, seed, s)`. The synchronous rows (1F1B: the
+mean gradient of M = 8 micro-batches, one update a batch, as the pipelined
+step computes it) take each batch whole; the asynchronous rows take its 8
+micro-batches of 4 windows one update each, every stage's gradient delayed
+as the table delays it (PB 2(K−1−k), PipeDream K−1−k updates).
+
+AdamW: β1 0.9, β2 0.95, weight decay 0.1 on matrices, linear warm-up over 5 %
+of the updates then cosine decay to 0. Rows:
+  AdamW sync     synchronous 1F1B, batch 32
+  AdamW no delay update size 4 without a delay (what the update size costs)
+  none           AdamW on the delayed gradients
+  stash          PipeDream's weight stashing
+  lwp+sc         LWP_D (difference form) with SC_D on Adam's first moment
+  pipemare       the rate divided by D^p, p fading over the first 20 % of updates
+  pipeoptim      the forward at w − η·D·m̂/(√v̂ + ε) (Guan et al. 2023)
+  nesterov       NAdam with β1 0.99 on stashed weights (Ajanthan et al. 2025)
+  Muon sync      optax.contrib.muon, synchronous; Muon on the blocks' matrices,
+                 Adam (β2 0.95) on the embeddings, the head and the vectors;
+                 its updates' RMS matched to AdamW's (consistent_rms=0.2, Liu
+                 et al. 2025), so that it takes AdamW's rates and decay
+  Muon           the same on the delayed gradients, no correction
+The rates: the synchronous rows' and those of every asynchronous row of a K
+are the best of the grid `RATES` at seed 0, for "AdamW sync" and for "none"
+with PB at that K (`--tune`). The effective delay is η·D at the first stage
+(Adam's steps are normalized: a gradient moves each weight by about η over
+time, so D updates of delay are η·D of distance).
+
+One JSON row per run (validation loss on 256 windows at 8 points); rows
+already in the JSON are skipped, so the study runs in parts.
+Run: python benchmarks/async_adamw.py --tune --K 8
+     python benchmarks/async_adamw.py --K 8 --schedules pb --rows none lwp+sc --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import pipejax as pj
+from common import RESULTS, save, table
+
+SIZE = dict(depth=8, width=64, heads=4, context=64)
+T, MB, M = SIZE["context"], 4, 8
+EVAL_WINDOWS, POINTS = 256, 8
+RATES = (3e-4, 1e-3, 3e-3, 1e-2)
+SYNCHRONOUS = ("AdamW sync", "Muon sync")
+ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
+        "nesterov", "Muon sync", "Muon")
+PATH = RESULTS / "async_adamw.json"
+
+
+def matrices(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+ADAMW = pj.transforms.AdamW(b1=0.9, b2=0.95, weight_decay=0.1, mask=matrices)
+
+
+def rate_schedule(peak: float, updates: int) -> optax.Schedule:
+    return optax.warmup_cosine_decay_schedule(0.0, peak, max(updates // 20, 1), updates)
+
+
+def muon_dimensions(params):
+    """Muon's reduction and output axes of each block matrix (attention's
+    [width, heads, head] and [heads, head, width] kernels, the MLP's); None
+    (Adam) for the rest."""
+    D = optax.contrib.MuonDimensionNumbers
+
+    def dims(path, leaf):
+        names = [getattr(k, "key", "") for k in path]
+        if names[-1] != "kernel" or "logits" in names:
+            return None
+        if "attention" in names:
+            return D(reduction_axis=(0, 1), output_axis=2) if "out" in names else D(
+                reduction_axis=0, output_axis=(1, 2))
+        return D(reduction_axis=0, output_axis=1) if names[-2] in ("up", "down") else None
+    return jax.tree_util.tree_map_with_path(dims, params)
+
+
+def muon(rate: optax.Schedule) -> optax.GradientTransformation:
+    return optax.contrib.muon(rate, beta=0.95, weight_decay=0.1, weight_decay_mask=matrices,
+                              adam_b2=0.95, consistent_rms=0.2,
+                              muon_weight_dimension_numbers=muon_dimensions)
+
+
+def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:
+    """(an optimizer for `pj.simulate`, whether the backward uses the stashed weights)."""
+    if row.startswith("Muon"):
+        return muon(rate), False
+    if row in ("AdamW sync", "AdamW no delay"):
+        return ADAMW(rate), False
+    settings = {"pipemare": {"warmup_steps": max(updates // 5, 1)},
+                "nesterov": {"optimizer": ADAMW._replace(b1=0.99)}}.get(row, {})
+    mit = pj.transforms.mitigation(row, rate, **{"optimizer": ADAMW, **settings})
+    return mit.optimizer, mit.weight_stashing
+
+
+def split(layers, K: int) -> tuple[int, ...]:
+    """Layer counts per stage as `pj.pipeline` partitions the model at K stages."""
+    pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((MB, T), jnp.int32),
+                       targets=jnp.zeros((MB, T), jnp.int32), stages=K, microbatches=M)
+    return pipe.plan.split
+
+
+def run(layers, corpus, validation, row: str, schedule: str, K: int, lr: float, seed: int,
+        tokens: int) -> dict:
+    """One training run: its validation curve against tokens."""
+    sync = row in SYNCHRONOUS
+    batches = tokens // (M * MB * T)
+    x, y = (np.stack(a) for a in zip(*(pj.data.windows(corpus.train, M * MB, T, seed, s)
+                                        for s in range(batches))))
+    if not sync:  # the micro-batches of each batch in order, one update each
+        x, y = x.reshape(-1, MB, T), y.reshape(-1, MB, T)
+    updates = len(x)
+    opt, stash = optimizer(row, rate_schedule(lr, updates), updates)
+    delays = 0 if row in SYNCHRONOUS + ("AdamW no delay",) else schedule
+    sim = pj.simulate(layers, loss=pj.losses.next_token, optimizer=opt,
+                      split=split(layers, K) if delays else 1, delays=delays, consistent=stash)
+    state = sim.init(sim.variables(jax.random.key(seed), jnp.asarray(x[0])))
+    evaluate = pj.loss_evaluator(layers, pj.losses.next_token)
+    start, curve, chunk = time.perf_counter(), [], updates // POINTS
+    for p in range(POINTS):
+        state, _ = sim.run(state, jnp.asarray(x[p * chunk:(p + 1) * chunk]),
+                           jnp.asarray(y[p * chunk:(p + 1) * chunk]))
+        seen = (p + 1) * chunk * (MB if not sync else M * MB) * T
+        curve.append([seen, round(evaluate(sim.params(state), *validation), 5)])
+    return {"row": row, "schedule": "1f1b" if sync else (schedule if delays else "-"), "K": K,
+            "lr": lr, "seed": seed, "tokens": tokens, "updates": updates,
+            "delays": sim.delays, "effective_delay": round(lr * sim.delays[0], 5),
+            "validation_loss": curve[-1][1], "curve": curve,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def key(r: dict) -> tuple:
+    return r["row"], r["schedule"], r["K"], r["lr"], r["seed"], r["tokens"]
+
+
+class Study:
+    """The JSON's runs, and the runs still to do."""
+
+    def __init__(self, tokens: int):
+        old = json.loads(PATH.read_text()) if PATH.exists() else {}
+        self.runs, self.tokens = old.get("runs", []), tokens
+        self.layers = pj.models.gpt(**SIZE)
+        self.corpus = pj.data.shakespeare()
+        self.validation = tuple(jnp.asarray(a) for a in pj.data.evaluation_windows(
+            self.corpus.validation, T, EVAL_WINDOWS))
+
+    def get(self, row: str, schedule: str, K: int, lr: float, seed: int) -> dict:
+        sync = row in SYNCHRONOUS
+        wanted = (row, "1f1b" if sync else (schedule if row != "AdamW no delay" else "-"),
+                  0 if sync or row == "AdamW no delay" else K, lr, seed, self.tokens)
+        for r in self.runs:
+            if key(r) == wanted:
+                return r
+        r = run(self.layers, self.corpus, self.validation, row, schedule, wanted[2] or 1, lr,
+                seed, self.tokens)
+        r["K"] = wanted[2]
+        self.runs.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
+        save("async_adamw", {"model": SIZE, "microbatch": MB, "microbatches": M, "rates": RATES,
+                             "runs": self.runs})
+        return r
+
+    def tuned(self, row: str, K: int) -> float:
+        """The grid's best rate at seed 0 for "AdamW sync" (row synchronous) or PB "none" at K."""
+        base = "AdamW sync" if row in SYNCHRONOUS else "none"
+        losses = {lr: self.get(base, "pb", K, lr, 0)["validation_loss"] for lr in RATES}
+        return min(losses, key=losses.get)
+
+
+def summary(runs: list, tokens: int) -> list[dict]:
+    groups: dict = {}
+    for r in runs:
+        if r["tokens"] == tokens:
+            groups.setdefault((r["row"], r["schedule"], r["K"], r["lr"]), []).append(r)
+    out = []
+    for (row, schedule, K, lr), rs in sorted(groups.items(), key=lambda g: (g[0][2], g[0][1],
+                                                                             ROWS.index(g[0][0]))):
+        losses = [r["validation_loss"] for r in rs]
+        out.append({"row": row, "schedule": schedule, "K": K, "lr": lr, "seeds": len(rs),
+                    "validation_loss": round(float(np.mean(losses)), 4),
+                    "min": min(losses), "max": max(losses),
+                    "effective_delay": rs[0]["effective_delay"]})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=1_048_576, help="training tokens per run")
+    p.add_argument("--K", type=int, nargs="*", default=[4, 8])
+    p.add_argument("--schedules", nargs="*", default=["pb", "pipedream"])
+    p.add_argument("--rows", nargs="*", default=list(ROWS), choices=ROWS)
+    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    p.add_argument("--tune", action="store_true", help="only the learning-rate grids")
+    args = p.parse_args()
+    study = Study(args.tokens)
+    for K in args.K:
+        if args.tune:
+            study.tuned("AdamW sync", K), study.tuned("none", K)
+            continue
+        for row in args.rows:
+            lr = study.tuned(row, K)
+            for schedule in (["pb"] if row in SYNCHRONOUS + ("AdamW no delay",)
+                             else args.schedules):
+                for seed in args.seeds:
+                    study.get(row, schedule, K, lr, seed)
+    print(table(summary(study.runs, args.tokens)))
+
+
+if __name__ == "__main__":
+    main()
