@@ -59,7 +59,7 @@ from common import RESULTS, save, table
 SIZE = dict(depth=8, width=64, heads=4, context=64)
 T, MB, M = SIZE["context"], 4, 8
 EVAL_WINDOWS, POINTS = 256, 8
-RATES = (3e-4, 1e-3, 3e-3, 1e-2)
+RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 SYNCHRONOUS = ("AdamW sync", "Muon sync")
 ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
         "nesterov", "Muon sync", "Muon")
@@ -180,26 +180,71 @@ class Study:
         return r
 
     def tuned(self, row: str, K: int) -> float:
-        """The grid's best rate at seed 0 for "AdamW sync" (row synchronous) or PB "none" at K."""
+        """The rate of `row` at K: the grid's best (seed 0) for "AdamW sync"
+        (synchronous rows) or for PB "none" at K (asynchronous rows)."""
         base = "AdamW sync" if row in SYNCHRONOUS else "none"
-        losses = {lr: self.get(base, "pb", K, lr, 0)["validation_loss"] for lr in RATES}
-        return min(losses, key=losses.get)
+        for lr in RATES:
+            self.get(base, "pb", K, lr, 0)
+        return best_rate(self.runs, row, K, self.tokens)
 
 
-def summary(runs: list, tokens: int) -> list[dict]:
-    groups: dict = {}
-    for r in runs:
-        if r["tokens"] == tokens:
-            groups.setdefault((r["row"], r["schedule"], r["K"], r["lr"]), []).append(r)
+def best_rate(runs: list, row: str, K: int, tokens: int) -> float | None:
+    """The grid's best rate for `row` at K among `runs` (None before the grid ran)."""
+    sync = row in SYNCHRONOUS
+    losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
+              and r["seed"] == 0 and r["schedule"] == ("1f1b" if sync else "pb")
+              and r["row"] == ("AdamW sync" if sync else "none") and r["K"] == (0 if sync else K)}
+    return min(losses, key=losses.get) if len(losses) == len(RATES) else None
+
+
+def summary(runs: list, tokens: int, Ks: list[int]) -> list[dict]:
+    """Per K and row, at the tuned rates: validation loss over seeds (mean,
+    min, max) and against the synchronous row's mean."""
     out = []
-    for (row, schedule, K, lr), rs in sorted(groups.items(), key=lambda g: (g[0][2], g[0][1],
-                                                                             ROWS.index(g[0][0]))):
-        losses = [r["validation_loss"] for r in rs]
-        out.append({"row": row, "schedule": schedule, "K": K, "lr": lr, "seeds": len(rs),
-                    "validation_loss": round(float(np.mean(losses)), 4),
-                    "min": min(losses), "max": max(losses),
-                    "effective_delay": rs[0]["effective_delay"]})
+    for K in Ks:
+        sync_loss = None
+        for row in ROWS:
+            lr = best_rate(runs, row, K, tokens)
+            for schedule in ("1f1b", "-", "pb", "pipedream"):
+                rs = [r for r in runs if (r["row"], r["schedule"], r["lr"], r["tokens"]) ==
+                      (row, schedule, lr, tokens) and r["K"] in (0, K)]
+                if not rs:
+                    continue
+                losses = [r["validation_loss"] for r in rs]
+                mean = float(np.mean(losses))
+                sync_loss = mean if row == "AdamW sync" else sync_loss
+                out.append({"K": K, "row": row, "schedule": schedule, "lr": lr,
+                            "seeds": len(rs), "validation_loss": round(mean, 4),
+                            "min": min(losses), "max": max(losses),
+                            "vs_sync_%": None if sync_loss is None else
+                            round(100 * (mean / sync_loss - 1), 2),
+                            "effective_delay": rs[0]["effective_delay"]})
     return out
+
+
+def plot(runs: list, tokens: int, K: int, path) -> None:
+    """Validation loss against tokens at K, PB: one line a row (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for row in ROWS:
+        lr = best_rate(runs, row, K, tokens)
+        curves = [r["curve"] for r in runs if r["row"] == row and r["lr"] == lr
+                  and r["tokens"] == tokens and r["schedule"] in ("1f1b", "-", "pb")
+                  and r["K"] in (0, K)]
+        if curves:
+            mean = np.mean(curves, 0)
+            ax.plot(mean[:, 0] / 1e6, mean[:, 1], label=f"{row} ({len(curves)} seeds)",
+                    linestyle="--" if row in SYNCHRONOUS + ("AdamW no delay",) else "-")
+    ax.set(title=f"GPT {SIZE['depth']}x{SIZE['width']}, Shakespeare, PB at K = {K}",
+           xlabel="tokens (millions)", ylabel="validation loss (nats per byte)")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -222,7 +267,9 @@ def main() -> None:
                              else args.schedules):
                 for seed in args.seeds:
                     study.get(row, schedule, K, lr, seed)
-    print(table(summary(study.runs, args.tokens)))
+    print(table(summary(study.runs, args.tokens, args.K)))
+    if any(r["K"] == 8 for r in study.runs):
+        plot(study.runs, args.tokens, 8, RESULTS / "async_adamw.png")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="for momentum and mitigations (default 0.9)")
     train.add_argument("--mitigation", default=None, choices=list(MITIGATIONS),
                        help="staleness mitigation for --schedule pb or pipedream "
-                            "(on --optimizer momentum, or adam: none, stash, lwp, pipemare)")
+                            "(on --optimizer adam or adamw: all but spectrain; nesterov on "
+                            "nothing else)")
     train.add_argument("--horizon-scale", type=float, default=1.0,
                        help="multiplies the forecast horizon and compensated delay (2: LWP_2D)")
     train.add_argument("--form", default=None, choices=["velocity", "difference"],

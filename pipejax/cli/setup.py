@@ -39,9 +39,8 @@ def apply_model_defaults(args) -> set[str]:
             continue  # --lr stays None: --reference sets the rate when --lr is left out
         if key == "batch_size" and args.microbatch_size is not None:
             continue
-        if key == "optimizer" and (getattr(args, "reference", None)
-                                   or getattr(args, "mitigation", None)):
-            continue  # they run on momentum (or adam), not on a model's adamw
+        if key == "optimizer" and getattr(args, "reference", None):
+            continue  # eq. 9 scales momentum, not a model's adamw
         if getattr(args, key, None) is None:
             setattr(args, key, value)
             filled.add(key)
@@ -235,9 +234,15 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
                 "adam": lambda: optax.adam(rate),
                 "adamw": lambda: optax.adamw(rate, b2=0.95, weight_decay=args.weight_decay,
                                              mask=_matrices)}[args.optimizer](), False, settings
-    base = {"adam": "adam", "adamw": T.AdamW(b2=0.95, weight_decay=args.weight_decay,
-                                              mask=_matrices)}.get(args.optimizer, "momentum")
-    mit = T.mitigation(args.mitigation, rate, momentum=momentum,
+    adam = args.optimizer in ("adam", "adamw")
+    if args.mitigation == "nesterov" and not adam:
+        raise ConfigError("--mitigation nesterov is NAdam on stashed weights; use --optimizer "
+                          "adam or adamw")
+    nesterov = args.mitigation == "nesterov"  # its own β1 0.99; on adam, all its settings
+    base = {"adam": None if nesterov else "adam",
+            "adamw": T.AdamW(0.99 if nesterov else 0.9, b2=0.95, weight_decay=args.weight_decay,
+                             mask=_matrices)}.get(args.optimizer, "momentum")
+    mit = T.mitigation(args.mitigation, rate, momentum=None if adam else momentum,
                        horizon_scale=args.horizon_scale, form=args.form, optimizer=base,
                        warmup_steps=(args.warmup or per_epoch) if pipemare else None)
     return mit.optimizer, mit.weight_stashing, settings

@@ -28,10 +28,11 @@ from pipejax.transforms.recipes import (Mitigation, lwp, lwp_sc, no_mitigation, 
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
 
 __all__ = ["AdamW", "DirectionState", "NAdamState", "adam_spike_compensation", "nesterov",
-           "pipeoptim", "scale_by_nadam", "update_direction", "LR_SCHEDULES", "MITIGATIONS", "RECIPES", "RULES", "DataRule", "ElasticState",
-           "GossipState", "Mitigation", "SpikeCompensationState", "WeightForecastState",
-           "adpsgd", "coefficients", "consensus_distance", "elastic", "elastic_average", "gossip",
-           "hadpsgd", "mean_gradients", "ssgd", "forecast", "forecast_horizon",
-           "forecasts_backward", "has_forecast", "lr_schedule", "lwp", "lwp_sc", "mitigation",
-           "no_mitigation", "pipemare", "pipemare_lr", "sc", "scale_hyperparams", "spectrain",
-           "spike_compensation", "stash", "weight_forecast"]
+           "pipeoptim", "scale_by_nadam", "update_direction", "LR_SCHEDULES", "MITIGATIONS",
+           "RECIPES", "RULES", "DataRule", "ElasticState", "GossipState", "Mitigation",
+           "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
+           "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",
+           "mean_gradients", "ssgd", "forecast", "forecast_horizon", "forecasts_backward",
+           "has_forecast", "lr_schedule", "lwp", "lwp_sc", "mitigation", "no_mitigation",
+           "pipemare", "pipemare_lr", "sc", "scale_hyperparams", "spectrain", "spike_compensation",
+           "stash", "weight_forecast"]

@@ -22,33 +22,37 @@ from pipejax.errors import ConfigError
 from pipejax.transforms.forecast import update_direction
 
 
-def _check(name: str, b1: float, b2: float, eps: float) -> None:
-    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps >= 0.0):
-        raise ConfigError(f"{name}: b1={b1}, b2={b2} must lie in [0, 1) and eps={eps} be >= 0")
+def _check(name: str, b1: float, b2: float, eps: float, weight_decay: float = 0.0) -> None:
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps >= 0.0 and weight_decay >= 0.0):
+        raise ConfigError(f"{name}: b1={b1}, b2={b2} must lie in [0, 1), eps={eps} and "
+                          f"weight_decay={weight_decay} be >= 0")
 
 
 def adam_spike_compensation(delay: float, *, b1: float = 0.9, b2: float = 0.999,
                             eps: float = 1e-8, scale: float = 1.0) -> optax.GradientTransformation:
-    """Adam's scaling with spike compensation SC_D on its first moment:
+    """Adam's scaling with spike compensation SC_D on its first moment, at update t:
 
         μ ← β1·μ + (1 − β1)·g;   ν ← β2·ν + (1 − β2)·g²
-        update = (a·μ/(1 − β1^(t+D)) + (1 − a)·g/(1 − β1^t)) / (√(ν/(1 − β2^t)) + ε),  a = β1^D
+        update = (β1^D·μ/(1 − β1^(t+D)) + c_t·g) / (√(ν/(1 − β2^t)) + ε)
+        c_t = Σ_{k<D} (1 − β1)·β1^k / (1 − β1^(t+k))
 
-    Kosson et al. 2020's SC_D (eq. 14: v ← m·v + g, update a·v + b·g with
-    a = m^D, b = (1 − m^D)/(1 − m)) written for Adam's averaged moment
-    μ = (1 − m)·v: a·v + b·g = (m^D·μ + (1 − m^D)·g)/(1 − m). A gradient
-    that arrives D updates late gets at once the weight that momentum would
-    have given it over those D updates; its total weight over time is
-    Adam's. The bias corrections are those of optax's NAdam, which this is
-    at D = 1 (`optax.scale_by_adam(nesterov=True)`, Dozat 2016); D = 0 is
-    `optax.scale_by_adam`. `scale` gives SC_{scale·D}. Follow it with the
-    weight decay and `optax.scale_by_learning_rate`, as `optax.adamw` does.
+    Kosson et al. 2020's SC_D (eq. 14: v ← m·v + g, update a·v + b·g,
+    a = m^D, b = Σ_{k<D} m^k) for Adam's bias-corrected average: every
+    gradient's contributions move D updates earlier. The new gradient gets
+    at once the weights Adam would give it over the next D updates (c_t),
+    and the moment the weight it would have D updates later, so each
+    gradient's total weight over time is Adam's. D = 0 is
+    `optax.scale_by_adam`, D = 1 `optax.scale_by_adam(nesterov=True)`
+    (Dozat 2016); `scale` gives SC_{scale·D}, a whole number of updates.
+    Follow it with the weight decay and `optax.scale_by_learning_rate`, as
+    `optax.adamw` does.
     """
     _check("adam_spike_compensation", b1, b2, eps)
-    if delay < 0 or scale < 0:
-        raise ConfigError(f"adam_spike_compensation: delay={delay} and scale={scale} must be >= 0")
-    D = float(scale * delay)
-    a = b1 ** D
+    D = scale * delay
+    if D < 0 or D != int(D):
+        raise ConfigError(f"adam_spike_compensation: delay={delay} times scale={scale} must be a "
+                          "whole number of updates >= 0 (Adam's catch-up sums over them)")
+    ks = jnp.arange(int(D), dtype=jnp.float32)
 
     def update_fn(updates, state, params=None):
         del params
@@ -56,10 +60,10 @@ def adam_spike_compensation(delay: float, *, b1: float = 0.9, b2: float = 0.999,
         nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
         t = optax.safe_increment(state.count)
         tf = t.astype(jnp.float32)
-        late, now = 1 - b1 ** (tf + D), 1 - b1 ** tf
-        out = jax.tree.map(
-            lambda m, g, v: (a * m / late + (1 - a) * g / now)
-            / (jnp.sqrt(v / (1 - b2 ** tf)) + eps), mu, updates, nu)
+        late = b1 ** D / (1 - b1 ** (tf + D))
+        catch_up = jnp.sum((1 - b1) * b1 ** ks / (1 - b1 ** (tf + ks)))
+        out = jax.tree.map(lambda m, g, v: (late * m + catch_up * g)
+                           / (jnp.sqrt(v / (1 - b2 ** tf)) + eps), mu, updates, nu)
         return out, optax.ScaleByAdamState(count=t, mu=mu, nu=nu)
 
     return optax.GradientTransformation(optax.scale_by_adam(b1, b2, eps).init, update_fn)
@@ -85,8 +89,9 @@ def scale_by_nadam(b1: float = 0.99, b2: float = 0.999, eps: float = 1e-8,
 
     ψ = `momentum_decay`. The optimizer of Ajanthan et al. 2025 ("Nesterov
     method for asynchronous pipeline parallel optimization", ICML, arXiv
-    2505.01099; their code runs torch's NAdam, β1 = 0.99, on stashed weights): the look-ahead μ_{t+1}·m with the
-    gradient's own weight discounted to (1 − μ_t). Follow it with the weight
+    2505.01099; their code runs torch's NAdam, β1 = 0.99, on stashed
+    weights): the look-ahead μ_{t+1}·m with the gradient's own weight
+    discounted to (1 − μ_t). Follow it with the weight
     decay and `optax.scale_by_learning_rate` (torch's decoupled decay
     θ ← θ·(1 − γλ) is `optax.add_decayed_weights(λ)` before the rate).
     """
@@ -110,8 +115,8 @@ def scale_by_nadam(b1: float = 0.99, b2: float = 0.999, eps: float = 1e-8,
         m = optax.tree.update_moment(updates, state.mu, b1, 1)
         v = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
         c_g, c_m = (1 - mu_t) / (1 - product), mu_next / (1 - product * mu_next)
-        out = jax.tree.map(lambda g, m, v: (c_g * g + c_m * m) / (jnp.sqrt(v / (1 - b2 ** tf)) + eps),
-                           updates, m, v)
+        out = jax.tree.map(lambda g, m, v: (c_g * g + c_m * m)
+                           / (jnp.sqrt(v / (1 - b2 ** tf)) + eps), updates, m, v)
         return out, NAdamState(t, m, v, product)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -120,7 +125,8 @@ def scale_by_nadam(b1: float = 0.99, b2: float = 0.999, eps: float = 1e-8,
 class AdamW(NamedTuple):
     """Adam with decoupled weight decay (Loshchilov & Hutter 2019), as
     `optax.adamw(rate, b1, b2, eps, weight_decay=..., mask=...)`: a recipe's
-    `optimizer=` for Adam with settings other than `optax.adam`'s."""
+    `optimizer=` for Adam with settings other than `optax.adam`'s; β1 is
+    the recipe's momentum."""
 
     b1: float = 0.9
     b2: float = 0.999
@@ -133,7 +139,7 @@ class AdamW(NamedTuple):
         """`optax.adamw`'s chain at `learning_rate`, with SC_delay on the first
         moment (`adam_spike_compensation`) when delay > 0, and the direction
         m̂/(√v̂ + ε) kept for a forecast (`update_direction`) when asked."""
-        _check("AdamW", self.b1, self.b2, self.eps)
+        check_optimizer(self)
         scaling = (adam_spike_compensation(delay, b1=self.b1, b2=self.b2, eps=self.eps) if delay
                    else optax.scale_by_adam(self.b1, self.b2, self.eps))
         return optax.chain(scaling, *([update_direction()] if direction else []),
@@ -153,7 +159,9 @@ Base = str | AdamW  # a recipe's optimizer: "momentum" (SGDM), "adam" (optax.ada
 
 
 def check_optimizer(optimizer: Base) -> None:
-    if not (isinstance(optimizer, AdamW) or optimizer in ("momentum", "adam")):
+    if isinstance(optimizer, AdamW):
+        _check("AdamW", optimizer.b1, optimizer.b2, optimizer.eps, optimizer.weight_decay)
+    elif optimizer not in ("momentum", "adam"):
         raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum', 'adam' or "
                           "pj.transforms.AdamW(b1, b2, eps, weight_decay, mask)")
 

@@ -34,13 +34,13 @@ def pipeoptim(learning_rate: optax.ScalarOrSchedule | None = None, *,
     """
     check_optimizer(optimizer)
     lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
-    h = horizon_scale
-    if not is_adam(optimizer):
-        return Mitigation(lambda s: optax.chain(base_optimizer(optimizer, lr, m),
-                                                forecast_ahead(h * s.delay, "velocity", lr)), False, lr, m)
-    adam = optimizer if isinstance(optimizer, AdamW) else AdamW()
-    return Mitigation(lambda s: optax.chain(adam(lr, direction=True),
-                                            forecast_ahead(h * s.delay, "velocity", lr)), False, lr, m)
+    if is_adam(optimizer):
+        adam = optimizer if isinstance(optimizer, AdamW) else AdamW()
+        base = lambda: adam(lr, direction=True)  # ΔW: Adam's direction, kept for the forecast
+    else:
+        base = lambda: base_optimizer(optimizer, lr, m)  # ΔW: the momentum trace
+    return Mitigation(lambda s: optax.chain(base(), forecast_ahead(horizon_scale * s.delay,
+                                                                   "velocity", lr)), False, lr, m)
 
 
 NESTEROV = AdamW(b1=0.99, b2=0.999, eps=1e-8, weight_decay=0.01)  # Ajanthan et al.'s settings

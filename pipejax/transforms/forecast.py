@@ -101,8 +101,8 @@ def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "
     velocity form reads the momentum trace v (the `trace` field of an
     `optax.trace` or `spike_compensation` state in the same chain) and is
     Kosson et al.'s default (appendix H.5), or the direction an
-    `update_direction` in the chain kept (PipeOptim: Adam's m̂/(√v̂ + ε)). The two are equal for plain SGDM
-    and differ under spike compensation. Updates pass through unchanged:
+    `update_direction` in the chain kept (PipeOptim: Adam's m̂/(√v̂ + ε)).
+    The two are equal for plain SGDM and differ under spike compensation. Updates pass through unchanged:
     this must be the chain's last transform.
 
     Args:
@@ -197,12 +197,12 @@ def forecast(params: optax.Params, opt_state: Any, horizon: Any = None, *,
     T = forecast_horizon(opt_state, backward) if horizon is None else horizon
     if state.last_update is not None:
         return jax.tree.map(lambda w, d: w + T * d.astype(w.dtype), params, state.last_update)
-    traces = (optax.tree.get_all_with_path(opt_state, "trace")
-              + optax.tree.get_all_with_path(opt_state, "direction"))
-    if len(traces) != 1:
+    velocities = (optax.tree.get_all_with_path(opt_state, "trace")
+                  + optax.tree.get_all_with_path(opt_state, "direction"))
+    if len(velocities) != 1:
         raise ConfigError(f"forecast(form='velocity') needs one velocity in the chain (the "
                           f"trace of optax.trace or spike_compensation, or an update_direction) "
-                          f"and found {len(traces)}; use form='difference', which works after "
+                          f"and found {len(velocities)}; use form='difference', which works after "
                           "any optimizer")
-    v = traces[0][1]
+    v = velocities[0][1]
     return jax.tree.map(lambda w, u: w - state.learning_rate * T * u.astype(w.dtype), params, v)

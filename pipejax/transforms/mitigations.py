@@ -44,6 +44,9 @@ RECIPES: dict[str, Callable[..., Mitigation]] = {
 MITIGATIONS = tuple(RECIPES)
 # settings left to the recipe's own default when not given
 _OWN_DEFAULT = ("optimizer", "form", "momentum_decay")
+# settings a recipe that does not take them refuses; the others (horizon_scale,
+# warmup_steps) are left out, as the CLI passes them to every name
+_CHECKED = ("momentum", "reference", "batch", "form", "momentum_decay", "sweep")
 # the ones that run on Adam
 _ADAM = tuple(name for name, recipe in RECIPES.items()
               if "optimizer" in inspect.signature(recipe).parameters)
@@ -55,9 +58,10 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
                optimizer: Base | None = None, form: str | None = None,
                warmup_steps: int | None = None, momentum_decay: float | None = None,
                sweep: bool = False) -> Mitigation:
-    """`RECIPES[name](...)`, given the settings that recipe takes; the others
-    are checked and left out (`horizon_scale` on "none", `warmup_steps` off
-    "pipemare", ...), so that one call serves every name.
+    """`RECIPES[name](...)`, given the settings that recipe takes. Of the
+    others, `horizon_scale` and `warmup_steps` are left out (so that one call
+    serves every name); any other given to a recipe that does not take it
+    (`momentum` to nesterov, `sweep` to pipemare, ...) is a ConfigError.
 
     Args:
       name: one of `MITIGATIONS`.
@@ -71,7 +75,7 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
         "difference" (the default, and the only one, on Adam).
       warmup_steps: for pipemare, K_warm >= 1.
       momentum_decay: for nesterov, ψ of NAdam's momentum schedule.
-      sweep: the sweep chain, for every name but pipemare, in the velocity form.
+      sweep: the sweep chain, for the SGDM names but pipemare, in the velocity form.
     """
     if name not in RECIPES:
         raise ConfigError(f"unknown mitigation {name!r}; choose one of {', '.join(MITIGATIONS)}")
@@ -82,11 +86,19 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
     if is_adam(base) and name not in _ADAM:
         raise ConfigError(f"mitigation {name!r} forecasts with a momentum trace, which Adam does "
                           f"not have; with Adam use {', '.join(_ADAM)}")
-    check_form(form or default_form(base), base)
-    check_sweep(name, base, form or default_form(base), sweep)
+    if form is not None:
+        check_form(form, "momentum")  # a form at all; whether it fits the optimizer, below
     given = {"learning_rate": learning_rate, "momentum": momentum, "reference": reference,
              "batch": batch, "horizon_scale": horizon_scale, "optimizer": optimizer,
              "form": form, "warmup_steps": warmup_steps, "momentum_decay": momentum_decay,
              "sweep": sweep}
+    ignored = [key for key in _CHECKED if key not in takes and given[key] not in (None, False)]
+    if ignored:
+        raise ConfigError(f"mitigation {name!r} takes no {', '.join(ignored)}; leave "
+                          f"{'it' if len(ignored) == 1 else 'them'} out")
+    if "form" in takes:
+        check_form(form or default_form(base), base)
+    if "sweep" in takes:
+        check_sweep(name, base, form or default_form(base), sweep)
     return RECIPES[name](**{key: value for key, value in given.items()
                             if key in takes and not (value is None and key in _OWN_DEFAULT)})

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import optax
 
 from pipejax.errors import ConfigError
-from pipejax.transforms.adam import Base, base_optimizer, check_optimizer, default_form, is_adam
+from pipejax.transforms.adam import (AdamW, Base, base_optimizer, check_optimizer, default_form,
+                                     is_adam)
 from pipejax.transforms.forecast import FORMS, weight_forecast
 from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
 from pipejax.transforms.spike import coefficients, spike_compensation
@@ -44,7 +45,11 @@ class Mitigation(NamedTuple):
 def rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
                        reference: tuple | None, batch: int | None,
                        optimizer: Base) -> tuple[optax.ScalarOrSchedule, float]:
-    """(η, m): as given, or scaled from `reference` = (η, m, B) to `batch` by eq. 9."""
+    """(η, m): as given, or scaled from `reference` = (η, m, B) to `batch` by
+    eq. 9; on Adam m is its β1."""
+    if is_adam(optimizer) and momentum is not None:
+        raise ConfigError(f"mitigation: momentum={momentum} on Adam, whose momentum is its β1; "
+                          "leave momentum out and give optimizer=pj.transforms.AdamW(b1=...)")
     if reference is None:
         if learning_rate is None:
             raise ConfigError("mitigation: give learning_rate=η, or reference=(η, m, B) and "
@@ -52,6 +57,8 @@ def rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: fl
         if batch is not None:
             raise ConfigError("mitigation: batch= is the update size to scale a reference "
                               "recipe to; give reference=(η, m, B) with it")
+        if is_adam(optimizer):
+            return learning_rate, optimizer.b1 if isinstance(optimizer, AdamW) else 0.9
         return learning_rate, 0.9 if momentum is None else momentum
     if learning_rate is not None or momentum is not None:
         raise ConfigError("mitigation: reference=(η, m, B) sets the learning rate and momentum "
@@ -209,7 +216,8 @@ def lwp(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float 
     h = horizon_scale
     if sweep:
         return Mitigation(_swept(lr, m, lambda s: (1.0, 0.0, h * s.delay, 0.0)), False, lr, m)
-    return Mitigation(lambda s: optax.chain(base_optimizer(optimizer, lr, m), forecast_ahead(h * s.delay, form, lr)),
+    return Mitigation(lambda s: optax.chain(base_optimizer(optimizer, lr, m),
+                                            forecast_ahead(h * s.delay, form, lr)),
                       False, lr, m)
 
 
@@ -280,6 +288,7 @@ def pipemare(learning_rate: optax.ScalarOrSchedule | None = None, *, warmup_step
         raise ConfigError(f"mitigation 'pipemare' divides the rate by τ^p with p fading over "
                           f"K_warm updates; give warmup_steps=K_warm >= 1, not {warmup_steps!r}")
     lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
-    return Mitigation(lambda s: base_optimizer(optimizer, pipemare_lr(lr, s.delay, warmup_steps), m),
+    return Mitigation(lambda s: base_optimizer(optimizer, pipemare_lr(lr, s.delay, warmup_steps),
+                                               m),
                       False, lr, m)
 

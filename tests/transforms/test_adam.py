@@ -40,15 +40,33 @@ def _moments():
     return out
 
 
+def _adam_weights(s: int, t: int) -> float:
+    """The weight Adam's update t gives gradient s: (1 − β1)·β1^(t−s)/(1 − β1^t)."""
+    return (1 - B1) * B1 ** (t - s) / (1 - B1 ** t)
+
+
 def test_spike_compensation_on_adam_by_hand():
+    """SC_D moves every gradient's contributions D updates earlier: update t
+    gives gradient s < t the weight Adam's update t + D gives it, and the new
+    gradient the weights of Adam's updates t .. t + D."""
     D = 3
     expected = []
-    for t, (g, m, v) in enumerate(_moments(), start=1):  # a = β1^D; μ late by D, g now
-        a = B1 ** D
-        numerator = a * m / (1 - B1 ** (t + D)) + (1 - a) * g / (1 - B1 ** t)
+    for t, (_, _, v) in enumerate(_moments(), start=1):
+        numerator = sum(_adam_weights(s, t + D) * GRADS[s - 1] for s in range(1, t)) + sum(
+            _adam_weights(t, t + k) for k in range(D + 1)) * GRADS[t - 1]
         expected.append(numerator / (np.sqrt(v / (1 - B2 ** t)) + EPS))
     got = [u for u, _, _ in _run(T.adam_spike_compensation(D, b1=B1, b2=B2, eps=EPS))]
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+    # a constant gradient moves each weight by one rate a step, as Adam's, from the first
+    constant = T.adam_spike_compensation(14, b1=0.9, b2=0.95, eps=0.0)
+    state, g = constant.init(jnp.zeros(2)), jnp.array([0.5, -2.0])
+    first, state = constant.update(g, state)
+    assert float(jnp.max(first)) < 3  # the catch-up of the first update is bounded
+    for _ in range(200):
+        u, state = constant.update(g, state)
+    np.testing.assert_allclose(u, jnp.sign(g), rtol=1e-5)
+    with pytest.raises(ConfigError, match="must be a whole number of updates"):
+        T.adam_spike_compensation(3, scale=1.5)
 
 
 def test_spike_compensation_on_adam_is_adam_at_0_and_nadam_at_1():
@@ -58,7 +76,31 @@ def test_spike_compensation_on_adam_is_adam_at_0_and_nadam_at_1():
                                     _run(plain), rtol=1e-6)
 
 
-def test_nadam_is_torchs_by_hand():
+# torch 2.13.0 NAdam([W0], lr=LR, betas=(B1, B2), eps=EPS, weight_decay=WD,
+# momentum_decay=0.004, decoupled_weight_decay=True): the weights after GRADS · 3
+TORCH_NADAM = [[0.8705816113, -2.0693091887, 0.5994183887],
+               [0.895367063, -2.1386677875, 0.5972176972],
+               [0.7614313357, -2.0533395875, 0.5367482849],
+               [0.6927129001, -2.047280112, 0.6197709135],
+               [0.6862641328, -2.110540043, 0.6181446817],
+               [0.555954868, -2.0314042934, 0.561162837],
+               [0.4886481307, -2.0256893184, 0.6477103522],
+               [0.4803727453, -2.0918016861, 0.6461962342],
+               [0.3509945018, -2.0146759665, 0.5893098146]]
+
+
+def test_nadam_is_torchs():
+    adam = T.AdamW(B1, B2, EPS, weight_decay=WD)
+    w, opt = jnp.asarray(W0), adam.nadam(LR, 0.004)
+    state, got = opt.init(w), []
+    for g in GRADS * 3:
+        u, state = opt.update(jnp.asarray(g), state, w)
+        w = optax.apply_updates(w, u)
+        got.append(w)
+    np.testing.assert_allclose(got, TORCH_NADAM, rtol=1e-5)
+
+
+def test_nadam_by_hand():
     """torch.optim.NAdam: μ_t = β1·(1 − ½·0.96^(tψ)), Π_t = Π μ_i, decoupled decay."""
     psi, w, product, expected = 0.004, W0.copy(), 1.0, []
     for t, (g, m, v) in enumerate(_moments(), start=1):
@@ -119,4 +161,20 @@ def test_the_adam_recipes_name_what_is_wrong():
         T.mitigation("spectrain", LR, optimizer=T.AdamW())
     with pytest.raises(ConfigError, match="b1=1.0, b2=0.95 must lie in"):
         T.AdamW(b1=1.0, b2=0.95)(LR)
-    assert T.mitigation("nesterov", LR).optimizer(STAGE) is not None  # the paper's AdamW
+    with pytest.raises(ConfigError, match="'nesterov' takes no momentum, reference, batch"):
+        T.mitigation("nesterov", LR, momentum=0.9, reference=(0.1, 0.9, 128), batch=1)
+    with pytest.raises(ConfigError, match="'pipeoptim' takes no form, sweep"):
+        T.mitigation("pipeoptim", LR, form="velocity", sweep=True)
+    with pytest.raises(ConfigError, match="momentum=0.5 on Adam, whose momentum is its β1"):
+        T.no_mitigation(LR, momentum=0.5, optimizer="adam")
+    with pytest.raises(ConfigError, match="eps=-1 and weight_decay=0.0 be >= 0"):
+        T.pipeoptim(LR, optimizer=T.AdamW(eps=-1))
+    assert T.sc(LR, optimizer=T.AdamW(b1=0.95)).momentum == 0.95
+
+
+def test_nesterov_by_default_is_the_papers():
+    """NAdam with β1 0.99, β2 0.999, decay 0.01 (Ajanthan et al.'s run.bash), stashing."""
+    mit = T.mitigation("nesterov", LR)
+    assert mit.weight_stashing and mit.momentum == 0.99
+    chex.assert_trees_all_equal(_run(mit.optimizer(STAGE)), _run(
+        T.AdamW(0.99, 0.999, 1e-8, weight_decay=0.01).nadam(LR)))
