@@ -26,6 +26,9 @@ of the updates then cosine decay to 0. Rows:
                  its updates' RMS matched to AdamW's (consistent_rms=0.2, Liu
                  et al. 2025), so that it takes AdamW's rates and decay
   Muon           the same on the delayed gradients, no correction
+  ... (√)        the row with the synchronous row's AdamW moved to update size 4
+                 by the square-root rule (`scale_adam_hyperparams`, Malladi et al.
+                 2022: η/√8, 1 − β by 1/8, ε·√8, decay λ/√8), no rate tuned
 The rates: the synchronous rows' and those of every asynchronous row of a K
 are the best of the grid `RATES` at seed 0, for "AdamW sync" and for "none"
 with PB at that K (`--tune`). The effective delay is η·D at the first stage
@@ -59,10 +62,12 @@ from common import RESULTS, save, table
 SIZE = dict(depth=8, width=64, heads=4, context=64)
 T, MB, M = SIZE["context"], 4, 8
 EVAL_WINDOWS, POINTS = 256, 8
-RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 SYNCHRONOUS = ("AdamW sync", "Muon sync")
+SCALED = " (√)"  # the square-root rule's rows
 ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
-        "nesterov", "Muon sync", "Muon")
+        "nesterov", "Muon sync", "Muon", *(row + SCALED for row in (
+            "AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
 PATH = RESULTS / "async_adamw.json"
 
 
@@ -71,6 +76,11 @@ def matrices(params):
 
 
 ADAMW = pj.transforms.AdamW(b1=0.9, b2=0.95, weight_decay=0.1, mask=matrices)
+SQRT_RATE, SQRT_ADAMW = pj.transforms.scale_adam_hyperparams(1.0, ADAMW, M * MB, MB)
+
+
+def undelayed(row: str) -> bool:
+    return row in SYNCHRONOUS or row.startswith("AdamW no delay")
 
 
 def rate_schedule(peak: float, updates: int) -> optax.Schedule:
@@ -102,13 +112,15 @@ def muon(rate: optax.Schedule) -> optax.GradientTransformation:
 
 def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:
     """(an optimizer for `pj.simulate`, whether the backward uses the stashed weights)."""
+    adam = SQRT_ADAMW if row.endswith(SCALED) else ADAMW
+    row = row.removesuffix(SCALED)
     if row.startswith("Muon"):
         return muon(rate), False
     if row in ("AdamW sync", "AdamW no delay"):
-        return ADAMW(rate), False
+        return adam(rate), False
     settings = {"pipemare": {"warmup_steps": max(updates // 5, 1)},
                 "nesterov": {"optimizer": ADAMW._replace(b1=0.99)}}.get(row, {})
-    mit = pj.transforms.mitigation(row, rate, **{"optimizer": ADAMW, **settings})
+    mit = pj.transforms.mitigation(row, rate, **{"optimizer": adam, **settings})
     return mit.optimizer, mit.weight_stashing
 
 
@@ -130,7 +142,7 @@ def run(layers, corpus, validation, row: str, schedule: str, K: int, lr: float, 
         x, y = x.reshape(-1, MB, T), y.reshape(-1, MB, T)
     updates = len(x)
     opt, stash = optimizer(row, rate_schedule(lr, updates), updates)
-    delays = 0 if row in SYNCHRONOUS + ("AdamW no delay",) else schedule
+    delays = 0 if undelayed(row) else schedule
     sim = pj.simulate(layers, loss=pj.losses.next_token, optimizer=opt,
                       split=split(layers, K) if delays else 1, delays=delays, consistent=stash)
     state = sim.init(sim.variables(jax.random.key(seed), jnp.asarray(x[0])))
@@ -165,8 +177,8 @@ class Study:
 
     def get(self, row: str, schedule: str, K: int, lr: float, seed: int) -> dict:
         sync = row in SYNCHRONOUS
-        wanted = (row, "1f1b" if sync else (schedule if row != "AdamW no delay" else "-"),
-                  0 if sync or row == "AdamW no delay" else K, lr, seed, self.tokens)
+        wanted = (row, "1f1b" if sync else ("-" if undelayed(row) else schedule),
+                  0 if undelayed(row) else K, lr, seed, self.tokens)
         for r in self.runs:
             if key(r) == wanted:
                 return r
@@ -181,8 +193,9 @@ class Study:
 
     def tuned(self, row: str, K: int) -> float:
         """The rate of `row` at K: the grid's best (seed 0) for "AdamW sync"
-        (synchronous rows) or for PB "none" at K (asynchronous rows)."""
-        base = "AdamW sync" if row in SYNCHRONOUS else "none"
+        (synchronous rows) or for PB "none" at K (asynchronous rows); the
+        synchronous one by the square-root rule for the (√) rows."""
+        base = "AdamW sync" if row in SYNCHRONOUS or row.endswith(SCALED) else "none"
         for lr in RATES:
             self.get(base, "pb", K, lr, 0)
         return best_rate(self.runs, row, K, self.tokens)
@@ -190,6 +203,9 @@ class Study:
 
 def best_rate(runs: list, row: str, K: int, tokens: int) -> float | None:
     """The grid's best rate for `row` at K among `runs` (None before the grid ran)."""
+    if row.endswith(SCALED):
+        best = best_rate(runs, "AdamW sync", K, tokens)
+        return None if best is None else best * SQRT_RATE
     sync = row in SYNCHRONOUS
     losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
               and r["seed"] == 0 and r["schedule"] == ("1f1b" if sync else "pb")
@@ -238,7 +254,7 @@ def plot(runs: list, tokens: int, K: int, path) -> None:
         if curves:
             mean = np.mean(curves, 0)
             ax.plot(mean[:, 0] / 1e6, mean[:, 1], label=f"{row} ({len(curves)} seeds)",
-                    linestyle="--" if row in SYNCHRONOUS + ("AdamW no delay",) else "-")
+                    linestyle="--" if undelayed(row) else "-")
     ax.set(title=f"GPT {SIZE['depth']}x{SIZE['width']}, Shakespeare, PB at K = {K}",
            xlabel="tokens (millions)", ylabel="validation loss (nats per byte)")
     ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
@@ -263,7 +279,7 @@ def main() -> None:
             continue
         for row in args.rows:
             lr = study.tuned(row, K)
-            for schedule in (["pb"] if row in SYNCHRONOUS + ("AdamW no delay",)
+            for schedule in (["pb"] if undelayed(row)
                              else args.schedules):
                 for seed in args.seeds:
                     study.get(row, schedule, K, lr, seed)

@@ -20,7 +20,8 @@ from pipejax.transforms.adam import (AdamW, NAdamState, adam_spike_compensation,
 from pipejax.transforms.forecast import (DirectionState, WeightForecastState, forecast,
                                          forecast_horizon, forecasts_backward, has_forecast,
                                          update_direction, weight_forecast)
-from pipejax.transforms.hyperparams import LR_SCHEDULES, lr_schedule, pipemare_lr, scale_hyperparams
+from pipejax.transforms.hyperparams import (LR_SCHEDULES, lr_schedule, pipemare_lr,
+                                            scale_adam_hyperparams, scale_hyperparams)
 from pipejax.transforms.mitigations import MITIGATIONS, RECIPES, mitigation
 from pipejax.transforms.adam_recipes import nesterov, pipeoptim
 from pipejax.transforms.recipes import (Mitigation, lwp, lwp_sc, no_mitigation, pipemare, sc,
@@ -28,7 +29,7 @@ from pipejax.transforms.recipes import (Mitigation, lwp, lwp_sc, no_mitigation, 
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
 
 __all__ = ["AdamW", "DirectionState", "NAdamState", "adam_spike_compensation", "nesterov",
-           "pipeoptim", "scale_by_nadam", "update_direction", "LR_SCHEDULES", "MITIGATIONS",
+           "pipeoptim", "scale_by_nadam", "scale_adam_hyperparams", "update_direction", "LR_SCHEDULES", "MITIGATIONS",
            "RECIPES", "RULES", "DataRule", "ElasticState", "GossipState", "Mitigation",
            "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
            "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",

@@ -1,5 +1,6 @@
 """Hyper-parameter rules for delayed or resized updates: Chiley et al.'s batch
-scaling (as Kosson et al. 2020 use it, eq. 9), PipeMare's per-stage
+scaling (as Kosson et al. 2020 use it, eq. 9), its counterpart for Adam (the
+square-root rule of Malladi et al. 2022), PipeMare's per-stage
 learning-rate rescheduling by delay (Yang et al. 2019, §3), and the decay
 schedules the papers train with."""
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from pipejax.errors import ConfigError
+from pipejax.transforms.adam import AdamW, check_optimizer
 
 LR_SCHEDULES = ("constant", "step", "cosine")
 
@@ -37,6 +39,35 @@ def scale_hyperparams(learning_rate: optax.ScalarOrSchedule, momentum: float, ba
     if callable(learning_rate):
         return (lambda step: factor * learning_rate(step)), float(m)
     return float(learning_rate * factor), float(m)
+
+
+def scale_adam_hyperparams(learning_rate: optax.ScalarOrSchedule, adam: AdamW, batch: int,
+                           new_batch: int) -> tuple[optax.ScalarOrSchedule, AdamW]:
+    """(η′, Adam′) for an update size `new_batch`, by the square-root scaling
+    rule for Adam (Malladi et al. 2022, "On the SDEs and scaling rules for
+    adaptive gradient algorithms", NeurIPS), with κ = B′/B:
+
+        η′ = √κ·η;   1 − β1′ = κ·(1 − β1);   1 − β2′ = κ·(1 − β2);   ε′ = ε/√κ
+
+    and the decoupled weight decay λ′ = √κ·λ, so that the decay per sample,
+    η·λ/B, is kept too. Adam's counterpart of `scale_hyperparams` (eq. 9): a
+    synchronous recipe moved to the micro-batch of pipelined backpropagation.
+    A schedule η(t) scales value by value, t counting the new updates.
+    """
+    check_optimizer(adam)
+    if batch < 1 or new_batch < 1:
+        raise ConfigError(f"scale_adam_hyperparams: batch={batch} and new_batch={new_batch} "
+                          "must be >= 1")
+    k = new_batch / batch
+    if k * max(1 - adam.b1, 1 - adam.b2) > 1:
+        raise ConfigError(f"scale_adam_hyperparams: {batch} → {new_batch} takes 1 − β past 1 "
+                          f"(b1={adam.b1}, b2={adam.b2}); the rule holds for κ(1 − β) <= 1")
+    root = k ** 0.5
+    scaled = adam._replace(b1=1 - k * (1 - adam.b1), b2=1 - k * (1 - adam.b2),
+                           eps=adam.eps / root, weight_decay=adam.weight_decay * root)
+    if callable(learning_rate):
+        return (lambda step: root * learning_rate(step)), scaled
+    return float(root * learning_rate), scaled
 
 
 def lr_schedule(kind: str, peak: float, total_steps: int, *,

@@ -1,4 +1,4 @@
-"""scale_hyperparams, lr_schedule, pipemare_lr and the named mitigations'
+"""scale_hyperparams, scale_adam_hyperparams, lr_schedule, pipemare_lr and the named mitigations'
 scaling against values worked out by hand."""
 
 import jax.numpy as jnp
@@ -20,6 +20,20 @@ def test_scale_hyperparams_by_hand():
     assert pj.transforms.scale_hyperparams(0.1, 0.0, 64, 16) == pytest.approx((0.025, 0.0))
     with pytest.raises(ConfigError, match="new_batch=0"):
         pj.transforms.scale_hyperparams(0.1, 0.9, 64, 0)
+
+
+def test_scale_adam_hyperparams_by_hand():
+    """Batch 32 → 4, κ = 1/8: η/√8, 1 − β by κ, ε·√8, decay λ/√8 (η·λ per sample kept)."""
+    adam = pj.transforms.AdamW(0.9, 0.95, 1e-8, weight_decay=0.1)
+    lr, scaled = pj.transforms.scale_adam_hyperparams(3e-3, adam, 32, 4)
+    assert lr == pytest.approx(3e-3 / 8 ** 0.5)
+    assert (scaled.b1, scaled.b2) == pytest.approx((1 - 0.1 / 8, 1 - 0.05 / 8))
+    assert scaled.eps == pytest.approx(1e-8 * 8 ** 0.5)
+    assert lr * scaled.weight_decay / 4 == pytest.approx(3e-3 * 0.1 / 32)
+    schedule, _ = pj.transforms.scale_adam_hyperparams(lambda t: 1e-3 * t, adam, 32, 8)
+    assert float(schedule(3)) == pytest.approx(3e-3 / 2)
+    with pytest.raises(ConfigError, match="the rule holds for κ\\(1 − β\\) <= 1"):
+        pj.transforms.scale_adam_hyperparams(1e-3, pj.transforms.AdamW(0.5), 4, 32)
 
 
 def test_pipemare_lr_by_hand():
