@@ -245,8 +245,9 @@ def plot(runs: list, tokens: int, K: int, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for row in ROWS:
+    fig, ax = plt.subplots(figsize=(8.4, 4.6))
+    colors = plt.cm.tab20(np.linspace(0, 1, 20))
+    for i, row in enumerate(ROWS):
         lr = best_rate(runs, row, K, tokens)
         curves = [r["curve"] for r in runs if r["row"] == row and r["lr"] == lr
                   and r["tokens"] == tokens and r["schedule"] in ("1f1b", "-", "pb")
@@ -254,11 +255,11 @@ def plot(runs: list, tokens: int, K: int, path) -> None:
         if curves:
             mean = np.mean(curves, 0)
             ax.plot(mean[:, 0] / 1e6, mean[:, 1], label=f"{row} ({len(curves)} seeds)",
-                    linestyle="--" if undelayed(row) else "-")
+                    color=colors[i % 20], linestyle="--" if undelayed(row) else "-")
     ax.set(title=f"GPT {SIZE['depth']}x{SIZE['width']}, Shakespeare, PB at K = {K}",
            xlabel="tokens (millions)", ylabel="validation loss (nats per byte)")
     ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
