@@ -277,10 +277,11 @@ def train(args) -> int:
             (args.out / "sample.txt").write_text(sample, encoding="utf-8")
         write_report(args.out, summary, flags, str(pipe), memory, task.describe(summary), sample)
     unit = "tokens/s" if task.unit == "tokens" else "examples/s"
+    chunks = pipe.plan.placement.virtual
     lines = task.lines(summary) + [
         ("steps", f"{total} in {seconds:.0f} s ({rate:.0f} {unit})"),
         ("stages", f"{args.stages} x {pipe.plan.split} layers"
-                   f"{f' in {v} chunks a device' if (v := pipe.plan.placement.virtual) > 1 else ''}, "
+                   f"{f' in {chunks} chunks a device' if chunks > 1 else ''}, "
                    f"{args.schedule}, {args.microbatches} micro-batches, mitigation "
                    f"{summary['mitigation']}")]
     if args.replicas > 1:

@@ -92,7 +92,7 @@ def make_schedule(schedule: "str | Schedule", placement: Placement, M: int) -> S
     return virtual(K, M, v)
 
 
-__all__ = ["ASYNCHRONOUS", "NAMES", "NONE", "Capacities", "Op", "Schedule", "Task", "StageInfo", "Timeline",
-           "bubble_fraction", "dualpipev", "gpipe", "gpipe_virtual", "in_flight", "interleaved",
+__all__ = ["ASYNCHRONOUS", "NAMES", "NONE", "Capacities", "Op", "Schedule", "Task", "StageInfo",
+           "Timeline", "bubble_fraction", "dualpipev", "gpipe", "gpipe_virtual", "in_flight", "interleaved",
            "make_schedule", "one_f_one_b", "pb", "pipedream", "placement_for", "plot", "render",
            "ring_capacities", "table_bubble_fraction", "zb_h1", "zb_h2", "zb_v"]

@@ -22,17 +22,17 @@ from pipejax.transforms.forecast import (DirectionState, WeightForecastState, fo
                                          update_direction, weight_forecast)
 from pipejax.transforms.hyperparams import (LR_SCHEDULES, lr_schedule, pipemare_lr,
                                             scale_adam_hyperparams, scale_hyperparams)
-from pipejax.transforms.mitigations import MITIGATIONS, RECIPES, mitigation
 from pipejax.transforms.adam_recipes import nesterov, pipeoptim
+from pipejax.transforms.mitigations import MITIGATIONS, RECIPES, mitigation
 from pipejax.transforms.recipes import (Mitigation, lwp, lwp_sc, no_mitigation, pipemare, sc,
                                         spectrain, stash)
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
 
 __all__ = ["AdamW", "DirectionState", "NAdamState", "adam_spike_compensation", "nesterov",
-           "pipeoptim", "scale_by_nadam", "scale_adam_hyperparams", "update_direction", "LR_SCHEDULES", "MITIGATIONS",
-           "RECIPES", "RULES", "DataRule", "ElasticState", "GossipState", "Mitigation",
-           "SpikeCompensationState", "WeightForecastState", "adpsgd", "coefficients",
-           "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",
+           "pipeoptim", "scale_by_nadam", "scale_adam_hyperparams", "update_direction",
+           "LR_SCHEDULES", "MITIGATIONS", "RECIPES", "RULES", "DataRule", "ElasticState",
+           "GossipState", "Mitigation", "SpikeCompensationState", "WeightForecastState", "adpsgd",
+           "coefficients", "consensus_distance", "elastic", "elastic_average", "gossip", "hadpsgd",
            "mean_gradients", "ssgd", "forecast", "forecast_horizon", "forecasts_backward",
            "has_forecast", "lr_schedule", "lwp", "lwp_sc", "mitigation", "no_mitigation",
            "pipemare", "pipemare_lr", "sc", "scale_hyperparams", "spectrain", "spike_compensation",

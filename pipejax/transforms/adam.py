@@ -2,7 +2,7 @@
 Adam or AdamW), spike compensation on Adam's first moment, and torch's NAdam.
 
 `AdamW(b1, b2, eps, weight_decay, mask)` is what a recipe's `optimizer=`
-takes for Adam (the string "adam" is `optax.adam`): calling it with a rate
+takes for Adam (the string "adam" is `AdamW()`, optax.adam's settings): calling it with a rate
 gives `optax.adamw`'s chain, with SC_D on the first moment
 (`adam_spike_compensation`) or the update direction kept for a forecast
 (`update_direction`, PipeOptim) when a recipe asks. `scale_by_nadam` is
@@ -26,6 +26,16 @@ def _check(name: str, b1: float, b2: float, eps: float, weight_decay: float = 0.
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0 and eps >= 0.0 and weight_decay >= 0.0):
         raise ConfigError(f"{name}: b1={b1}, b2={b2} must lie in [0, 1), eps={eps} and "
                           f"weight_decay={weight_decay} be >= 0")
+
+
+def _moments(updates, state, b1: float, b2: float, eps: float):
+    """Adam's moments after `updates`, the update count t (float) and the
+    denominator √(ν/(1 − β2^t)) + ε of each leaf."""
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    t = optax.safe_increment(state.count)
+    tf = t.astype(jnp.float32)
+    return mu, nu, t, tf, jax.tree.map(lambda v: jnp.sqrt(v / (1 - b2 ** tf)) + eps, nu)
 
 
 def adam_spike_compensation(delay: float, *, b1: float = 0.9, b2: float = 0.999,
@@ -56,14 +66,11 @@ def adam_spike_compensation(delay: float, *, b1: float = 0.9, b2: float = 0.999,
 
     def update_fn(updates, state, params=None):
         del params
-        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
-        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-        t = optax.safe_increment(state.count)
-        tf = t.astype(jnp.float32)
+        mu, nu, t, tf, denominator = _moments(updates, state, b1, b2, eps)
         late = b1 ** D / (1 - b1 ** (tf + D))
         catch_up = jnp.sum((1 - b1) * b1 ** ks / (1 - b1 ** (tf + ks)))
-        out = jax.tree.map(lambda m, g, v: (late * m + catch_up * g)
-                           / (jnp.sqrt(v / (1 - b2 ** tf)) + eps), mu, updates, nu)
+        out = jax.tree.map(lambda m, g, d: (late * m + catch_up * g) / d, mu, updates,
+                           denominator)
         return out, optax.ScaleByAdamState(count=t, mu=mu, nu=nu)
 
     return optax.GradientTransformation(optax.scale_by_adam(b1, b2, eps).init, update_fn)
@@ -108,15 +115,11 @@ def scale_by_nadam(b1: float = 0.99, b2: float = 0.999, eps: float = 1e-8,
 
     def update_fn(updates, state, params=None):
         del params
-        t = optax.safe_increment(state.count)
-        tf = t.astype(jnp.float32)
+        m, v, t, tf, denominator = _moments(updates, state, b1, b2, eps)
         mu_t, mu_next = schedule(tf), schedule(tf + 1)
         product = state.mu_product * mu_t
-        m = optax.tree.update_moment(updates, state.mu, b1, 1)
-        v = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
         c_g, c_m = (1 - mu_t) / (1 - product), mu_next / (1 - product * mu_next)
-        out = jax.tree.map(lambda g, m, v: (c_g * g + c_m * m)
-                           / (jnp.sqrt(v / (1 - b2 ** tf)) + eps), updates, m, v)
+        out = jax.tree.map(lambda g, m, d: (c_g * g + c_m * m) / d, updates, m, denominator)
         return out, NAdamState(t, m, v, product)
 
     return optax.GradientTransformation(init_fn, update_fn)
@@ -143,19 +146,22 @@ class AdamW(NamedTuple):
         scaling = (adam_spike_compensation(delay, b1=self.b1, b2=self.b2, eps=self.eps) if delay
                    else optax.scale_by_adam(self.b1, self.b2, self.eps))
         return optax.chain(scaling, *([update_direction()] if direction else []),
-                           optax.add_decayed_weights(self.weight_decay, self.mask),
-                           optax.scale_by_learning_rate(learning_rate))
+                           *self._decay_and_rate(learning_rate))
 
     def nadam(self, learning_rate: optax.ScalarOrSchedule,
               momentum_decay: float = 0.004) -> optax.GradientTransformation:
         """torch.optim.NAdam(decoupled_weight_decay=True) at these settings
         (`scale_by_nadam`)."""
         return optax.chain(scale_by_nadam(self.b1, self.b2, self.eps, momentum_decay),
-                           optax.add_decayed_weights(self.weight_decay, self.mask),
-                           optax.scale_by_learning_rate(learning_rate))
+                           *self._decay_and_rate(learning_rate))
+
+    def _decay_and_rate(self, learning_rate: optax.ScalarOrSchedule) -> tuple:
+        """The end of optax.adamw's chain: decoupled decay, then the rate."""
+        return (optax.add_decayed_weights(self.weight_decay, self.mask),
+                optax.scale_by_learning_rate(learning_rate))
 
 
-Base = str | AdamW  # a recipe's optimizer: "momentum" (SGDM), "adam" (optax.adam) or AdamW(...)
+Base = str | AdamW  # a recipe's optimizer: "momentum" (SGDM), "adam" (= AdamW()) or AdamW(...)
 
 
 def check_optimizer(optimizer: Base) -> None:
@@ -170,6 +176,11 @@ def is_adam(optimizer: Base) -> bool:
     return isinstance(optimizer, AdamW) or optimizer == "adam"
 
 
+def as_adamw(optimizer: Base) -> AdamW:
+    """The AdamW of an Adam choice: "adam" is `AdamW()`, optax.adam's settings."""
+    return optimizer if isinstance(optimizer, AdamW) else AdamW()
+
+
 def default_form(optimizer: Base) -> str:
     """The forecast's form by default: velocity on SGDM, difference on Adam."""
     return "difference" if is_adam(optimizer) else "velocity"
@@ -179,8 +190,6 @@ def base_optimizer(optimizer: Base, rate: optax.ScalarOrSchedule, m: float,
                    delay: float = 0.0) -> optax.GradientTransformation:
     """v ← m·v + g, w ← w − η·v (SGDM), or Adam at rate η; with SC_delay on
     Adam's first moment when delay > 0."""
-    if isinstance(optimizer, AdamW) or (optimizer == "adam" and delay):
-        return (optimizer if isinstance(optimizer, AdamW) else AdamW())(rate, delay=delay)
-    if optimizer == "adam":
-        return optax.adam(rate)
+    if is_adam(optimizer):
+        return as_adamw(optimizer)(rate, delay=delay)
     return optax.chain(optax.trace(m), optax.scale_by_learning_rate(rate))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import optax
 
 from pipejax.errors import ConfigError
-from pipejax.transforms.adam import AdamW, Base, base_optimizer, check_optimizer, is_adam
+from pipejax.transforms.adam import (AdamW, Base, as_adamw, base_optimizer, check_optimizer,
+                                     is_adam)
 from pipejax.transforms.recipes import Mitigation, forecast_ahead, rate_and_momentum
 
 
@@ -35,8 +36,7 @@ def pipeoptim(learning_rate: optax.ScalarOrSchedule | None = None, *,
     check_optimizer(optimizer)
     lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     if is_adam(optimizer):
-        adam = optimizer if isinstance(optimizer, AdamW) else AdamW()
-        base = lambda: adam(lr, direction=True)  # ΔW: Adam's direction, kept for the forecast
+        base = lambda: as_adamw(optimizer)(lr, direction=True)  # ΔW: Adam's, kept
     else:
         base = lambda: base_optimizer(optimizer, lr, m)  # ΔW: the momentum trace
     return Mitigation(lambda s: optax.chain(base(), forecast_ahead(horizon_scale * s.delay,
@@ -69,6 +69,6 @@ def nesterov(learning_rate: optax.ScalarOrSchedule | None = None, *,
                           f"β1 = 0.99, weight decay 0.01), not {optimizer!r}")
     if learning_rate is None:
         raise ConfigError("mitigation 'nesterov': give learning_rate=η")
-    adam = optimizer if isinstance(optimizer, AdamW) else AdamW()
+    adam = as_adamw(optimizer)
     return Mitigation(lambda s: adam.nadam(learning_rate, momentum_decay), True, learning_rate,
                       adam.b1)

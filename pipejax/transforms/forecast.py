@@ -102,8 +102,8 @@ def weight_forecast(horizon: float | tuple[float, float] | str, *, form: str = "
     `optax.trace` or `spike_compensation` state in the same chain) and is
     Kosson et al.'s default (appendix H.5), or the direction an
     `update_direction` in the chain kept (PipeOptim: Adam's m̂/(√v̂ + ε)).
-    The two are equal for plain SGDM and differ under spike compensation. Updates pass through unchanged:
-    this must be the chain's last transform.
+    The two are equal for plain SGDM and differ under spike compensation.
+    Updates pass through unchanged: this must be the chain's last transform.
 
     Args:
       horizon: T for the forward (the backward then uses the current

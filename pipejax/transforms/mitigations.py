@@ -33,8 +33,8 @@ from typing import Callable
 import optax
 
 from pipejax.errors import ConfigError
-from pipejax.transforms.adam_recipes import nesterov, pipeoptim
 from pipejax.transforms.adam import Base, check_optimizer, default_form, is_adam
+from pipejax.transforms.adam_recipes import nesterov, pipeoptim
 from pipejax.transforms.recipes import (Mitigation, check_form, check_sweep, lwp, lwp_sc,
                                         no_mitigation, pipemare, sc, spectrain, stash)
 
