@@ -25,6 +25,7 @@ of the updates then cosine decay to 0. Rows:
                  Adam (β2 0.95) on the embeddings, the head and the vectors;
                  its updates' RMS matched to AdamW's (consistent_rms=0.2, Liu
                  et al. 2025), so that it takes AdamW's rates and decay
+  Muon no delay  the same at update size 4 without a delay
   Muon           the same on the delayed gradients, no correction
   ... (√)        the row with the synchronous row's AdamW moved to update size 4
                  by the square-root rule (`scale_adam_hyperparams`, Malladi et al.
@@ -66,7 +67,7 @@ RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 SYNCHRONOUS = ("AdamW sync", "Muon sync")
 SCALED = " (√)"  # the square-root rule's rows
 ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
-        "nesterov", "Muon sync", "Muon", *(row + SCALED for row in (
+        "nesterov", "Muon sync", "Muon no delay", "Muon", *(row + SCALED for row in (
             "AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
 PATH = RESULTS / "async_adamw.json"
 
@@ -80,7 +81,7 @@ SQRT_RATE, SQRT_ADAMW = pj.transforms.scale_adam_hyperparams(1.0, ADAMW, M * MB,
 
 
 def undelayed(row: str) -> bool:
-    return row in SYNCHRONOUS or row.startswith("AdamW no delay")
+    return row in SYNCHRONOUS or "no delay" in row
 
 
 def rate_schedule(peak: float, updates: int) -> optax.Schedule:
