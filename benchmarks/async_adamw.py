@@ -21,6 +21,7 @@ of the updates then cosine decay to 0. Rows:
   pipemare       the rate divided by D^p, p fading over the first 20 % of updates
   pipeoptim      the forward at w − η·D·m̂/(√v̂ + ε) (Guan et al. 2023)
   nesterov       NAdam with β1 0.99 on stashed weights (Ajanthan et al. 2025)
+  NAdam no delay nesterov's optimizer at update size 4 without a delay
   Muon sync      optax.contrib.muon, synchronous; Muon on the blocks' matrices,
                  Adam (β2 0.95) on the embeddings, the head and the vectors;
                  its updates' RMS matched to AdamW's (consistent_rms=0.2, Liu
@@ -67,8 +68,8 @@ RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 SYNCHRONOUS = ("AdamW sync", "Muon sync")
 SCALED = " (√)"  # the square-root rule's rows
 ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
-        "nesterov", "Muon sync", "Muon no delay", "Muon", *(row + SCALED for row in (
-            "AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
+        "nesterov", "NAdam no delay", "Muon sync", "Muon no delay", "Muon",
+        *(row + SCALED for row in ("AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
 PATH = RESULTS / "async_adamw.json"
 
 
@@ -115,6 +116,7 @@ def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:
     """(an optimizer for `pj.simulate`, whether the backward uses the stashed weights)."""
     adam = SQRT_ADAMW if row.endswith(SCALED) else ADAMW
     row = row.removesuffix(SCALED)
+    row = "nesterov" if row == "NAdam no delay" else row  # no delay: nothing is stashed
     if row.startswith("Muon"):
         return muon(rate), False
     if row in ("AdamW sync", "AdamW no delay"):
@@ -239,6 +241,26 @@ def summary(runs: list, tokens: int, Ks: list[int]) -> list[dict]:
     return out
 
 
+def markdown(summary: list[dict], Ks: list[int]) -> str:
+    """The summary as the README's table: a column per K and schedule, a cell
+    "mean ± half the seeds' range (against AdamW sync)"; an undelayed row
+    fills both columns of its K."""
+    columns = [(K, s) for K in sorted(Ks, reverse=True) for s in ("pb", "pipedream")]
+    cells: dict[tuple, str] = {}
+    for r in summary:
+        cell = (f"{r['validation_loss']:.3f} ± {(r['max'] - r['min']) / 2:.3f} "
+                f"({r['vs_sync_%']:+.1f} %)")
+        for s in (("pb", "pipedream") if r["schedule"] in ("1f1b", "-") else (r["schedule"],)):
+            cells[r["row"], r["K"], s] = cell
+    head = ["row", *(f"K = {K}, {'PB' if s == 'pb' else 'PipeDream'}" for K, s in columns)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in ROWS:
+        if any((row, *c) in cells for c in columns):
+            row_cells = [cells.get((row, *c), "") for c in columns]
+            lines.append("| " + " | ".join([row, *row_cells]) + " |")
+    return "\n".join(lines)
+
+
 def plot(runs: list, tokens: int, K: int, path) -> None:
     """Validation loss against tokens at K, PB: one line a row (mean over seeds)."""
     import matplotlib
@@ -285,7 +307,9 @@ def main() -> None:
                              else args.schedules):
                 for seed in args.seeds:
                     study.get(row, schedule, K, lr, seed)
-    print(table(summary(study.runs, args.tokens, args.K)))
+    rows = summary(study.runs, args.tokens, args.K)
+    print(table(rows))
+    print(markdown(rows, args.K))
     if any(r["K"] == 8 for r in study.runs):
         plot(study.runs, args.tokens, 8, RESULTS / "async_adamw.png")
 
