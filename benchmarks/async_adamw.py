@@ -295,6 +295,9 @@ def main() -> None:
     p.add_argument("--rows", nargs="*", default=list(ROWS), choices=ROWS)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--tune", action="store_true", help="only the learning-rate grids")
+    p.add_argument("--rates", type=float, nargs="*",
+                   help="run the rows at these rates instead of the tuned one (kept out of the "
+                        "table, printed after it)")
     args = p.parse_args()
     study = Study(args.tokens)
     for K in args.K:
@@ -302,14 +305,17 @@ def main() -> None:
             study.tuned("AdamW sync", K), study.tuned("none", K)
             continue
         for row in args.rows:
-            lr = study.tuned(row, K)
-            for schedule in (["pb"] if undelayed(row)
-                             else args.schedules):
-                for seed in args.seeds:
-                    study.get(row, schedule, K, lr, seed)
+            for lr in args.rates or [study.tuned(row, K)]:
+                for schedule in ["pb"] if undelayed(row) else args.schedules:
+                    for seed in args.seeds:
+                        study.get(row, schedule, K, lr, seed)
     rows = summary(study.runs, args.tokens, args.K)
     print(table(rows))
     print(markdown(rows, args.K))
+    for r in study.runs if args.rates else []:
+        if r["lr"] in args.rates and r["row"] in args.rows and r["K"] in (0, *args.K):
+            print(r["row"], r["schedule"], r["K"], "lr", r["lr"], "seed", r["seed"],
+                  r["validation_loss"])
     if any(r["K"] == 8 for r in study.runs):
         plot(study.runs, args.tokens, 8, RESULTS / "async_adamw.png")
 
