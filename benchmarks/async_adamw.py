@@ -25,22 +25,27 @@ of the updates then cosine decay to 0. Rows:
   Muon sync      optax.contrib.muon, synchronous; Muon on the blocks' matrices,
                  Adam (β2 0.95) on the embeddings, the head and the vectors;
                  its updates' RMS matched to AdamW's (consistent_rms=0.2, Liu
-                 et al. 2025), so that it takes AdamW's rates and decay
+                 et al. 2025), so that it takes AdamW's decay
   Muon no delay  the same at update size 4 without a delay
   Muon           the same on the delayed gradients, no correction
   ... (√)        the row with the synchronous row's AdamW moved to update size 4
                  by the square-root rule (`scale_adam_hyperparams`, Malladi et al.
                  2022: η/√8, 1 − β by 1/8, ε·√8, decay λ/√8), no rate tuned
-The rates: the synchronous rows' and those of every asynchronous row of a K
-are the best of the grid `RATES` at seed 0, for "AdamW sync" and for "none"
-with PB at that K (`--tune`). The effective delay is η·D at the first stage
+The rates, an optimizer at a time: the synchronous rows' and those of every
+asynchronous row of a K are the best of the grid `RATES` at seed 0, for
+"AdamW sync" and for "none" with PB at that K (for Muon: "Muon sync" and
+"Muon" with PB; `--tune`). With `--own` the delayed AdamW rows also run at a
+rate of their own: from the shared one, along the grid to the rate that beats
+both its neighbours (PB, seed 0). The effective delay is η·D at the first stage
 (Adam's steps are normalized: a gradient moves each weight by about η over
 time, so D updates of delay are η·D of distance).
 
 One JSON row per run (validation loss on 256 windows at 8 points); rows
 already in the JSON are skipped, so the study runs in parts.
-Run: python benchmarks/async_adamw.py --tune --K 8
+Run: python benchmarks/async_adamw.py            (every row, K = 4 and 8, 3 seeds)
+     python benchmarks/async_adamw.py --tune --K 8
      python benchmarks/async_adamw.py --K 8 --schedules pb --rows none lwp+sc --seeds 0 1 2
+     python benchmarks/async_adamw.py --K 8 --rows nesterov --own
 """
 
 from __future__ import annotations
@@ -64,12 +69,14 @@ from common import RESULTS, save, table
 SIZE = dict(depth=8, width=64, heads=4, context=64)
 T, MB, M = SIZE["context"], 4, 8
 EVAL_WINDOWS, POINTS = 256, 8
-RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+GRID = 6  # the grid is RATES[:GRID], extended upwards while its best is its largest rate
 SYNCHRONOUS = ("AdamW sync", "Muon sync")
 SCALED = " (√)"  # the square-root rule's rows
 ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
         "nesterov", "NAdam no delay", "Muon sync", "Muon no delay", "Muon",
         *(row + SCALED for row in ("AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
+OWN_ROWS = ("none", "stash", "lwp+sc", "pipemare", "pipeoptim", "nesterov")  # delayed AdamW
 PATH = RESULTS / "async_adamw.json"
 
 
@@ -167,63 +174,152 @@ def key(r: dict) -> tuple:
     return r["row"], r["schedule"], r["K"], r["lr"], r["seed"], r["tokens"]
 
 
+def job(row: str, schedule: str, K: int, lr: float, seed: int, tokens: int) -> tuple:
+    """A run's key as the JSON stores it: an undelayed row has K 0 and no schedule."""
+    sync = row in SYNCHRONOUS
+    return (row, "1f1b" if sync else ("-" if undelayed(row) else schedule),
+            0 if undelayed(row) else K, lr, seed, tokens)
+
+
+_STUDY: dict = {}
+
+
+def train(job: tuple) -> dict:
+    """One run: the model and the data built once."""
+    if not _STUDY:
+        corpus = pj.data.shakespeare()
+        _STUDY.update(layers=pj.models.gpt(**SIZE), corpus=corpus, validation=tuple(
+            jnp.asarray(a) for a in pj.data.evaluation_windows(corpus.validation, T,
+                                                               EVAL_WINDOWS)))
+    row, schedule, K, lr, seed, tokens = job
+    r = run(_STUDY["layers"], _STUDY["corpus"], _STUDY["validation"], row, schedule, K or 1,
+            lr, seed, tokens)
+    return {**r, "K": K}
+
+
 class Study:
-    """The JSON's runs, and the runs still to do."""
+    """The JSON's runs, and the runs still to do (`finish` runs them)."""
 
     def __init__(self, tokens: int):
         old = json.loads(PATH.read_text()) if PATH.exists() else {}
         self.runs, self.tokens = old.get("runs", []), tokens
-        self.layers = pj.models.gpt(**SIZE)
-        self.corpus = pj.data.shakespeare()
-        self.validation = tuple(jnp.asarray(a) for a in pj.data.evaluation_windows(
-            self.corpus.validation, T, EVAL_WINDOWS))
+        self.pending: list[tuple] = []
 
-    def get(self, row: str, schedule: str, K: int, lr: float, seed: int) -> dict:
-        sync = row in SYNCHRONOUS
-        wanted = (row, "1f1b" if sync else ("-" if undelayed(row) else schedule),
-                  0 if undelayed(row) else K, lr, seed, self.tokens)
-        for r in self.runs:
-            if key(r) == wanted:
-                return r
-        r = run(self.layers, self.corpus, self.validation, row, schedule, wanted[2] or 1, lr,
-                seed, self.tokens)
-        r["K"] = wanted[2]
+    def get(self, row: str, schedule: str, K: int, lr: float, seed: int) -> dict | None:
+        """The run if the JSON has it, else None and the run is pending."""
+        wanted = job(row, schedule, K, lr, seed, self.tokens)
+        found = next((r for r in self.runs if key(r) == wanted), None)
+        if found is None and wanted not in self.pending:
+            self.pending.append(wanted)
+        return found
+
+    def finish(self) -> None:
+        """Run the pending runs, saving each as it ends (XLA's CPU kernels use
+        both cores: two runs at a time on one thread each took twice as long)."""
+        jobs, self.pending = self.pending, []
+        for j in jobs:
+            self.add(train(j))
+
+    def add(self, r: dict) -> None:
         self.runs.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
         save("async_adamw", {"model": SIZE, "microbatch": MB, "microbatches": M, "rates": RATES,
                              "runs": self.runs})
-        return r
 
-    def tuned(self, row: str, K: int) -> float:
-        """The rate of `row` at K: the grid's best (seed 0) for "AdamW sync"
-        (synchronous rows) or for PB "none" at K (asynchronous rows); the
-        synchronous one by the square-root rule for the (√) rows."""
-        base = "AdamW sync" if row in SYNCHRONOUS or row.endswith(SCALED) else "none"
-        for lr in RATES:
-            self.get(base, "pb", K, lr, 0)
-        return best_rate(self.runs, row, K, self.tokens)
+    def tuned(self, row: str, K: int) -> float | None:
+        """The rate of `row` at K (`best_rate`), the runs its grid needs pending."""
+        rate, missing = tuning(self.runs, row, K, self.tokens)
+        base, schedule = tuning_row(row)
+        for lr in missing:
+            self.get(base, schedule, K, lr, 0)
+        return rate
+
+    def own(self, row: str, K: int) -> float | None:
+        """The rate of `row`'s own (`own_rate`), the runs its search needs pending."""
+        rate, missing = own_rate(self.runs, row, K, self.tokens)
+        for lr in missing:
+            self.get(row, "pb", K, lr, 0)
+        return rate
+
+
+def tuning_row(row: str) -> tuple[str, str]:
+    """The row (and schedule) whose grid gives `row` its rate: the
+    synchronous row of its optimizer for synchronous rows, else that
+    optimizer on PB without a correction."""
+    muon = row.startswith("Muon")
+    if row in SYNCHRONOUS:
+        return ("Muon sync" if muon else "AdamW sync"), "1f1b"
+    return ("Muon" if muon else "none"), "pb"
+
+
+def tuning(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, list[float]]:
+    """`row`'s rate at K and the rates of its grid still to run: the best of
+    the grid at seed 0 for its `tuning_row`, the same for every row of an
+    optimizer and K; the grid `RATES[:GRID]` grows by the next rate of
+    `RATES` while its best is its largest. The (√) rows take the synchronous
+    AdamW rate moved by the square-root rule."""
+    if row.endswith(SCALED):
+        best, missing = tuning(runs, "AdamW sync", K, tokens)
+        return (None if best is None else best * SQRT_RATE), missing
+    base, schedule = tuning_row(row)
+    losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
+              and r["seed"] == 0 and (r["row"], r["schedule"]) == (base, schedule)
+              and r["K"] == (0 if schedule == "1f1b" else K)}
+    missing = [lr for lr in RATES[:GRID] if lr not in losses]
+    if missing:
+        return None, missing
+    n = GRID
+    while n < len(RATES) and RATES[n] in losses:
+        n += 1
+    best = min(RATES[:n], key=losses.get)
+    return (None, [RATES[n]]) if best == RATES[n - 1] and n < len(RATES) else (best, [])
 
 
 def best_rate(runs: list, row: str, K: int, tokens: int) -> float | None:
-    """The grid's best rate for `row` at K among `runs` (None before the grid ran)."""
-    if row.endswith(SCALED):
-        best = best_rate(runs, "AdamW sync", K, tokens)
-        return None if best is None else best * SQRT_RATE
-    sync = row in SYNCHRONOUS
+    """`row`'s tuned rate at K (`tuning`), None while its grid needs runs."""
+    return tuning(runs, row, K, tokens)[0]
+
+
+def own_rate(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, list[float]]:
+    """`row`'s own rate at K: from its optimizer's tuned rate, a walk along
+    `RATES` (PB, seed 0) to a better neighbour while there is one, ending at
+    a rate that beats both; (None, the rates still to run) while the walk
+    needs runs."""
+    start = best_rate(runs, row, K, tokens)
+    if start is None:
+        return None, []
     losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
-              and r["seed"] == 0 and r["schedule"] == ("1f1b" if sync else "pb")
-              and r["row"] == ("AdamW sync" if sync else "none") and r["K"] == (0 if sync else K)}
-    return min(losses, key=losses.get) if len(losses) == len(RATES) else None
+              and r["seed"] == 0 and (r["row"], r["schedule"], r["K"]) == (row, "pb", K)}
+    i = RATES.index(start)
+    while True:
+        near = [RATES[j] for j in (i - 1, i + 1) if 0 <= j < len(RATES)]
+        if RATES[i] not in losses:
+            return None, [RATES[i]]
+        better = [lr for lr in near if lr in losses and losses[lr] < losses[RATES[i]]]
+        if better:
+            i = RATES.index(min(better, key=losses.get))
+            continue
+        missing = [lr for lr in near if lr not in losses]
+        return (None, missing) if missing else (RATES[i], [])
 
 
-def summary(runs: list, tokens: int, Ks: list[int]) -> list[dict]:
-    """Per K and row, at the tuned rates: validation loss over seeds (mean,
-    min, max) and against the synchronous row's mean."""
+def own(runs: list, row: str, K: int, tokens: int) -> float | None:
+    """`row`'s own rate at K (`own_rate`), None while its walk needs runs."""
+    return own_rate(runs, row, K, tokens)[0]
+
+
+def summary(runs: list, tokens: int, Ks: list[int], rows: tuple = ROWS,
+            rate=best_rate) -> list[dict]:
+    """Per K and row, at the rate `rate(runs, row, K, tokens)` gives:
+    validation loss over seeds (mean, min, max) and against synchronous
+    AdamW's mean at its tuned rate."""
+    sync = [r["validation_loss"] for r in runs if (r["row"], r["lr"], r["tokens"]) ==
+            ("AdamW sync", best_rate(runs, "AdamW sync", 0, tokens), tokens)]
+    sync_loss = float(np.mean(sync)) if sync else None
     out = []
     for K in Ks:
-        sync_loss = None
-        for row in ROWS:
-            lr = best_rate(runs, row, K, tokens)
+        for row in rows:
+            lr = rate(runs, row, K, tokens)
             for schedule in ("1f1b", "-", "pb", "pipedream"):
                 rs = [r for r in runs if (r["row"], r["schedule"], r["lr"], r["tokens"]) ==
                       (row, schedule, lr, tokens) and r["K"] in (0, K)]
@@ -231,7 +327,6 @@ def summary(runs: list, tokens: int, Ks: list[int]) -> list[dict]:
                     continue
                 losses = [r["validation_loss"] for r in rs]
                 mean = float(np.mean(losses))
-                sync_loss = mean if row == "AdamW sync" else sync_loss
                 out.append({"K": K, "row": row, "schedule": schedule, "lr": lr,
                             "seeds": len(rs), "validation_loss": round(mean, 4),
                             "min": min(losses), "max": max(losses),
@@ -241,23 +336,22 @@ def summary(runs: list, tokens: int, Ks: list[int]) -> list[dict]:
     return out
 
 
-def markdown(summary: list[dict], Ks: list[int]) -> str:
+def markdown(summary: list[dict], Ks: list[int], rates: bool = False) -> str:
     """The summary as the README's table: a column per K and schedule, a cell
-    "mean ± half the seeds' range (against AdamW sync)"; an undelayed row
-    fills both columns of its K."""
+    "mean ± half the seeds' range (against AdamW sync)" (and the rate, with
+    `rates`); an undelayed row fills both columns of its K."""
     columns = [(K, s) for K in sorted(Ks, reverse=True) for s in ("pb", "pipedream")]
     cells: dict[tuple, str] = {}
     for r in summary:
         cell = (f"{r['validation_loss']:.3f} ± {(r['max'] - r['min']) / 2:.3f} "
-                f"({r['vs_sync_%']:+.1f} %)")
+                f"({r['vs_sync_%']:+.1f} %)" + (f", η {r['lr']:.0e}" if rates else ""))
         for s in (("pb", "pipedream") if r["schedule"] in ("1f1b", "-") else (r["schedule"],)):
             cells[r["row"], r["K"], s] = cell
     head = ["row", *(f"K = {K}, {'PB' if s == 'pb' else 'PipeDream'}" for K, s in columns)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for row in ROWS:
-        if any((row, *c) in cells for c in columns):
-            row_cells = [cells.get((row, *c), "") for c in columns]
-            lines.append("| " + " | ".join([row, *row_cells]) + " |")
+    for row in dict.fromkeys(r["row"] for r in summary):
+        row_cells = [cells.get((row, *c), "") for c in columns]
+        lines.append("| " + " | ".join([row, *row_cells]) + " |")
     return "\n".join(lines)
 
 
@@ -295,23 +389,37 @@ def main() -> None:
     p.add_argument("--rows", nargs="*", default=list(ROWS), choices=ROWS)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--tune", action="store_true", help="only the learning-rate grids")
+    p.add_argument("--own", action="store_true",
+                   help="the delayed AdamW rows at rates of their own (`own_rate`) too")
     p.add_argument("--rates", type=float, nargs="*",
                    help="run the rows at these rates instead of the tuned one (kept out of the "
                         "table, printed after it)")
     args = p.parse_args()
     study = Study(args.tokens)
-    for K in args.K:
-        if args.tune:
-            study.tuned("AdamW sync", K), study.tuned("none", K)
-            continue
+    tuned_rows = {tuning_row(row)[0]: row for row in args.rows}.values()
+    while None in [study.tuned(row, K) for K in args.K for row in tuned_rows]:
+        study.finish()  # the grids first: every rate below comes from them
+    for K in args.K if not args.tune else []:
         for row in args.rows:
             for lr in args.rates or [study.tuned(row, K)]:
                 for schedule in ["pb"] if undelayed(row) else args.schedules:
                     for seed in args.seeds:
                         study.get(row, schedule, K, lr, seed)
+    study.finish()
+    own_rows = [row for row in args.rows if row in OWN_ROWS] if args.own else []
+    while None in [study.own(row, K) for K in args.K for row in own_rows]:
+        study.finish()  # one step of every row's walk along the grid
+    for K in args.K if not args.tune else []:
+        for row in own_rows:
+            for schedule in args.schedules:
+                for seed in args.seeds:
+                    study.get(row, schedule, K, study.own(row, K), seed)
+    study.finish()
     rows = summary(study.runs, args.tokens, args.K)
     print(table(rows))
     print(markdown(rows, args.K))
+    if own_rows:
+        print(markdown(summary(study.runs, args.tokens, args.K, OWN_ROWS, own), args.K, True))
     for r in study.runs if args.rates else []:
         if r["lr"] in args.rates and r["row"] in args.rows and r["K"] in (0, *args.K):
             print(r["row"], r["schedule"], r["K"], "lr", r["lr"], "seed", r["seed"],
