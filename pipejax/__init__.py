@@ -7,6 +7,7 @@ from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
 from pipejax.mesh import make_mesh, simulate_devices
 from pipejax.pipeline import Pipeline, pipeline
 from pipejax.placement import Placement
+from pipejax.planner import Candidate, search
 from pipejax.schedules import Schedule, StageInfo
 from pipejax.delayed import Simulation, simulate
 from pipejax.evaluation import evaluator, loss_evaluator
@@ -15,9 +16,10 @@ from pipejax.layers import apply_layers
 from pipejax.trace import LayerSpec, trace
 from pipejax.trainer import Trainer
 
-__all__ = ["InFlight", "LayerSpec", "Layout", "Pipeline", "Placement", "Schedule", "StageInfo",
-           "Staged", "Simulation", "TrainState", "Trainer", "apply_layers", "checkpoint", "data",
-           "distributed", "errors", "evaluator", "generate", "layers", "loss_evaluator", "losses",
-           "make_mesh", "models", "partition", "pipeline", "restore", "save", "schedules",
+__all__ = ["Candidate", "InFlight", "LayerSpec", "Layout", "Pipeline", "Placement",
+           "Schedule", "StageInfo", "Staged", "Simulation", "TrainState", "Trainer",
+           "apply_layers", "checkpoint", "data", "distributed", "errors", "evaluator",
+           "generate", "layers", "loss_evaluator", "losses", "make_mesh", "models",
+           "partition", "pipeline", "restore", "save", "schedules", "search",
            "simulate", "simulate_devices", "trace", "transforms", "unstage"]
 __version__ = "0.1.0"

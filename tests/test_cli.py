@@ -38,6 +38,20 @@ def test_plan_prints_partition_and_timeline(tmp_path, capsys):
     assert "no accelerator found; simulating 4 CPU devices" in captured.err
 
 
+def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
+    assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",
+                 "--batch-size", "8", "--schedules", "1f1b,pb", "--reference", "0.1,0.9,128",
+                 "--pick", "0"]) == 0
+    out = capsys.readouterr().out
+    pb = [line.split() for line in out.splitlines() if " pb " in line]
+    # K = 2: D = 2, eq. 9 from batch 128: 0.1/(1 − 0.9)·2·mb/128 at mb 4, 2 and 1
+    assert {row[16] for row in pb if row[2] == "2"} == {"0.0625", "0.0313", "0.0156"}
+    assert "candidate 0:" in out and "stage" in out  # its plan follows
+    assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",
+                 "--batch-size", "8", "--schedules", "1f1b", "--pick", "99"]) == 2
+    assert "--pick 99: the search found" in capsys.readouterr().err
+
+
 def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):
     from pipejax.schedules import ASYNCHRONOUS, NAMES
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
-from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, make_pipeline,
-                              model_kwargs, resolve_batch_size, setup_devices)
+from pipejax.cli.setup import (MODEL_DEFAULTS, _numbers, apply_model_defaults, build_layers,
+                              make_pipeline, model_kwargs, resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
 from pipejax.schedules import NAMES, plot, render
 from pipejax.cli.train import train
@@ -155,6 +155,25 @@ def _parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the partition table and the schedule timeline")
     common(plan)
     plan.add_argument("--plot", type=Path, default=None, help="also draw the timeline to this PNG")
+    plan.add_argument("--search", action="store_true",
+                      help="rank the configurations of --devices for --batch-size (pj.search): "
+                           "predicted step time, memory per device, bubble, the delay in "
+                           "effective steps")
+    plan.add_argument("--devices", type=int, default=8, help="with --search: data x stages")
+    plan.add_argument("--schedules", default=None, metavar="NAME,...",
+                      help="with --search: the schedules to rank (default "
+                           "gpipe,1f1b,interleaved,zb-h1,pipedream,pb)")
+    plan.add_argument("--memory", default=None, metavar="BYTES",
+                      help="with --search: leave out candidates above this per device (16GiB, "
+                           "512MiB or a number)")
+    plan.add_argument("--reference", default=None, metavar="LR,M,B",
+                      help="with --search: the synchronous recipe an asynchronous candidate "
+                           "moves to its micro-batch by eq. 9 (Kosson et al.)")
+    plan.add_argument("--lr", type=float, default=None,
+                      help="with --search: the asynchronous update's own rate (with --momentum)")
+    plan.add_argument("--momentum", type=float, default=0.0)
+    plan.add_argument("--pick", type=int, default=None, metavar="N",
+                      help="with --search: build candidate N and print its plan and schedule")
     return p
 
 
@@ -163,6 +182,8 @@ def plan(args) -> int:
 
     apply_model_defaults(args)
     args.batch_size = resolve_batch_size(args)
+    if args.search and not search(args):
+        return 0
     mesh = setup_devices(args.stages, args.replicas, args.nodes)
     task = load_task(args.model, args.data,
                      model_kwargs(args.model, args.model_args).get("context"), 0, 0)
@@ -177,6 +198,44 @@ def plan(args) -> int:
         plot(pipe.schedule, str(args.plot))
         print(f"timeline drawn to {args.plot}")
     return 0
+
+
+def search(args) -> bool:
+    """Print `pj.search`'s ranking; with --pick, set the picked candidate's
+    settings on `args` and return True (the plan of it follows)."""
+    import jax
+
+    from pipejax import planner
+    from pipejax.errors import ConfigError
+    from pipejax.formatting import parse_bytes
+
+    setup_devices(args.devices)
+    kwargs = model_kwargs(args.model, args.model_args)
+    task = load_task(args.model, args.data, kwargs.get("context"), 0, 0)
+    example, targets = task.example(1)
+    layers = build_layers(args.model, getattr(task, "example_shape", ()), task.classes, args.api,
+                          0, kwargs)
+    reference = args.reference and _numbers(args.reference, "--reference", 3)
+    ranked = planner.search(
+        layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
+        targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
+        devices=args.devices, batch=args.batch_size,
+        memory=None if args.memory is None else parse_bytes(args.memory),
+        learning_rate=args.lr, momentum=args.momentum,
+        schedules=args.schedules and args.schedules.split(","),
+        reference=reference and (reference[0], reference[1], int(reference[2])))
+    print(planner.render(ranked))
+    if args.pick is None:
+        return False
+    if not 0 <= args.pick < len(ranked):
+        raise ConfigError(f"--pick {args.pick}: the search found {len(ranked)} candidates, "
+                          f"numbered from 0")
+    c = ranked[args.pick]
+    args.stages, args.replicas, args.microbatches = c.stages, c.data, c.microbatches
+    args.schedule, args.virtual, args.remat = c.schedule, c.virtual, c.remat
+    args.compute_dtype = None if c.compute_dtype == "float32" else c.compute_dtype
+    print(f"\ncandidate {args.pick}: {c.advice}\n")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,245 @@
+"""`pj.search`: the pipeline configurations for a model, a batch and N devices, ranked.
+
+Each candidate (stages × data replicas, schedule, virtual stages,
+micro-batches, remat, compute dtype) is built as `pj.pipeline` builds it,
+so what is ranked is what will run:
+
+  - memory: `Trainer.memory()` of its training step (state, in-flight
+    buffers, rings, working set), per device, before compiling;
+  - step time: the table's critical path (`step_seconds`): per tick, the
+    slowest device's ops at their FLOPs over `device_flops`, plus the
+    tick's two boundary messages over `link_bandwidth`, plus a fixed
+    `tick_seconds`; a data-parallel mean of the gradients over the link
+    once a step (synchronous) or once a tick (asynchronous);
+  - staleness: the delay in effective steps, η/(1 − m)·D at the stage with
+    the largest delay D (Kosson et al. 2020, §3: an update of size b moves
+    the weights by about η/(1 − m) gradients); with `reference=(η, m, B)`
+    the recipe is first moved to the micro-batch by their eq. 9, which
+    keeps η/(1 − m)/B per example, so the delay is η/(1 − m)·D·b/B.
+
+Cost model assumptions: a layer's traced FLOPs (forward + backward) split
+1 : 2 between forward and backward; with rematerialization a backward
+recomputes its forward; a zero-bubble B and W take a third each (plus the
+recomputation in B); every device runs at one rate, whatever the dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pipejax.errors import ConfigError, DeviceError
+from pipejax.formatting import human_bytes, table
+from pipejax.pipeline import Pipeline, pipeline
+from pipejax.schedules import ASYNCHRONOUS, Op, Schedule
+from pipejax.schedules.bubbles import table_bubble_fraction
+
+# Above this delay in effective steps an asynchronous pipeline loses
+# accuracy. Measured (README, "What it gives"): a fine ResNet at K = 8 under
+# PB trains at 0.11 (1.6 points below SGDM, above it with LWP_D + SC_D) and
+# loses 33 and 50 points at 0.42 and 0.88. The quadratic model
+# (`pj.quadratic`) bounds it from above: delayed momentum SGD diverges along
+# a direction of curvature λ once ηλ/(1 − m)·D passes about 1.
+STABLE_DELAY = 0.25
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "pb")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One configuration and what it is predicted to cost."""
+
+    schedule: str
+    stages: int  # K
+    data: int  # replicas
+    virtual: int  # v, chunks per device
+    microbatches: int  # M per replica and step
+    microbatch: int  # examples per micro-batch
+    remat: str
+    compute_dtype: str
+    step_seconds: float  # predicted, one step of the whole batch
+    memory_bytes: int  # predicted peak per device
+    bubble: float  # idle share of the table's op slots
+    effective_delay: float | None  # η/(1 − m)·D, largest stage; 0 synchronous; None unknown
+    stable: bool | None  # effective_delay ≤ STABLE_DELAY; None when unknown
+    advice: str
+
+    def pipeline_args(self) -> dict[str, Any]:
+        """The `pj.pipeline` arguments that build this candidate (but layers,
+        loss, example and targets)."""
+        return dict(stages=self.stages, microbatches=self.microbatches, schedule=self.schedule,
+                    virtual=self.virtual, remat=self.remat,
+                    compute_dtype=None if self.compute_dtype == "float32" else self.compute_dtype)
+
+
+def op_seconds(chunk_flops: Sequence[float], remat: bool, device_flops: float) -> dict:
+    """Seconds of each op on each virtual stage from its forward + backward
+    FLOPs (the 1 : 2 split; a rematerialized backward recomputes its forward)."""
+    forward = np.asarray(chunk_flops, float) / 3 / device_flops
+    again = forward if remat else 0.0
+    return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: forward + again, Op.W: forward}
+
+
+def critical_path(schedule: Schedule, seconds: dict, per_tick: float) -> float:
+    """Seconds of the table's ticks in lock step: per tick the slowest
+    device's ops, plus `per_tick` (messages and the tick's fixed cost)."""
+    chunk = schedule.placement.chunk
+    total = 0.0
+    for t in range(schedule.ticks):
+        busiest = max(sum(seconds[Op(op)][chunk(k, c)] for op, _, c in schedule.table[t, k]
+                          if op != Op.IDLE) for k in range(schedule.stages))
+        total += busiest + per_tick
+    return total
+
+
+def effective_delay(schedule: Schedule, microbatch: int, learning_rate: float | None,
+                    momentum: float, reference: tuple[float, float, int] | None) -> float | None:
+    """η/(1 − m)·D at the stage with the largest delay: 0 for a synchronous
+    table, None when neither a rate nor a reference is given."""
+    D = max(schedule.delays)
+    if D == 0:
+        return 0.0
+    if reference is not None:
+        eta, m, B = reference
+        return eta / (1 - m) * D * microbatch / B
+    if learning_rate is None:
+        return None
+    return learning_rate / (1 - momentum) * D
+
+
+def advise(delay: float | None, microbatch: int, reference) -> str:
+    """One line: what to do about the candidate's staleness."""
+    if delay == 0:
+        return "synchronous: no staleness"
+    if delay is None:
+        return "asynchronous: pass learning_rate= and momentum= (or reference=) to judge the delay"
+    if delay <= STABLE_DELAY:
+        return "trains at this delay; mitigation('lwp+sc') closes what remains"
+    smaller = microbatch * STABLE_DELAY / delay  # the delay scales with the micro-batch (eq. 9)
+    if reference is not None and smaller >= 1:
+        size = 2 ** int(np.log2(smaller))
+        return (f"delay {delay:.2f} > {STABLE_DELAY}: micro-batch {size} with eq. 9 "
+                f"(reference=, batch={size}) and mitigation('lwp+sc')")
+    if reference is None:
+        return (f"delay {delay:.2f} > {STABLE_DELAY}: lower the rate, or give reference= and "
+                f"take a smaller micro-batch with eq. 9")
+    return f"delay {delay:.2f} > {STABLE_DELAY} even at micro-batch 1: use a synchronous schedule"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batch: int,
+           targets: Any = None, memory: float | None = None,
+           learning_rate: float | None = None, momentum: float = 0.0,
+           reference: tuple[float, float, int] | None = None,
+           schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
+           microbatches: Sequence[int] | None = None, remat: Sequence[str] = ("stage", "none"),
+           compute_dtypes: Sequence[Any] = (None,),
+           optimizer: optax.GradientTransformation | None = None,
+           device_flops: float = 50e12, link_bandwidth: float = 50e9,
+           tick_seconds: float = 20e-6) -> list[Candidate]:
+    """The configurations of `layers` for `batch` examples a step on
+    `devices` devices, best first: stable before unstable, then by
+    predicted step time, then memory.
+
+    Args:
+      layers, loss: as `pj.pipeline` takes them.
+      example: ONE example's inputs (no batch axis); the search splits the
+        batch into micro-batches. targets: one example's targets (default: an
+        integer class label).
+      devices: N = data replicas × stages; stages: the K to try (default:
+        every divisor of N up to the number of layers).
+      batch: examples per step, over all replicas.
+      memory: bytes per device; candidates predicted above it are left out.
+      learning_rate, momentum: the asynchronous update's own rate and
+        momentum, or reference=(η, m, B): a synchronous recipe at batch B
+        moved to the micro-batch by eq. 9 (Kosson et al. 2020).
+      schedules: names (default `SCHEDULES`); "interleaved" runs v = 2.
+      microbatches: the M to try (default: K·2^i dividing a replica's batch, up to 4 of them).
+      remat, compute_dtypes: the settings to try.
+      optimizer: whose state the memory counts (default SGD with momentum).
+      device_flops, link_bandwidth, tick_seconds: the machine (defaults: a
+        GPU at 50 TFLOP/s, 50 GB/s links, 20 µs a tick).
+    """
+    if devices < 1 or batch < 1:
+        raise ConfigError(f"devices={devices}, batch={batch}; both must be positive")
+    Ks = list(stages or [k for k in _divisors(devices) if k <= len(layers)])
+    for K in Ks:
+        if devices % K:
+            raise ConfigError(f"stages={K} does not divide devices={devices}; the search "
+                              f"splits them into data x stages")
+    if max(Ks) > len(jax.devices()):
+        raise DeviceError(f"stages={max(Ks)} is built on {max(Ks)} devices but JAX sees "
+                          f"{len(jax.devices())}; on CPU call pj.simulate_devices({devices}) "
+                          f"before JAX starts, or pass stages= up to {len(jax.devices())}")
+    optimizer = optimizer or optax.sgd(0.1, momentum=0.9)
+    out = []
+    for K in Ks:
+        R = devices // K
+        if batch % R:
+            continue
+        per_replica = batch // R
+        Ms = microbatches or [m for m in (K * 2 ** i for i in range(8))
+                              if m <= per_replica and per_replica % m == 0][:4]
+        for M, name, rm, dtype in itertools.product(Ms, schedules or SCHEDULES, remat,
+                                                    compute_dtypes):
+            if per_replica % M:
+                continue
+            v = 2 if name == "interleaved" else 1
+            mb = per_replica // M
+            stack = lambda a: jnp.zeros((mb, *np.shape(a)), jnp.result_type(a))
+            try:
+                pipe = pipeline(layers, loss=loss, example=jax.tree.map(stack, example),
+                                targets=None if targets is None else jax.tree.map(stack, targets),
+                                stages=K, microbatches=M, schedule=name, virtual=v, remat=rm,
+                                compute_dtype=dtype)
+            except ConfigError:
+                continue  # this table does not take these settings (M < K, v·K > layers, ...)
+            out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
+                                  momentum, reference, device_flops, link_bandwidth,
+                                  tick_seconds))
+    if memory is not None:
+        out = [c for c in out if c.memory_bytes <= memory]
+    return sorted(out, key=lambda c: (c.stable is False, c.step_seconds, c.memory_bytes))
+
+
+def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: str, dtype,
+               optimizer, learning_rate, momentum, reference, device_flops, link_bandwidth,
+               tick_seconds) -> Candidate:
+    """What `pipe` (one replica of R) is predicted to cost."""
+    schedule, plan = pipe.schedule, pipe.plan
+    flops = [sum(plan.specs[i].flops or 0.0 for i in r) for r in plan.ranges]
+    seconds = op_seconds(flops, rm != "none", device_flops)
+    message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth
+    params = pipe.layout.params.slot_bytes()
+    allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
+    step = critical_path(schedule, seconds, message + tick_seconds)
+    step += allreduce * (schedule.ticks if name in ASYNCHRONOUS else 1)
+    delay = effective_delay(schedule, mb, learning_rate, momentum, reference)
+    return Candidate(
+        schedule=name, stages=pipe.K, data=R, virtual=v, microbatches=M, microbatch=mb,
+        remat=rm, compute_dtype=str(np.dtype(dtype)) if dtype is not None else "float32",
+        step_seconds=step, memory_bytes=pipe.trainer(optimizer).memory().total,
+        bubble=table_bubble_fraction(schedule), effective_delay=delay,
+        stable=None if delay is None else delay <= STABLE_DELAY,
+        advice=advise(delay, mb, reference))
+
+
+def render(candidates: Sequence[Candidate], limit: int = 20) -> str:
+    """The ranked candidates as a table."""
+    rows = [["#", "schedule", "K x R", "v", "M x mb", "remat", "dtype", "step", "memory",
+             "bubble", "delay", "advice"]]
+    for i, c in enumerate(candidates[:limit]):
+        delay = "?" if c.effective_delay is None else f"{c.effective_delay:.3g}"
+        rows.append([str(i), c.schedule, f"{c.stages} x {c.data}", str(c.virtual),
+                     f"{c.microbatches} x {c.microbatch}", c.remat, c.compute_dtype,
+                     f"{c.step_seconds * 1e3:.3g} ms", human_bytes(c.memory_bytes),
+                     f"{c.bubble:.2f}", delay, c.advice])
+    return table(rows)

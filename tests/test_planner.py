@@ -1,0 +1,88 @@
+"""`pj.search`: the delay in effective steps by hand, memory against the compiled step, ranking."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import pipejax as pj
+from pipejax import planner
+from pipejax.bench import peak_bytes
+
+
+@pytest.mark.parametrize("name,K,D", [("pb", 4, 6), ("pb", 8, 14), ("pipedream", 4, 3),
+                                      ("pipedream", 8, 7)])
+def test_effective_delay_is_computed_by_hand(name, K, D):
+    schedule = pj.schedules.make_schedule(name, pj.Placement(K), 2 * K)
+    assert max(schedule.delays) == D  # 2(K − 1) for PB, K − 1 for PipeDream
+    # eq. 9 from lr 0.1, momentum 0.9, batch 128 at micro-batch 1 and 8:
+    # η/(1 − m)·D·b/B = 0.1/0.1·D/128 and 8·D/128
+    ref = planner.effective_delay(schedule, 1, None, 0.0, (0.1, 0.9, 128))
+    assert ref == pytest.approx(D / 128)
+    assert planner.effective_delay(schedule, 8, None, 0.0, (0.1, 0.9, 128)) == pytest.approx(
+        8 * D / 128)
+    # the update's own rate and momentum: 3e-3/(1 − 0.9)·D = 0.03·D
+    assert planner.effective_delay(schedule, 8, 3e-3, 0.9, None) == pytest.approx(0.03 * D)
+    assert planner.effective_delay(schedule, 8, None, 0.0, None) is None
+    synchronous = pj.schedules.make_schedule("1f1b", pj.Placement(K), 2 * K)
+    assert planner.effective_delay(synchronous, 8, 3e-3, 0.9, None) == 0.0
+
+
+def test_the_readme_regimes_fall_on_either_side_of_the_threshold():
+    """The measured regimes: PB at K = 8, eq. 9 from (0.1, 0.9, 128) at
+    micro-batch 1 (0.11, trains) and 8 (0.88, does not); a fixed 3e-3 with
+    momentum 0.9 (0.42, does not)."""
+    pb = pj.schedules.make_schedule("pb", pj.Placement(8), 32)
+    regimes = {0.11: planner.effective_delay(pb, 1, None, 0.0, (0.1, 0.9, 128)),
+               0.88: planner.effective_delay(pb, 8, None, 0.0, (0.1, 0.9, 128)),
+               0.42: planner.effective_delay(pb, 8, 3e-3, 0.9, None)}
+    for measured, delay in regimes.items():
+        assert delay == pytest.approx(measured, abs=0.005)
+        assert (delay <= planner.STABLE_DELAY) == (measured < 0.2)
+    assert "micro-batch 2" in planner.advise(regimes[0.88], 8, (0.1, 0.9, 128))
+    assert "synchronous schedule" in planner.advise(2.0, 1, (0.1, 0.9, 128))
+
+
+@pytest.fixture(scope="module")
+def candidates():
+    return planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                          example=jnp.zeros((40,)), devices=4, batch=32, stages=[2, 4],
+                          schedules=["1f1b", "pb"], microbatches=[4], remat=["stage"],
+                          reference=(0.1, 0.9, 128), optimizer=optax.adam(1e-3))
+
+
+def test_candidates_cover_the_grid_ranked_stable_first(candidates):
+    seen = {(c.schedule, c.stages, c.data) for c in candidates}
+    assert seen == {("1f1b", 2, 2), ("1f1b", 4, 1), ("pb", 2, 2), ("pb", 4, 1)}
+    for c in candidates:
+        assert c.microbatch * c.microbatches * c.data == 32
+        assert (c.effective_delay == 0) == (c.schedule == "1f1b")
+    flags = [c.stable is False for c in candidates]
+    assert flags == sorted(flags)
+    stable = [c.step_seconds for c in candidates if c.stable]
+    assert stable == sorted(stable)
+    fewer = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                           example=jnp.zeros((40,)), devices=4, batch=32, stages=[4],
+                           schedules=["1f1b", "pb"], microbatches=[4], remat=["stage"],
+                           memory=min(c.memory_bytes for c in candidates if c.stages == 4),
+                           optimizer=optax.adam(1e-3))
+    assert [c.schedule for c in fewer] == ["1f1b"]  # PB holds more: left out
+
+
+def test_predicted_memory_is_the_compiled_steps(candidates):
+    best = next(c for c in candidates if c.stages == 4 and c.schedule == "pb")
+    pipe = pj.pipeline(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((best.microbatch, 40)), **best.pipeline_args())
+    trainer = pipe.trainer(optax.adam(1e-3))
+    assert trainer.memory().total == best.memory_bytes
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    n = best.microbatches * best.microbatch
+    batch = (jnp.zeros((n, 40)), jnp.zeros((n,), jnp.int32))
+    compiled = peak_bytes(trainer.step.lower(state, batch).compile())
+    assert abs(best.memory_bytes / compiled - 1) < 0.25
+
+
+def test_bad_settings_name_themselves():
+    with pytest.raises(pj.errors.ConfigError, match="stages=3 does not divide devices=4"):
+        planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((40,)), devices=4, batch=32, stages=[3])
