@@ -184,14 +184,14 @@ def job(row: str, schedule: str, K: int, lr: float, seed: int, tokens: int) -> t
 _STUDY: dict = {}
 
 
-def train(job: tuple) -> dict:
+def train(wanted: tuple) -> dict:
     """One run: the model and the data built once."""
     if not _STUDY:
         corpus = pj.data.shakespeare()
         _STUDY.update(layers=pj.models.gpt(**SIZE), corpus=corpus, validation=tuple(
             jnp.asarray(a) for a in pj.data.evaluation_windows(corpus.validation, T,
                                                                EVAL_WINDOWS)))
-    row, schedule, K, lr, seed, tokens = job
+    row, schedule, K, lr, seed, tokens = wanted
     r = run(_STUDY["layers"], _STUDY["corpus"], _STUDY["validation"], row, schedule, K or 1,
             lr, seed, tokens)
     return {**r, "K": K}
@@ -216,6 +216,8 @@ class Study:
     def finish(self) -> None:
         """Run the pending runs, saving each as it ends (XLA's CPU kernels use
         both cores: two runs at a time on one thread each took twice as long)."""
+        if not self.pending:
+            raise RuntimeError("a rate is still unknown but no run is pending")
         jobs, self.pending = self.pending, []
         for j in jobs:
             self.add(train(j))
@@ -244,10 +246,10 @@ class Study:
 
 def tuning_row(row: str) -> tuple[str, str]:
     """The row (and schedule) whose grid gives `row` its rate: the
-    synchronous row of its optimizer for synchronous rows, else that
+    synchronous row of its optimizer for synchronous and (√) rows, else that
     optimizer on PB without a correction."""
     muon = row.startswith("Muon")
-    if row in SYNCHRONOUS:
+    if row in SYNCHRONOUS or row.endswith(SCALED):
         return ("Muon sync" if muon else "AdamW sync"), "1f1b"
     return ("Muon" if muon else "none"), "pb"
 
@@ -258,10 +260,10 @@ def tuning(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, lis
     optimizer and K; the grid `RATES[:GRID]` grows by the next rate of
     `RATES` while its best is its largest. The (√) rows take the synchronous
     AdamW rate moved by the square-root rule."""
-    if row.endswith(SCALED):
-        best, missing = tuning(runs, "AdamW sync", K, tokens)
-        return (None if best is None else best * SQRT_RATE), missing
     base, schedule = tuning_row(row)
+    if row.endswith(SCALED):
+        best, missing = tuning(runs, base, K, tokens)
+        return (None if best is None else best * SQRT_RATE), missing
     losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
               and r["seed"] == 0 and (r["row"], r["schedule"]) == (base, schedule)
               and r["K"] == (0 if schedule == "1f1b" else K)}
@@ -349,7 +351,7 @@ def markdown(summary: list[dict], Ks: list[int], rates: bool = False) -> str:
             cells[r["row"], r["K"], s] = cell
     head = ["row", *(f"K = {K}, {'PB' if s == 'pb' else 'PipeDream'}" for K, s in columns)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for row in dict.fromkeys(r["row"] for r in summary):
+    for row in [row for row in ROWS if any(r["row"] == row for r in summary)]:
         row_cells = [cells.get((row, *c), "") for c in columns]
         lines.append("| " + " | ".join([row, *row_cells]) + " |")
     return "\n".join(lines)
@@ -396,8 +398,8 @@ def main() -> None:
                         "table, printed after it)")
     args = p.parse_args()
     study = Study(args.tokens)
-    tuned_rows = {tuning_row(row)[0]: row for row in args.rows}.values()
-    while None in [study.tuned(row, K) for K in args.K for row in tuned_rows]:
+    grids = dict.fromkeys(tuning_row(row)[0] for row in args.rows)  # rows tuned on their own grid
+    while not args.rates and None in [study.tuned(row, K) for K in args.K for row in grids]:
         study.finish()  # the grids first: every rate below comes from them
     for K in args.K if not args.tune else []:
         for row in args.rows:
@@ -405,7 +407,8 @@ def main() -> None:
                 for schedule in ["pb"] if undelayed(row) else args.schedules:
                     for seed in args.seeds:
                         study.get(row, schedule, K, lr, seed)
-    study.finish()
+    if study.pending:
+        study.finish()
     own_rows = [row for row in args.rows if row in OWN_ROWS] if args.own else []
     while None in [study.own(row, K) for K in args.K for row in own_rows]:
         study.finish()  # one step of every row's walk along the grid
@@ -414,7 +417,8 @@ def main() -> None:
             for schedule in args.schedules:
                 for seed in args.seeds:
                     study.get(row, schedule, K, study.own(row, K), seed)
-    study.finish()
+    if study.pending:
+        study.finish()
     rows = summary(study.runs, args.tokens, args.K)
     print(table(rows))
     print(markdown(rows, args.K))

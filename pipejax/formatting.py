@@ -15,7 +15,8 @@ def human_bytes(n: float) -> str:
 
 
 def parse_bytes(text: str) -> int:
-    """"16GiB", "512 MiB", "2e9" as bytes (B, KiB, MiB, GiB, TiB; KB, MB, GB as powers of 1000)."""
+    """`text` ("16GiB", "512 MiB", "2e9") as bytes: B, KiB, MiB, GiB, TiB, or
+    KB, MB, GB, TB in powers of 1000."""
     from pipejax.errors import ConfigError
 
     units = {"tib": 2**40, "gib": 2**30, "mib": 2**20, "kib": 2**10, "tb": 1e12, "gb": 1e9,
@@ -23,9 +24,12 @@ def parse_bytes(text: str) -> int:
     t = text.strip().lower()
     unit = next((u for u in units if t.endswith(u)), "")
     try:
-        return int(float(t[:len(t) - len(unit)]) * units.get(unit, 1))
+        n = float(t[:len(t) - len(unit)]) * units.get(unit, 1)
     except ValueError:
-        raise ConfigError(f"{text!r} is not a byte count; write e.g. 16GiB, 512MiB or 2e9") from None
+        n = -1.0
+    if not 0 < n < float("inf"):
+        raise ConfigError(f"{text!r} is not a byte count; write e.g. 16GiB, 512MiB or 2e9")
+    return int(n)
 
 
 def table(rows: Sequence[Sequence[str]], *, rstrip: bool = True) -> str:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
-from pipejax.cli.setup import (MODEL_DEFAULTS, _numbers, apply_model_defaults, build_layers,
-                              make_pipeline, model_kwargs, resolve_batch_size, setup_devices)
+from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, build_layers,
+                              make_pipeline, model_kwargs, parse_numbers, resolve_batch_size,
+                              setup_devices)
 from pipejax.cli.tasks import load_task
 from pipejax.schedules import NAMES, plot, render
 from pipejax.cli.train import train
@@ -171,7 +172,8 @@ def _parser() -> argparse.ArgumentParser:
                            "moves to its micro-batch by eq. 9 (Kosson et al.)")
     plan.add_argument("--lr", type=float, default=None,
                       help="with --search: the asynchronous update's own rate (with --momentum)")
-    plan.add_argument("--momentum", type=float, default=0.0)
+    plan.add_argument("--momentum", type=float, default=0.0,
+                      help="with --search and --lr: the update's momentum")
     plan.add_argument("--pick", type=int, default=None, metavar="N",
                       help="with --search: build candidate N and print its plan and schedule")
     return p
@@ -215,7 +217,7 @@ def search(args) -> bool:
     example, targets = task.example(1)
     layers = build_layers(args.model, getattr(task, "example_shape", ()), task.classes, args.api,
                           0, kwargs)
-    reference = args.reference and _numbers(args.reference, "--reference", 3)
+    reference = args.reference and parse_numbers(args.reference, "--reference", 3)
     ranked = planner.search(
         layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
         targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
@@ -223,8 +225,10 @@ def search(args) -> bool:
         memory=None if args.memory is None else parse_bytes(args.memory),
         learning_rate=args.lr, momentum=args.momentum,
         schedules=args.schedules and args.schedules.split(","),
+        compute_dtypes=(args.compute_dtype,), partition=args.partition if args.partition in (
+            "variance", "bottleneck") else [int(n) for n in args.partition.split(",")],
         reference=reference and (reference[0], reference[1], int(reference[2])))
-    print(planner.render(ranked))
+    print(planner.render(ranked, limit=max(20, (args.pick or 0) + 1)))
     if args.pick is None:
         return False
     if not 0 <= args.pick < len(ranked):

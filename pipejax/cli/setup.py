@@ -168,7 +168,7 @@ def resolve_batch_size(args) -> int:
     return size
 
 
-def _numbers(text: str, flag: str, count: int | None = None) -> list[float]:
+def parse_numbers(text: str, flag: str, count: int | None = None) -> list[float]:
     import pipejax as pj
 
     try:
@@ -203,7 +203,7 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
                           "(use --schedule pb or pipedream)")
     pipemare = args.mitigation == "pipemare"
     warmup = 0 if pipemare else args.warmup
-    decay_at = tuple(_numbers(args.decay_at, "--decay-at"))
+    decay_at = tuple(parse_numbers(args.decay_at, "--decay-at"))
     momentum = 0.0 if args.optimizer == "sgd" else (
         0.9 if args.momentum is None else args.momentum)
     settings = {"optimizer": args.optimizer, "lr_schedule": args.lr_schedule,
@@ -222,7 +222,7 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
         if args.lr is not None or args.momentum is not None:
             raise ConfigError("--reference LR,M,B sets the learning rate and momentum (eq. 9); "
                               "leave out --lr and --momentum")
-        ref_lr, ref_m, ref_b = _numbers(args.reference, "--reference", 3)
+        ref_lr, ref_m, ref_b = parse_numbers(args.reference, "--reference", 3)
         reference = T.lr_schedule(args.lr_schedule, ref_lr, updates, decay_at=decay_at,
                                   warmup_steps=warmup)
         rate, momentum = T.scale_hyperparams(reference, ref_m, int(ref_b), update_size)

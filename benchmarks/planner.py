@@ -1,0 +1,148 @@
+"""How far `pj.search`'s predictions hold.
+
+staleness  The `stable` flag (the delay in effective steps, η/(1 − m)·D, at
+           most `STABLE_DELAY`) against what `benchmarks/convergence.py`
+           measured (`results/convergence.json`): for each configuration
+           there (model, K, micro-batch, rate, momentum), whether PB and
+           PB + LWP_D + SC_D end more than 2 points of test accuracy below
+           synchronous SGDM (mean over the seeds). The delay is recomputed
+           from the schedule's table and the run's rate and momentum.
+memory     Predicted bytes per device against the compiled step's
+           (argument + output − aliased + temp) for candidates across
+           schedules, remat and virtual stages, an MLP and a GPT at K = 4.
+
+Run: python benchmarks/planner.py [--part staleness memory]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse
+import json
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import pipejax as pj
+from common import RESULTS, save, table
+from pipejax import planner
+from pipejax.bench import peak_bytes
+
+LOST = 2.0  # points of test accuracy below SGDM that count as not training
+
+
+def staleness() -> list[dict]:
+    runs = json.loads((RESULTS / "convergence.json").read_text())["runs"]
+    groups: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    settings: dict[tuple, dict] = {}
+    for r in runs:
+        if r["table"] == "trainer":
+            continue  # the same configuration through pipe.trainer, one seed
+        config = (r["model"], r["micro_batch"], round(r["momentum"], 6),
+                  tuple(map(str, r["hyper"])))  # SGDM has no delay: one run for every K
+        K = 0 if r["row"] == "SGDM, no delay" else r["K"]
+        groups[(*config, K)][r["row"]].append(100 * r["test_accuracy"])
+        if r["row"] == "PB":
+            settings[(*config, K)] = r
+    out = []
+    for config, rows in groups.items():
+        if config not in settings or "SGDM, no delay" not in groups[(*config[:-1], 0)]:
+            continue
+        r, rows = settings[config], {**groups[(*config[:-1], 0)], **rows}
+        schedule = pj.schedules.make_schedule("pb", pj.Placement(r["K"]), 2 * r["K"])
+        delay = planner.effective_delay(schedule, r["micro_batch"], r["learning_rate"],
+                                        r["momentum"], None)
+        sgdm = float(np.mean(rows["SGDM, no delay"]))
+        row = {"model": r["model"], "K": r["K"], "micro_batch": r["micro_batch"],
+               "learning_rate": r["learning_rate"], "momentum": round(r["momentum"], 6),
+               "effective_delay": round(delay, 4), "stable": delay <= planner.STABLE_DELAY,
+               "SGDM": round(sgdm, 1)}
+        for name, label in (("PB", "PB"), ("PB + LWP_D + SC_D", "recipe")):
+            if name not in rows:
+                continue
+            loss = sgdm - float(np.mean(rows[name]))
+            row[f"{label} lost"] = round(loss, 1)
+            row[f"{label} trains"] = loss <= LOST
+            row[f"flag right ({label})"] = row["stable"] == (loss <= LOST)
+        out.append(row)
+    return sorted(out, key=lambda r: (r["effective_delay"], r["model"], r["momentum"]))
+
+
+CASES = [(s, r) for s in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "pipedream", "pb")
+         for r in ("stage", "none")]  # interleaved and zb-v at v = 2
+
+
+def memory() -> list[dict]:
+    models = {"MLP 8x256": (pj.models.mlp(depth=8, width=256), jnp.zeros((40,)), None,
+                            pj.losses.cross_entropy),
+              "GPT 6x64": (pj.models.gpt(depth=6, width=64, heads=4, context=32),
+                           jnp.zeros((32,), jnp.int32), jnp.zeros((32,), jnp.int32),
+                           pj.losses.next_token)}
+    out = []
+    for name, (layers, example, targets, loss) in models.items():
+        for schedule, remat in CASES:
+            found = planner.search(layers, loss=loss, example=example, targets=targets,
+                                   devices=4, batch=64, stages=[4], microbatches=[8],
+                                   schedules=[schedule], remat=[remat],
+                                   optimizer=optax.adam(1e-3))
+            if not found:
+                continue  # e.g. PB without remat: its backward runs on newer weights
+            c = found[0]
+            stack = lambda a: jnp.zeros((c.microbatch, *a.shape), a.dtype)
+            pipe = pj.pipeline(layers, loss=loss, example=stack(example),
+                               targets=None if targets is None else stack(targets),
+                               **c.pipeline_args())
+            trainer = pipe.trainer(optax.adam(1e-3))
+            state = trainer.init(pipe.init(jax.random.key(0)))
+            n = c.microbatches * c.microbatch
+            x = jnp.zeros((n, *example.shape), example.dtype)
+            y = jnp.zeros((n,), jnp.int32) if targets is None else jnp.zeros(
+                (n, *targets.shape), targets.dtype)
+            compiled = peak_bytes(trainer.step.lower(state, (x, y)).compile())
+            out.append({"model": name, "schedule": schedule, "remat": remat,
+                        "virtual": c.virtual,
+                        "predicted_MiB": round(c.memory_bytes / 2**20, 3),
+                        "compiled_MiB": round(compiled / 2**20, 3),
+                        "error_%": round(100 * (c.memory_bytes / compiled - 1), 1)})
+            print(out[-1], flush=True)
+    return out
+
+
+PARTS = {"staleness": staleness, "memory": memory}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", nargs="*", default=list(PARTS), choices=list(PARTS))
+    args = p.parse_args()
+    path = RESULTS / "planner.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.pop("environment", None)
+    for part in args.part:
+        results[part] = PARTS[part]()
+        print(table(results[part]))
+    if "staleness" in results:
+        rows = results["staleness"]
+        results["staleness_summary"] = {
+            f"flag right ({label})": f"{sum(r[f'flag right ({label})'] for r in rows if key in r)} "
+                                     f"of {sum(key in r for r in rows)}"
+            for label in ("PB", "recipe") for key in [f"flag right ({label})"]}
+    if "memory" in results:
+        errors = [abs(r["error_%"]) for r in results["memory"]]
+        results["memory_summary"] = {"candidates": len(errors), "mean |error| %":
+                                     round(float(np.mean(errors)), 1),
+                                     "max |error| %": max(errors)}
+    save("planner", {**results, "stable_delay": planner.STABLE_DELAY})
+    for key in ("staleness_summary", "memory_summary"):
+        if key in results:
+            print(key, results[key])
+
+
+if __name__ == "__main__":
+    main()
