@@ -36,6 +36,7 @@ import optax
 
 from pipejax.errors import ConfigError, DeviceError
 from pipejax.formatting import human_bytes, table
+from pipejax.mesh import make_mesh
 from pipejax.pipeline import Pipeline, pipeline
 from pipejax.schedules import ASYNCHRONOUS, NAMES, Op, Schedule
 from pipejax.schedules.bubbles import table_bubble_fraction
@@ -78,10 +79,11 @@ class Candidate:
 
     def pipeline_args(self) -> dict[str, Any]:
         """The `pj.pipeline` arguments that build this candidate (but layers,
-        loss, example and targets)."""
+        loss, example and targets); with data replicas, their mesh."""
         return dict(stages=self.stages, microbatches=self.microbatches, schedule=self.schedule,
                     virtual=self.virtual, remat=self.remat,
-                    compute_dtype=None if self.compute_dtype == "float32" else self.compute_dtype)
+                    compute_dtype=None if self.compute_dtype == "float32" else self.compute_dtype,
+                    mesh=make_mesh(self.stages, self.data) if self.data > 1 else None)
 
 
 def op_seconds(chunk_flops: Sequence[float], remat: bool, device_flops: float) -> dict:

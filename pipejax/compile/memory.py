@@ -19,8 +19,10 @@ the largest stage: SPMD buffers have one shape):
     stage's vjp keeps without rematerialization (with remat the backward
     recomputes it; without, the forward builds it before filing it);
   - an asynchronous step updates parameters and optimizer state at every
-    tick on copies (the scan carry and the update), live at other times
-    than the working set: the larger of the two counts.
+    tick, the update's result beside the values it reads (one copy; the
+    forward's loop hands the weights on through an optimization barrier,
+    so XLA makes no other), live at other times than the working set: the
+    larger of the two counts.
 Which buffers XLA copies or reuses was read off the compiled MLP and ResNet
 steps (K = 4, every schedule and remat mode); `benchmarks/run_all.py`
 reports the error of the total for each.
@@ -92,7 +94,7 @@ def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
             out.update({"in-flight state": held, "rings": moving,
-                        "working set or update copies": max(work, 2 * (P + S))})
+                        "working set or update copy": max(work, P + S)})
         return out
 
     acts, S = code.acts, code.S
