@@ -254,6 +254,12 @@ def tuning_row(row: str) -> tuple[str, str]:
     return ("Muon" if muon else "none"), "pb"
 
 
+def seed_zero(runs: list, row: str, schedule: str, K: int, tokens: int) -> dict[float, float]:
+    """Validation loss by rate of `row`'s seed-0 runs on `schedule` at K."""
+    return {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
+            and r["seed"] == 0 and (r["row"], r["schedule"], r["K"]) == (row, schedule, K)}
+
+
 def tuning(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, list[float]]:
     """`row`'s rate at K and the rates of its grid still to run: the best of
     the grid at seed 0 for its `tuning_row`, the same for every row of an
@@ -264,9 +270,7 @@ def tuning(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, lis
     if row.endswith(SCALED):
         best, missing = tuning(runs, base, K, tokens)
         return (None if best is None else best * SQRT_RATE), missing
-    losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
-              and r["seed"] == 0 and (r["row"], r["schedule"]) == (base, schedule)
-              and r["K"] == (0 if schedule == "1f1b" else K)}
+    losses = seed_zero(runs, base, schedule, 0 if schedule == "1f1b" else K, tokens)
     missing = [lr for lr in RATES[:GRID] if lr not in losses]
     if missing:
         return None, missing
@@ -290,8 +294,7 @@ def own_rate(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, l
     start = best_rate(runs, row, K, tokens)
     if start is None:
         return None, []
-    losses = {r["lr"]: r["validation_loss"] for r in runs if r["tokens"] == tokens
-              and r["seed"] == 0 and (r["row"], r["schedule"], r["K"]) == (row, "pb", K)}
+    losses = seed_zero(runs, row, "pb", K, tokens)
     i = RATES.index(start)
     while True:
         near = [RATES[j] for j in (i - 1, i + 1) if 0 <= j < len(RATES)]

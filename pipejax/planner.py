@@ -96,14 +96,11 @@ def op_seconds(chunk_flops: Sequence[float], remat: bool, device_flops: float) -
 
 def critical_path(schedule: Schedule, seconds: dict, per_tick: float) -> float:
     """Seconds of the table's ticks in lock step: per tick the slowest
-    device's ops, plus `per_tick` (messages and the tick's fixed cost)."""
-    chunk = schedule.placement.chunk
-    total = 0.0
-    for t in range(schedule.ticks):
-        busiest = max(sum(seconds[Op(op)][chunk(k, c)] for op, _, c in schedule.table[t, k]
-                          if op != Op.IDLE) for k in range(schedule.stages))
-        total += busiest + per_tick
-    return total
+    device's ops (`pipejax.bench.op_costs.critical_path`), plus `per_tick`
+    (messages and the tick's fixed cost)."""
+    from pipejax.bench.op_costs import critical_path as busiest_ops
+
+    return busiest_ops(schedule, seconds) + schedule.ticks * per_tick
 
 
 def effective_delay(schedule: Schedule, microbatch: int, learning_rate: float | None,
