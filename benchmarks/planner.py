@@ -10,8 +10,18 @@ staleness  The `stable` flag (the delay in effective steps, η/(1 − m)·D, at
 memory     Predicted bytes per device against the compiled step's
            (argument + output − aliased + temp) for candidates across
            schedules, remat and virtual stages, an MLP and a GPT at K = 4.
+time       Predicted step time against the measured one on the 4 simulated
+           CPU devices, for `TIMED` candidates of a GPT spread evenly over
+           the predicted ranking of every candidate (K ∈ {1, 2, 4}, data ×
+           stages = 4, batch 64). The machine is measured first, apart from
+           the candidates: the rate of the processor the devices share (a
+           plain data-parallel jit of the model's gradient over the 4
+           devices), the fixed cost of a tick (a
+           4-stage 1F1B step of layers of width 4, whose arithmetic is
+           nothing) and the copy rate of a message. Reported: Spearman's
+           rank correlation and the relative error of each candidate.
 
-Run: python benchmarks/planner.py [--part staleness memory]
+Run: python benchmarks/planner.py [--part staleness memory time]
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import argparse
 import json
 from collections import defaultdict
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +44,7 @@ import pipejax as pj
 from common import RESULTS, save, table
 from pipejax import planner
 from pipejax.bench import peak_bytes
+from pipejax.bench.speed import alternate
 
 LOST = 2.0  # points of test accuracy below SGDM that count as not training
 
@@ -114,7 +126,97 @@ def memory() -> list[dict]:
     return out
 
 
-PARTS = {"staleness": staleness, "memory": memory}
+GPT = dict(depth=6, width=64, heads=4, context=32)
+BATCH, DEVICES, TIMED, REPEATS = 64, 4, 16, 5
+
+
+def _seconds(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
+    """Median seconds of `fn()` (blocked on), after one warm-up call."""
+    return float(np.median(alternate({"fn": fn}, repeats)["fn"]))
+
+
+def _gpt_batch(n: int) -> tuple:
+    tokens = jax.random.randint(jax.random.key(1), (n, GPT["context"] + 1), 0, 256)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def machine() -> dict:
+    """The simulated host's constants, measured apart from the candidates."""
+    layers = pj.models.gpt(**GPT)
+    x, y = _gpt_batch(BATCH)
+    variables = pj.unstage(pj.pipeline(layers, loss=pj.losses.next_token, example=x, targets=y,
+                                       stages=1, microbatches=1).init(jax.random.key(0)))
+    # the processor's rate as the devices share it: a plain data-parallel jit
+    # of the model's gradient, the batch split over the simulated devices
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:DEVICES]), ("data",))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    xs, ys = jax.device_put(x, split), jax.device_put(y, split)
+    grad = jax.jit(jax.grad(lambda v, x, y: pj.losses.next_token(pj.apply_layers(layers, v, x),
+                                                                 y)))
+    flops = BATCH * sum(s.flops for s in pj.trace(layers, x[:1]))
+    host = flops / _seconds(lambda: jax.block_until_ready(grad(variables, xs, ys)))
+    tiny = pj.pipeline(pj.models.mlp(depth=7, width=4), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((1, 4)), stages=4, microbatches=16, schedule="1f1b")
+    trainer = tiny.trainer(optax.sgd(0.1))
+    held = [trainer.init(tiny.init(jax.random.key(0)))]
+    data = (jnp.zeros((16, 4)), jnp.zeros((16,), jnp.int32))
+
+    def tiny_step():
+        held[0], m = trainer.step(held[0], data)
+        jax.block_until_ready(m["loss"])
+    tick = _seconds(tiny_step) / tiny.schedule.ticks
+    big = jnp.ones((2**24,), jnp.float32)
+    copy = jax.jit(lambda a: a * 1.0)
+    link = big.nbytes / _seconds(lambda: jax.block_until_ready(copy(big)))
+    return {"host_flops": host, "tick_seconds": tick, "link_bandwidth": link,
+            "model_gflop_per_step": flops / 1e9}
+
+
+def step_time() -> dict:
+    """Predicted against measured step time, `TIMED` GPT candidates."""
+    consts = machine()
+    print(consts, flush=True)
+    layers = pj.models.gpt(**GPT)
+    example = jnp.zeros((GPT["context"],), jnp.int32)
+    found = planner.search(layers, loss=pj.losses.next_token, example=example, targets=example,
+                           devices=DEVICES, batch=BATCH, device_flops=consts["host_flops"],
+                           host_flops=consts["host_flops"],
+                           tick_seconds=consts["tick_seconds"],
+                           link_bandwidth=consts["link_bandwidth"])
+    found = sorted(found, key=lambda c: c.step_seconds)
+    picked = [found[round(i)] for i in np.linspace(0, len(found) - 1, TIMED)]
+    x, y = _gpt_batch(BATCH)
+    runs = {}
+    for i, c in enumerate(picked):
+        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:c.microbatch],
+                           targets=y[:c.microbatch], **c.pipeline_args())
+        trainer = pipe.trainer(optax.adam(1e-3))
+        held = {i: trainer.init(pipe.init(jax.random.key(0)))}
+
+        def run(i=i, trainer=trainer, held=held):
+            held[i], m = trainer.step(held[i], (x, y))
+            jax.block_until_ready(m["loss"])
+        runs[i] = run
+    measured = alternate(runs, REPEATS)
+    rows = []
+    for i, c in enumerate(picked):
+        seconds = float(np.median(measured[i]))
+        rows.append({"schedule": c.schedule, "K x R": f"{c.stages} x {c.data}", "v": c.virtual,
+                     "M x mb": f"{c.microbatches} x {c.microbatch}", "remat": c.remat,
+                     "predicted_ms": round(1e3 * c.step_seconds, 1),
+                     "measured_ms": round(1e3 * seconds, 1),
+                     "error_%": round(100 * (c.step_seconds / seconds - 1), 1)})
+        print(rows[-1], flush=True)
+    ranks = lambda a: np.argsort(np.argsort(a))
+    rho = float(np.corrcoef(ranks([r["predicted_ms"] for r in rows]),
+                            ranks([r["measured_ms"] for r in rows]))[0, 1])
+    errors = [abs(r["error_%"]) for r in rows]
+    return {"machine": {k: float(f"{v:.4g}") for k, v in consts.items()}, "rows": rows,
+            "candidates_searched": len(found), "spearman": round(rho, 3),
+            "mean |error| %": round(float(np.mean(errors)), 1), "max |error| %": max(errors)}
+
+
+PARTS = {"staleness": staleness, "memory": memory, "time": step_time}
 
 
 def main() -> None:
@@ -126,7 +228,7 @@ def main() -> None:
     results.pop("environment", None)
     for part in args.part:
         results[part] = PARTS[part]()
-        print(table(results[part]))
+        print(table(results[part]["rows"] if part == "time" else results[part]))
     if "staleness" in results:
         rows = results["staleness"]
         results["staleness_summary"] = {
@@ -142,6 +244,8 @@ def main() -> None:
     for key in ("staleness_summary", "memory_summary"):
         if key in results:
             print(key, results[key])
+    if "time" in results:
+        print({k: v for k, v in results["time"].items() if k != "rows"})
 
 
 if __name__ == "__main__":

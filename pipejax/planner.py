@@ -10,7 +10,9 @@ so what is ranked is what will run:
     slowest device's ops at their FLOPs over `device_flops`, plus the
     tick's two boundary messages over `link_bandwidth`, plus a fixed
     `tick_seconds`; a data-parallel mean of the gradients over the link
-    once a step (synchronous) or once a tick (asynchronous);
+    once a step (synchronous) or once a tick (asynchronous). Devices that
+    share one processor (`host_flops`: simulated CPU devices) take at
+    least the FLOPs the whole table executes over its rate;
   - staleness: the delay in effective steps, η/(1 − m)·D at the stage with
     the largest delay D (Kosson et al. 2020, §3: an update of size b moves
     the weights by about η/(1 − m) gradients); with `reference=(η, m, B)`
@@ -19,8 +21,10 @@ so what is ranked is what will run:
 
 Cost model assumptions: a layer's traced FLOPs (forward + backward) split
 1 : 2 between forward and backward; with rematerialization a backward
-recomputes its forward; a zero-bubble B and W take a third each (plus the
-recomputation in B); every device runs at one rate, whatever the dtype.
+recomputes its forward (not the last stage's when the table fuses its
+forward and backward into one tick); a zero-bubble B and W take a third
+each (plus the recomputation in B); every device runs at one rate,
+whatever the dtype or the micro-batch's size.
 """
 
 from __future__ import annotations
@@ -86,21 +90,30 @@ class Candidate:
                     mesh=make_mesh(self.stages, self.data) if self.data > 1 else None)
 
 
-def op_seconds(chunk_flops: Sequence[float], remat: bool, device_flops: float) -> dict:
-    """Seconds of each op on each virtual stage from its forward + backward
-    FLOPs (the 1 : 2 split; a rematerialized backward recomputes its forward)."""
-    forward = np.asarray(chunk_flops, float) / 3 / device_flops
-    again = forward if remat else 0.0
+def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> dict:
+    """FLOPs of each op on each virtual stage from its forward + backward
+    FLOPs (the 1 : 2 split; a rematerialized backward recomputes its
+    forward, but for a `fused` last stage: a table that runs its forward and
+    backward in one tick runs them as one vjp, nothing replayed)."""
+    forward = np.asarray(chunk_flops, float) / 3
+    again = forward * remat
+    if fused:
+        again[-1] = 0.0
     return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: forward + again, Op.W: forward}
 
 
-def critical_path(schedule: Schedule, seconds: dict, per_tick: float) -> float:
+def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick: float,
+                 host_flops: float | None = None) -> float:
     """Seconds of the table's ticks in lock step: per tick the slowest
-    device's ops (`pipejax.bench.op_costs.critical_path`), plus `per_tick`
-    (messages and the tick's fixed cost)."""
-    from pipejax.bench.op_costs import critical_path as busiest_ops
+    device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
+    at least every op of the table over `host_flops` when the devices share
+    one processor, plus `per_tick` a tick (messages and its fixed cost)."""
+    from pipejax.bench.op_costs import critical_path, executed
 
-    return busiest_ops(schedule, seconds) + schedule.ticks * per_tick
+    compute = critical_path(schedule, costs) / device_flops
+    if host_flops is not None:
+        compute = max(compute, executed(schedule, costs) / host_flops)
+    return compute + schedule.ticks * per_tick
 
 
 def effective_delay(schedule: Schedule, microbatch: int, learning_rate: float | None,
@@ -155,7 +168,8 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
            compute_dtypes: Sequence[Any] = (None,),
            optimizer: optax.GradientTransformation | None = None,
            partition: str | Sequence[int] = "variance", device_flops: float = 50e12,
-           link_bandwidth: float = 50e9, tick_seconds: float = 20e-6) -> list[Candidate]:
+           link_bandwidth: float = 50e9, tick_seconds: float = 20e-6,
+           host_flops: float | None = None) -> list[Candidate]:
     """The configurations of `layers` for `batch` examples a step on
     `devices` devices, best first: stable (or unknown) before unstable,
     then by predicted step time, then memory.
@@ -178,7 +192,9 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
       remat, compute_dtypes: the settings to try; partition: as `pj.pipeline`.
       optimizer: whose state the memory counts (default SGD with momentum).
       device_flops, link_bandwidth, tick_seconds: the machine (defaults: a
-        GPU at 50 TFLOP/s, 50 GB/s links, 20 µs a tick).
+        GPU at 50 TFLOP/s, 50 GB/s links, 20 µs a tick); host_flops: the
+        rate of the one processor the devices share, if they do (simulated
+        CPU devices: `benchmarks/planner.py --part time` measures it).
     """
     if devices < 1 or batch < 1:
         raise ConfigError(f"devices={devices}, batch={batch}; both must be positive")
@@ -221,7 +237,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                 continue  # this table does not take these settings (M < K, v·K > layers, ...)
             out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
                                   momentum, reference, device_flops, link_bandwidth,
-                                  tick_seconds))
+                                  tick_seconds, host_flops))
     if memory is not None and out and min(c.memory_bytes for c in out) > memory:
         raise ConfigError(f"no candidate fits memory={human_bytes(memory)} a device: the "
                           f"smallest needs {human_bytes(min(c.memory_bytes for c in out))}; "
@@ -233,15 +249,16 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
 
 def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: str, dtype,
                optimizer, learning_rate, momentum, reference, device_flops, link_bandwidth,
-               tick_seconds) -> Candidate:
+               tick_seconds, host_flops) -> Candidate:
     """What `pipe` (one replica of R) is predicted to cost."""
     schedule, plan = pipe.schedule, pipe.plan
     flops = [sum(plan.specs[i].flops or 0.0 for i in r) for r in plan.ranges]
-    seconds = op_seconds(flops, rm != "none", device_flops)
+    costs = op_costs(flops, rm != "none", bool(schedule.fused.any()))
     message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth if pipe.K > 1 else 0.0
     params = pipe.layout.params.slot_bytes()
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
-    step = critical_path(schedule, seconds, message + tick_seconds)
+    shared = None if host_flops is None else host_flops / R  # the R replicas share it too
+    step = step_seconds(schedule, costs, device_flops, message + tick_seconds, shared)
     step += allreduce * (schedule.ticks if name in ASYNCHRONOUS else 1)
     update = mb * R  # an asynchronous update averages one micro-batch of each replica
     delay = effective_delay(schedule, update, learning_rate, momentum, reference)

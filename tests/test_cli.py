@@ -41,7 +41,7 @@ def test_plan_prints_partition_and_timeline(tmp_path, capsys):
 def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
     assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",
                  "--batch-size", "8", "--schedules", "1f1b,pb", "--reference", "0.1,0.9,128",
-                 "--pick", "0"]) == 0
+                 "--machine", "1e9,1e9,1e-4,2e9", "--pick", "0"]) == 0
     out = capsys.readouterr().out
     pb = [line.split() for line in out.splitlines() if " pb " in line]
     # K = 2: D = 2, eq. 9 from batch 128: 0.1/(1 − 0.9)·2·mb/128 at mb 4, 2 and 1
@@ -50,6 +50,8 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
     assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",
                  "--batch-size", "8", "--schedules", "1f1b", "--pick", "99"]) == 2
     assert "--pick 99: the search found" in capsys.readouterr().err
+    assert main(["plan", "--data", _data(tmp_path), "--search", "--machine", "1e9,1e9"]) == 2
+    assert "--machine '1e9,1e9': give 3 or 4 comma-separated numbers" in capsys.readouterr().err
 
 
 def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):

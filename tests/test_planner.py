@@ -50,9 +50,16 @@ def test_gpipes_critical_path_is_counted_by_hand(remat, backward):
     backwards; a stage of 3 FLOPs at 1 FLOP/s: forward 1 s, backward 2 s
     (3 s when it recomputes its forward)."""
     schedule = pj.schedules.make_schedule("gpipe", pj.Placement(2), 2)
-    seconds = planner.op_seconds([3.0, 3.0], remat, 1.0)
-    assert planner.critical_path(schedule, seconds, 0.0) == 3 * 1.0 + 3 * backward
-    assert planner.critical_path(schedule, seconds, 0.5) == 3 * 1.0 + 3 * backward + 6 * 0.5
+    costs = planner.op_costs([3.0, 3.0], remat)
+    assert planner.step_seconds(schedule, costs, 1.0, 0.0) == 3 * 1.0 + 3 * backward
+    assert planner.step_seconds(schedule, costs, 1.0, 0.5) == 3 * 1.0 + 3 * backward + 6 * 0.5
+    # both devices on one processor of 1 FLOP/s: all 2 · 2 · (1 + backward) FLOPs in turn
+    shared = 2 * 2 * (1.0 + backward)
+    assert planner.step_seconds(schedule, costs, 1.0, 0.0, host_flops=1.0) == shared
+    assert planner.step_seconds(schedule, costs, 1.0, 0.0, host_flops=100.0) == 3 + 3 * backward
+    # a table that fuses the last stage's forward and backward replays nothing there
+    fused = planner.op_costs([3.0, 3.0], remat, fused=True)
+    assert list(fused[pj.schedules.Op.BW]) == [backward, 2.0]
 
 
 def test_byte_counts_read_and_bad_ones_are_named():
@@ -101,6 +108,18 @@ def test_predicted_memory_is_the_compiled_steps(candidates):
     batch = (jnp.zeros((n, 40)), jnp.zeros((n,), jnp.int32))
     compiled = peak_bytes(trainer.step.lower(state, batch).compile())
     assert abs(best.memory_bytes / compiled - 1) < 0.25
+
+
+def test_on_one_shared_processor_every_split_does_the_same_work():
+    """At 1 kFLOP/s shared by the 4 devices, arithmetic is all that counts:
+    4 stages or 2 stages × 2 replicas run the batch's FLOPs in the same time
+    (to XLA's counts at micro-batches of 8 and 4 examples)."""
+    found = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                           example=jnp.zeros((40,)), devices=4, batch=32, stages=[2, 4],
+                           schedules=["1f1b"], microbatches=[4], remat=["stage"],
+                           host_flops=1e3)
+    assert len(found) == 2 and found[0].data * found[0].stages == 4
+    assert found[0].step_seconds == pytest.approx(found[1].step_seconds, rel=1e-3)
 
 
 def test_replicas_average_their_micro_batches_into_one_update(candidates):

@@ -174,6 +174,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --search: the asynchronous update's own rate (with --momentum)")
     plan.add_argument("--momentum", type=float, default=0.0,
                       help="with --search and --lr: the update's momentum")
+    plan.add_argument("--machine", default=None, metavar="FLOPS,BYTES/S,SECONDS[,HOST]",
+                      help="with --search: a device's FLOP/s, the link's bytes/s, a tick's fixed "
+                           "seconds and, for devices sharing one processor (simulated CPU "
+                           "devices), its FLOP/s (default 50e12,50e9,20e-6: a GPU)")
     plan.add_argument("--pick", type=int, default=None, metavar="N",
                       help="with --search: build candidate N and print its plan and schedule")
     return p
@@ -217,7 +221,11 @@ def search(args) -> bool:
     example, targets = task.example(1)
     layers = build_layers(args.model, getattr(task, "example_shape", ()), task.classes, args.api,
                           0, kwargs)
-    reference = args.reference and parse_numbers(args.reference, "--reference", 3)
+    reference = args.reference and parse_numbers(args.reference, "--reference", (3,),
+                                                 "0.1,0.9,128")
+    rates = args.machine and parse_numbers(args.machine, "--machine", (3, 4), "50e12,50e9,20e-6")
+    machine = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops"),
+                       rates or ()))
     ranked = planner.search(
         layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
         targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
@@ -227,7 +235,7 @@ def search(args) -> bool:
         schedules=args.schedules and args.schedules.split(","),
         compute_dtypes=(args.compute_dtype,), partition=args.partition if args.partition in (
             "variance", "bottleneck") else [int(n) for n in args.partition.split(",")],
-        reference=reference and (reference[0], reference[1], int(reference[2])))
+        reference=reference and (reference[0], reference[1], int(reference[2])), **machine)
     print(planner.render(ranked, limit=max(20, (args.pick or 0) + 1)))
     if args.pick is None:
         return False

@@ -168,17 +168,19 @@ def resolve_batch_size(args) -> int:
     return size
 
 
-def parse_numbers(text: str, flag: str, count: int | None = None) -> list[float]:
+def parse_numbers(text: str, flag: str, counts: tuple[int, ...] = (),
+                  example: str = "0.5,0.75") -> list[float]:
+    """Comma-separated numbers; `counts`: how many may be given (any if empty)."""
     import pipejax as pj
 
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         values = []
-    if not values or (count is not None and len(values) != count):
-        raise pj.errors.ConfigError(f"{flag} {text!r}: give {count or 'one or more'} "
-                                    "comma-separated numbers, e.g. "
-                                    + ("0.1,0.9,128" if count == 3 else "0.5,0.75"))
+    if not values or (counts and len(values) not in counts):
+        many = " or ".join(map(str, counts)) or "one or more"
+        raise pj.errors.ConfigError(f"{flag} {text!r}: give {many} comma-separated numbers, "
+                                    f"e.g. {example}")
     return values
 
 
@@ -222,7 +224,7 @@ def make_optimizer(args, lr: float | None, updates: tuple[int, int], update_size
         if args.lr is not None or args.momentum is not None:
             raise ConfigError("--reference LR,M,B sets the learning rate and momentum (eq. 9); "
                               "leave out --lr and --momentum")
-        ref_lr, ref_m, ref_b = parse_numbers(args.reference, "--reference", 3)
+        ref_lr, ref_m, ref_b = parse_numbers(args.reference, "--reference", (3,), "0.1,0.9,128")
         reference = T.lr_schedule(args.lr_schedule, ref_lr, updates, decay_at=decay_at,
                                   warmup_steps=warmup)
         rate, momentum = T.scale_hyperparams(reference, ref_m, int(ref_b), update_size)

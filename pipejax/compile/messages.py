@@ -39,14 +39,12 @@ def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> 
 
 
 def reads(rings: Rings, layout: Layout, op: Op, ring: jax.Array) -> tuple:
-    """The ring slots `op` reads for ring id g·v + c: its input (and,
-    backward, the output's gradient; W its input, its kept residuals and
-    what its B filed)."""
+    """The slots of the rings the messages fill that `op` reads for ring id
+    g·v + c: its input and, backward (BW, B), the output's gradient. The
+    rings the ops fill themselves (kept residuals, the bridge) are read
+    where the op runs, after the tick's earlier ops wrote theirs."""
     h = read(rings.inputs, ring % layout.input_slots)
-    if op == Op.W:
-        return (h, read(rings.kept, ring % layout.kept_slots),
-                read(rings.bridge, ring % layout.bridge_slots))
-    return (h,) if op == Op.F else (h, read(rings.grads, ring % layout.grad_slots))
+    return (h,) if op in (Op.F, Op.W) else (h, read(rings.grads, ring % layout.grad_slots))
 
 
 class Message(NamedTuple):
