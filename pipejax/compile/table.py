@@ -129,10 +129,8 @@ class _Tick:
             runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
                     Op.BW: b._replace(real=b.real & ~fused.real)}
         # Read the slots into values of their own before any buffer is
-        # written, so that XLA updates the ring buffers in place. A slot of
-        # a ring an op writes (kept, bridge) is read from that op's result:
-        # read before it, XLA copied the whole ring at every tick (zero
-        # bubble's W and the kept residuals: 21 MiB a tick on a GPT).
+        # written, so that XLA updates the ring buffers in place; a ring an
+        # op writes (kept, bridge) is read from its result (`_weight_grad`).
         slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
                                           for op, t in tasks.items()})
         ops = _Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
@@ -265,7 +263,8 @@ class _Tick:
     def _weight_grad(self, task: TickTask, ops: _Ops, read: tuple) -> _Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
-        summed (a synchronous table)."""
+        summed (a synchronous table). Read before the tick's forward and B
+        wrote their rings, the slots had XLA copy each ring at every tick."""
         read = (*read, messages.read(ops.kept, task.ring % self.layout.kept_slots),
                 messages.read(ops.bridge, task.ring % self.layout.bridge_slots))
         def weight_grad(args, c):
