@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax.errors import ConfigError, LayerError
+from pipejax.errors import ConfigError, LayerError, PipejaxError
 from pipejax.layers import Layer, layer_list
 
 
@@ -109,10 +109,12 @@ def trace_loss(loss: Any, output: Any, targets: Any) -> None:
     try:
         out = jax.eval_shape(loss, output, targets)
     except Exception as err:  # noqa: BLE001 - re-raised with the shapes named
+        hint = "" if isinstance(err, PipejaxError) else (  # a pipejax loss says how to fix it
+            "; give pj.pipeline(targets=...) one micro-batch of targets shaped as the loss "
+            "expects")
         raise LayerError(
             f"the loss cannot take {where}: {type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}; give pj.pipeline(targets=...) one "
-            "micro-batch of targets shaped as the loss expects") from None
+            f"{str(err).splitlines()[0] if str(err) else ''}{hint}") from None
     if not (isinstance(out, jax.ShapeDtypeStruct) and out.shape == ()
             and jnp.issubdtype(out.dtype, jnp.floating)):
         raise LayerError(f"the loss returns {_describe(out)} for {where}; it must return one "

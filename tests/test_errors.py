@@ -74,6 +74,11 @@ def test_a_loss_that_does_not_fit_the_outputs():
         build(loss=pj.losses.mse, targets=jnp.zeros((4, 3)))
     with pytest.raises(LayerError, match=r"the loss returns float32\[4\].*one float"):
         build(loss=lambda out, y: jnp.mean(out, axis=-1))
+    with pytest.raises(LayerError, match=r"need targets \[2, 8\]") as err:  # the loss's own hint
+        pj.pipeline(pj.models.gpt(depth=1, width=16, heads=2, context=8),
+                    loss=pj.losses.next_token, example=jnp.zeros((2, 8), jnp.int32), stages=1,
+                    microbatches=1)
+    assert str(err.value).count("give pj.pipeline(targets=...)") == 1
 
 
 def test_layer_whose_input_does_not_fit():
