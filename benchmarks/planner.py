@@ -131,7 +131,7 @@ BATCH, DEVICES, TIMED, REPEATS = 64, 4, 16, 5
 
 
 def _seconds(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
-    """Median seconds of `fn()` (blocked on), after one warm-up call."""
+    """Median seconds of `fn()` (blocked on), after three warm-up calls."""
     return float(np.median(alternate({"fn": fn}, repeats)["fn"]))
 
 
@@ -198,18 +198,16 @@ def step_time() -> dict:
             jax.block_until_ready(m["loss"])
         runs[i] = run
     measured = alternate(runs, REPEATS)
-    rows = []
+    rows, seconds = [], [float(np.median(measured[i])) for i in range(len(picked))]
     for i, c in enumerate(picked):
-        seconds = float(np.median(measured[i]))
         rows.append({"schedule": c.schedule, "K x R": f"{c.stages} x {c.data}", "v": c.virtual,
                      "M x mb": f"{c.microbatches} x {c.microbatch}", "remat": c.remat,
                      "predicted_ms": round(1e3 * c.step_seconds, 1),
-                     "measured_ms": round(1e3 * seconds, 1),
-                     "error_%": round(100 * (c.step_seconds / seconds - 1), 1)})
+                     "measured_ms": round(1e3 * seconds[i], 1),
+                     "error_%": round(100 * (c.step_seconds / seconds[i] - 1), 1)})
         print(rows[-1], flush=True)
-    ranks = lambda a: np.argsort(np.argsort(a))
-    rho = float(np.corrcoef(ranks([r["predicted_ms"] for r in rows]),
-                            ranks([r["measured_ms"] for r in rows]))[0, 1])
+    ranks = lambda a: np.argsort(np.argsort(a))  # unrounded seconds: no ties
+    rho = float(np.corrcoef(ranks([c.step_seconds for c in picked]), ranks(seconds))[0, 1])
     errors = [abs(r["error_%"]) for r in rows]
     return {"machine": {k: float(f"{v:.4g}") for k, v in consts.items()}, "rows": rows,
             "candidates_searched": len(found), "spearman": round(rho, 3),

@@ -10,7 +10,7 @@ chunks per device, zb-h1 and zb-h2 at v = 1 and zb-h1 at v = 2, and on the V
 placement zb-v and dualpipev.
 Acceptance: 1F1B's compiled memory is below GPipe's at K = 4, M = 16; a
 zero-bubble step executes 1F1B's FLOPs within 5 % (table × each op's XLA
-FLOPs, `pipejax.bench.op_costs`); compile time flat in M.
+FLOPs, `pipejax.bench.op_costs`); compile time against M.
 
 Run: python benchmarks/schedules.py
 """

@@ -12,7 +12,7 @@ so what is ranked is what will run:
     `tick_seconds`; a data-parallel mean of the gradients over the link
     once a step (synchronous) or once a tick (asynchronous). Devices that
     share one processor (`host_flops`: simulated CPU devices) take at
-    least the FLOPs the whole table executes over its rate;
+    least the FLOPs every replica's table executes over its rate;
   - staleness: the delay in effective steps, η/(1 − m)·D at the stage with
     the largest delay D (Kosson et al. 2020, §3: an update of size b moves
     the weights by about η/(1 − m) gradients); with `reference=(η, m, B)`

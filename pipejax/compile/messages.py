@@ -3,7 +3,9 @@
 What a device holds for micro-batch g on its chunk c (its input, the
 output's gradient, kept residuals, the B→W bridge) lives in ring slot
 `(g·v + c) mod capacity`, the capacities derived from the table
-(schedules/capacities.py). `reads` names the slots an op reads; `exchange`
+(schedules/capacities.py). `reads` names the slots an op reads of the rings
+the messages fill (inputs, gradients; the executor reads the others where
+the op runs); `exchange`
 sends activations to the next virtual stage and gradients to the one before
 with `lax.ppermute`, outside the stage switch, between the devices that
 hold chunks j and j + 1, along the placement's routes (`Placement.routes`:

@@ -263,8 +263,8 @@ class _Tick:
     def _weight_grad(self, task: TickTask, ops: _Ops, read: tuple) -> _Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
-        summed (a synchronous table). Read before the tick's forward and B
-        wrote their rings, the slots had XLA copy each ring at every tick."""
+        summed (a synchronous table). It reads the kept and bridge slots
+        after the tick's F and B, so that XLA updates those rings in place."""
         read = (*read, messages.read(ops.kept, task.ring % self.layout.kept_slots),
                 messages.read(ops.bridge, task.ring % self.layout.bridge_slots))
         def weight_grad(args, c):

@@ -99,14 +99,12 @@ def check_order(name: str, table: np.ndarray, M: int, asynchronous: bool, tl: Ti
                 raise ScheduleError(
                     f"schedule {name!r}: {where(tl.W[j, g])}, {stage(j)} runs the weight "
                     f"gradient (W) of micro-batch {g} no later than its input gradient (B, "
-                    f"{where(B[j, g])}); W reads what B files, and a tick's ops read their "
-                    "slots before any op of the tick writes them: run W at a later tick")
+                    f"{where(B[j, g])}); W reads what B files: run W at a later tick")
             if split and B[j, g] == F[j, g]:
                 raise ScheduleError(
                     f"schedule {name!r}: {where(B[j, g])}, {stage(j)} runs the input "
                     f"gradient (B) of micro-batch {g} in the tick of its forward; B reads the "
-                    "residuals the forward keeps, and a tick's ops read their slots before any "
-                    "op of the tick writes them: run B at a later tick (or fuse it, BW)")
+                    "residuals the forward keeps: run B at a later tick (or fuse it, BW)")
             if j < S - 1 and B[j, g] <= B[j + 1, g]:
                 raise ScheduleError(
                     f"schedule {name!r}: {where(B[j, g])}, {stage(j)} runs the backward of "
