@@ -135,6 +135,16 @@ def _seconds(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
     return float(np.median(alternate({"fn": fn}, repeats)["fn"]))
 
 
+def _stepper(trainer: Any, state: Any, batch: tuple) -> Callable[[], None]:
+    """A call that runs one training step from the state the last one left."""
+    held = [state]
+
+    def step():
+        held[0], m = trainer.step(held[0], batch)
+        jax.block_until_ready(m["loss"])
+    return step
+
+
 def _gpt_batch(n: int) -> tuple:
     tokens = jax.random.randint(jax.random.key(1), (n, GPT["context"] + 1), 0, 256)
     return tokens[:, :-1], tokens[:, 1:]
@@ -158,12 +168,8 @@ def machine() -> dict:
     tiny = pj.pipeline(pj.models.mlp(depth=7, width=4), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((1, 4)), stages=4, microbatches=16, schedule="1f1b")
     trainer = tiny.trainer(optax.sgd(0.1))
-    held = [trainer.init(tiny.init(jax.random.key(0)))]
-    data = (jnp.zeros((16, 4)), jnp.zeros((16,), jnp.int32))
-
-    def tiny_step():
-        held[0], m = trainer.step(held[0], data)
-        jax.block_until_ready(m["loss"])
+    tiny_step = _stepper(trainer, trainer.init(tiny.init(jax.random.key(0))),
+                         (jnp.zeros((16, 4)), jnp.zeros((16,), jnp.int32)))
     tick = _seconds(tiny_step) / tiny.schedule.ticks
     big = jnp.ones((2**24,), jnp.float32)
     copy = jax.jit(lambda a: a * 1.0)
@@ -191,12 +197,7 @@ def step_time() -> dict:
         pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:c.microbatch],
                            targets=y[:c.microbatch], **c.pipeline_args())
         trainer = pipe.trainer(optax.adam(1e-3))
-        held = {i: trainer.init(pipe.init(jax.random.key(0)))}
-
-        def run(i=i, trainer=trainer, held=held):
-            held[i], m = trainer.step(held[i], (x, y))
-            jax.block_until_ready(m["loss"])
-        runs[i] = run
+        runs[i] = _stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
     measured = alternate(runs, REPEATS)
     rows, seconds = [], [float(np.median(measured[i])) for i in range(len(picked))]
     for i, c in enumerate(picked):

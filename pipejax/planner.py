@@ -252,7 +252,7 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
                tick_seconds, host_flops) -> Candidate:
     """What `pipe` (one replica of R) is predicted to cost."""
     schedule, plan = pipe.schedule, pipe.plan
-    flops = [sum(plan.specs[i].flops or 0.0 for i in r) for r in plan.ranges]
+    flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
     costs = op_costs(flops, rm != "none", bool(schedule.fused.any()))
     message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth if pipe.K > 1 else 0.0
     params = pipe.layout.params.slot_bytes()

@@ -15,8 +15,8 @@ from pathlib import Path
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
 from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, build_layers,
-                              make_pipeline, model_kwargs, parse_numbers, resolve_batch_size,
-                              setup_devices)
+                              make_pipeline, model_kwargs, parse_numbers, partition_arg,
+                              resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
 from pipejax.schedules import NAMES, plot, render
 from pipejax.cli.train import train
@@ -233,8 +233,7 @@ def search(args) -> bool:
         memory=None if args.memory is None else parse_bytes(args.memory),
         learning_rate=args.lr, momentum=args.momentum,
         schedules=args.schedules and args.schedules.split(","),
-        compute_dtypes=(args.compute_dtype,), partition=args.partition if args.partition in (
-            "variance", "bottleneck") else [int(n) for n in args.partition.split(",")],
+        compute_dtypes=(args.compute_dtype,), partition=partition_arg(args),
         reference=reference and (reference[0], reference[1], int(reference[2])), **machine)
     print(planner.render(ranked, limit=max(20, (args.pick or 0) + 1)))
     if args.pick is None:

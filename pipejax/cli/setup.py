@@ -129,20 +129,24 @@ def build_layers(name: str, example_shape: tuple, classes: int, api: str = "line
     return [flatten] + layers if needs_flat else layers
 
 
+def partition_arg(args) -> str | list[int]:
+    """--partition as `pj.pipeline` takes it: an objective or layer counts."""
+    if args.partition in ("variance", "bottleneck"):
+        return args.partition
+    return [int(n) for n in args.partition.split(",")]
+
+
 def make_pipeline(args, task, mesh, weight_stashing: bool = False):
     """The model's layers and `pj.pipeline` of them for `task` (cli/tasks.py)."""
     import pipejax as pj
 
-    partition = args.partition
-    if partition not in ("variance", "bottleneck"):
-        partition = [int(n) for n in partition.split(",")]
     layers = build_layers(args.model, getattr(task, "example_shape", ()), task.classes, args.api,
                           getattr(args, "seed", 0), model_kwargs(args.model, args.model_args))
     mb = args.batch_size // (args.microbatches * args.replicas)
     example, targets = task.example(mb)
     pipe = pj.pipeline(layers, loss=task.loss, example=example, targets=targets,
                        stages=args.stages, microbatches=args.microbatches,
-                       schedule=schedule_arg(args), partition=partition, remat=args.remat,
+                       schedule=schedule_arg(args), partition=partition_arg(args), remat=args.remat,
                        mesh=mesh, weight_stashing=weight_stashing,
                        compute_dtype=args.compute_dtype, max_padding=args.max_padding,
                        virtual=args.virtual, placement=args.placement)
