@@ -14,6 +14,7 @@ or a function of one array); this module only measures them, through the
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Callable, Sequence
@@ -69,6 +70,23 @@ def _fwd_bwd(layer: Layer) -> Callable:
         out, vjp = jax.vjp(lambda v, x: layer.apply(v, x, key), variables, h)
         return out, vjp(jax.tree.map(jnp.ones_like, out))  # out too, or its work is dropped
     return run
+
+
+# (layer, input shapes, operations) of layers measured in this process, kept
+# for the next trace (pj.search and a script comparing settings trace one list
+# many times); not the layers that hold their values (NNX), which it would keep alive.
+_MEASURED: collections.deque = collections.deque(maxlen=256)
+
+
+def _once(measured: Any, layer: Layer, kind: tuple, measure: Callable[[], Any]) -> Any:
+    """`measure()` for the first of equal layers on equal shapes (`Layer.same`:
+    one function of its variables and input costs the same), its value after."""
+    for other, other_kind, value in measured:
+        if other_kind == kind and other.same(layer):
+            return value
+    value = measure()
+    measured.append((layer, kind, value))
+    return value
 
 
 def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float | None:
@@ -151,7 +169,8 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     key_struct = jax.eval_shape(lambda: key)
     h = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), example)
     specs = []
-    costs: list[tuple[Layer, tuple, float | None, float | None]] = []  # measured once per kind
+    measured: list = []  # this call's operations of layers that hold values (NNX)
+    timed: list = []  # cost="time": seconds measured once per kind of layer and input a call
     for i, layer in enumerate(layers):
         name = layer.name
 
@@ -177,12 +196,10 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
         if kept is not None:
             raise LayerError(f"layer {i} ({name}) {kept}")
         kind = shapes(h)
-        known = next((c for c in costs if c[1] == kind and c[0].same(layer)), None)
-        if known is None:  # equal layers on equal shapes cost the same: measure one
-            known = (layer, kind, _flops(layer, variables, h, key),
-                     _seconds(layer, variables, h, key) if cost == "time" else None)
-            costs.append(known)
-        flops, seconds = known[2:]
+        flops = _once(_MEASURED if layer.initial_values() is None else measured, layer, kind,
+                      lambda: _flops(layer, variables, h, key))
+        seconds = (_once(timed, layer, kind, lambda: _seconds(layer, variables, h, key))
+                   if cost == "time" else None)
         specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,
                                flops=flops, param_bytes=nbytes(variables),
                                activation_bytes=nbytes(out), random=_reads_key(jaxpr),

@@ -1,9 +1,12 @@
 """Tracing a layer list: shapes, parameter shapes and per-layer cost."""
 
+import importlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 import pipejax as pj
 
@@ -27,6 +30,27 @@ def test_flops_follow_the_matrix_sizes():
     for spec, (n_in, n_out) in zip(specs, [(32, 64), (64, 256)]):
         assert spec.flops == pytest.approx(6 * 8 * n_in * n_out, rel=0.2)
     assert specs[1].cost == specs[1].flops
+
+
+def test_equal_layers_on_equal_shapes_are_measured_once(monkeypatch):
+    """Within a trace and across traces of one process (pj.search traces a list
+    many times); a layer that holds its values (NNX) is not kept for the next."""
+    tracing = importlib.import_module("pipejax.trace")  # pj.trace is the function
+
+    calls = []
+    measure = tracing._flops
+    monkeypatch.setattr(tracing, "_flops", lambda *a: calls.append(a[0].name) or measure(*a))
+    monkeypatch.setattr(tracing, "_MEASURED", type(tracing._MEASURED)(maxlen=8))
+    lin = nnx.Linear(24, 24, rngs=nnx.Rngs(0))
+    layers = [nn.Dense(24), nn.Dense(24), lin, nn.Dense(24, use_bias=False)]
+    first = pj.trace(layers, jnp.zeros((4, 24)))
+    assert calls == ["Dense", "Linear", "Dense"]  # the second Dense(24) equals the first
+    again = pj.trace(layers + [nn.Dense(24)], jnp.zeros((4, 24)))
+    assert calls == ["Dense", "Linear", "Dense", "Linear"]
+    assert [s.flops for s in again] == [s.flops for s in first] + [first[0].flops]
+    assert all(layer.name != "Linear" for layer, _, _ in tracing._MEASURED)
+    pj.trace(layers[:1], jnp.zeros((8, 24)))  # other shapes: measured
+    assert calls[-1] == "Dense" and len(calls) == 5
 
 
 def test_measured_time_is_the_cost_when_asked():

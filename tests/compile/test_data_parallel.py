@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import pipejax as pj
+from tests.cases import fast_and_slow
 from tests.reference import batch, rel_err, sequential_value_and_grad, train_async
 
 T = pj.transforms
@@ -26,7 +27,7 @@ def _pipe(K, M, mesh=None, schedule="gpipe"):
                        stages=K, microbatches=M, schedule=schedule, mesh=mesh)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", fast_and_slow(["gpipe", "1f1b"], fast=["1f1b"]))
 def test_ssgd_on_2x4_equals_one_pipeline_on_the_whole_batch(schedule):
     whole, dp = _pipe(4, 2 * M, schedule=schedule), _pipe(4, M, pj.make_mesh(4, 2), schedule)
     x, y = batch(2 * M * MB)

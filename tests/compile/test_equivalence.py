@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import pipejax as pj
+from tests.cases import fast_and_slow
 from tests.reference import (batch, heterogeneous_layers, rel_err, sequential_loss,
                              sequential_value_and_grad)
 
@@ -26,20 +27,26 @@ def _check(K, M, remat="stage", partition="variance"):
     return pipe
 
 
-@pytest.mark.parametrize("K", [1, 2, 4, 8])
-@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("K,M", fast_and_slow([(K, M) for M in (1, 4, 8) for K in (1, 2, 4, 8)],
+                                               fast=[(2, 4), (8, 1)]))
 def test_loss_and_grads_equal_sequential(K, M):
     pipe = _check(K, M)
     assert pipe.plan.stages == K
 
 
-@pytest.mark.parametrize("remat", ["none", "stage", jax.checkpoint_policies.dots_saveable])
+@pytest.mark.parametrize("remat", fast_and_slow(  # "stage", the default, runs everywhere
+    ["none", "stage", jax.checkpoint_policies.dots_saveable],
+    fast=["none", jax.checkpoint_policies.dots_saveable]))
 def test_every_remat_mode_equals_sequential(remat):
     _check(4, 4, remat=remat)
 
 
-def test_explicit_split_and_bottleneck_partition():
+def test_explicit_split():
     assert _check(3, 2, partition=[5, 4, 4]).plan.split == (5, 4, 4)
+
+
+@pytest.mark.slow
+def test_bottleneck_partition():
     _check(3, 2, partition="bottleneck")
 
 

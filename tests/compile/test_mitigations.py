@@ -13,6 +13,7 @@ import pytest
 
 import pipejax as pj
 from pipejax.errors import ConfigError
+from tests.cases import fast_and_slow
 from tests.reference import rel_err, train_async
 
 LR, MOMENTUM, DECAY_AT, WARMUP = 0.05, 0.9, 6, 8
@@ -65,9 +66,11 @@ def _reference(name: str, infos: list) -> tuple[list, list]:
 
 # lwp and sc alone run with the slow tests (CI); make test runs them together, lwp+sc. The
 # Adam-only recipes (pipeoptim, nesterov) meet the trainer in tests/test_delayed.py.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("lwp", "sc")
-                                  else n for n in pj.transforms.MITIGATIONS
-                                  if n not in ("pipeoptim", "nesterov")])
+# Stashing runs in tests/compile/test_schedules.py; LWP_D and SC_D apart, and PipeMare's
+# forecast, with the slow tests.
+@pytest.mark.parametrize("name", fast_and_slow(
+    [n for n in pj.transforms.MITIGATIONS if n not in ("pipeoptim", "nesterov")],
+    fast=["none", "lwp+sc", "spectrain"]))
 def test_pb_with_each_mitigation_equals_the_versioned_reference_and_simulate(name):
     schedule = optax.piecewise_constant_schedule(LR, {DECAY_AT: 0.1})
     mit = pj.transforms.mitigation(name, schedule, momentum=MOMENTUM, warmup_steps=WARMUP
@@ -87,6 +90,7 @@ def test_pb_with_each_mitigation_equals_the_versioned_reference_and_simulate(nam
     assert rel_err(sim.params(state), pj.unstage(run.state.params)) < 1e-5
 
 
+@pytest.mark.slow
 def test_the_forecast_changes_the_forward():
     """LWP_D differs from no mitigation (the test above is not vacuous)."""
     run = lambda name: train_async("pb", 4, 2, False, ref_opt=_hand_sgdm(), layers=LAYERS,

@@ -77,6 +77,7 @@ def test_boundary_bytes_halve_in_bf16():
     assert bf16.params.slot_bytes() == f32.params.slot_bytes()
 
 
+@pytest.mark.slow  # the bf16 step's path: test_bf16_pipeline_equals_the_sequential_bf16_computation
 def test_bf16_training_reaches_the_float32_accuracy():
     """60 steps on the 8x8 digits, K = 2: bf16 within 3 points of float32
     (the two runs differ by rounding only)."""

@@ -12,6 +12,7 @@ import pytest
 import pipejax as pj
 from pipejax.compile.metrics import finishing
 from pipejax.errors import ConfigError
+from tests.cases import fast_and_slow
 from tests.reference import (batch, fill_microbatches, heterogeneous_layers, rel_err,
                              sequential_value_and_grad, train_async)
 
@@ -23,8 +24,9 @@ GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
 GPIPE_REST = [(K, M) for K, M in GRID if not (K in (1, 2, 4, 8) and M in (1, 4, 8))]
 
 
-@pytest.mark.parametrize("schedule,K,M", [("1f1b", K, M) for K, M in GRID] +
-                         [("gpipe", K, M) for K, M in GPIPE_REST])
+@pytest.mark.parametrize("schedule,K,M", fast_and_slow(
+    [("1f1b", K, M) for K, M in GRID] + [("gpipe", K, M) for K, M in GPIPE_REST],
+    fast=[("1f1b", 2, 4), ("1f1b", 8, 8), ("gpipe", 4, 16)]))
 def test_synchronous_schedules_equal_sequential(schedule, K, M):
     layers = heterogeneous_layers()
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
@@ -38,7 +40,7 @@ def test_synchronous_schedules_equal_sequential(schedule, K, M):
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
 
 
-@pytest.mark.parametrize("schedule", ["pb", "pipedream"])
+@pytest.mark.parametrize("schedule", fast_and_slow(["pb", "pipedream"], fast=["pipedream"]))
 def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
     pipe, state, losses, ref, ref_losses = train_async(schedule, 1, 4, stash=False)[:5]
     assert pipe.schedule.delays == [0]
@@ -46,11 +48,11 @@ def test_one_stage_is_per_micro_batch_sgd_with_momentum(schedule):
     assert rel_err(losses, ref_losses) < 1e-5
 
 
-# make test runs PB without and PipeDream with weight stashing; CI every pair.
+# With the slow tests: PB runs against the versioned reference in
+# tests/compile/test_mitigations.py, PipeDream with stashing in the test after this one.
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule,K,stash", [
-    pytest.param(schedule, K, stash, marks=() if (schedule, K, stash) in
-                 (("pb", 4, False), ("pipedream", 4, True)) else pytest.mark.slow)
-    for schedule in ("pb", "pipedream") for K, stash in ((4, False), (4, True), (8, True))])
+    (s, K, stash) for s in ("pb", "pipedream") for K, stash in ((4, False), (4, True), (8, True))])
 def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash):
     pipe, state, losses, ref, ref_losses = train_async(schedule, K, 2, stash)[:5]
     assert pipe.schedule.delays[0] == (2 * (K - 1) if schedule == "pb" else K - 1)

@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import pytest
 
 import pipejax as pj
+from tests.cases import fast_and_slow
 from tests.reference import assert_equals_sequential, heterogeneous_layers
 
 TABLES = pathlib.Path(__file__).parents[1] / "schedules" / "torch_tables"
-FAST = {"ScheduleInterleavedZeroBubble_K2_M4"}
 PATHS = sorted(p for p in TABLES.glob("*.csv") if not p.name.startswith("Schedule1F1B"))
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=() if p.stem in FAST else pytest.mark.slow, id=p.stem) for p in PATHS])
+@pytest.mark.parametrize("path", fast_and_slow(
+    PATHS, fast=[TABLES / "ScheduleInterleavedZeroBubble_K2_M4.csv"], ids=lambda p: p.stem))
 def test_torch_tables_train_as_the_sequential_model(path):
     K = int(path.stem.split("_K")[1].split("_")[0])
     M = int(path.stem.rsplit("_M", 1)[1])

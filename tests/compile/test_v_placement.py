@@ -10,6 +10,7 @@ import pytest
 
 import pipejax as pj
 from pipejax.errors import ConfigError
+from tests.cases import fast_and_slow
 from tests.reference import assert_equals_sequential, heterogeneous_layers, rel_err
 
 MB = 2
@@ -21,12 +22,9 @@ def _pipe(schedule, K: int, M: int, **kw) -> pj.Pipeline:
                        schedule=schedule, **kw)
 
 
-FAST = {("dualpipev", 4, 8), ("zb-v", 1, 2)}  # the others with the slow tests (CI)
-
-
-@pytest.mark.parametrize("schedule,K,M", [
-    pytest.param(s, K, M, marks=() if (s, K, M) in FAST else pytest.mark.slow)
-    for s in ("zb-v", "dualpipev") for K, M in ((1, 2), (2, 2), (2, 4), (4, 4), (4, 8))])
+@pytest.mark.parametrize("schedule,K,M", fast_and_slow(
+    [(s, K, M) for s in ("zb-v", "dualpipev") for K, M in ((1, 2), (2, 2), (2, 4), (4, 4), (4, 8))],
+    fast=[("dualpipev", 2, 4), ("zb-v", 1, 2)]))
 def test_v_schedules_equal_sequential(schedule, K, M):
     pipe = _pipe(schedule, K, M)
     placement = pipe.plan.placement

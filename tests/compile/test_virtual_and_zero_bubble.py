@@ -15,6 +15,7 @@ from pipejax.compile.split import _needed
 from pipejax.errors import ConfigError
 from pipejax.placement import Placement
 from pipejax.schedules import Op, make_schedule
+from tests.cases import fast_and_slow
 from tests.reference import batch, heterogeneous_layers, rel_err, sequential_value_and_grad
 
 MB = 2
@@ -31,7 +32,9 @@ def _pipe(schedule: str, K: int, v: int, M: int = 4, **kw) -> pj.Pipeline:
                        schedule=schedule, virtual=v, **kw)
 
 
-@pytest.mark.parametrize("schedule,K,v,M", [(*c, 4) for c in GRID] + [("zb-h1", 2, 2, 3)])
+@pytest.mark.parametrize("schedule,K,v,M", fast_and_slow(
+    [(*c, 4) for c in GRID] + [("zb-h1", 2, 2, 3)],
+    fast=[("interleaved", 2, 2, 4), ("zb-h1", 2, 2, 3), ("zb-h2", 4, 2, 4), ("zb-h1", 1, 1, 4)]))
 def test_new_schedules_equal_sequential(schedule, K, v, M):
     # remat "none" on the zero-bubble tables: W then reads kept residuals through the bridge.
     remat = "none" if schedule.startswith("zb") and K == 2 else "stage"

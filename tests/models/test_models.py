@@ -14,6 +14,7 @@ from flax import nnx
 import pipejax as pj
 from pipejax.models.common import Conv, flatten
 from pipejax.models.snn import AlphaDropout
+from tests.cases import fast_and_slow
 from tests.reference import nnx_sequential_value_and_grad, rel_err, sequential_value_and_grad
 
 MB, M = 2, 4
@@ -36,14 +37,10 @@ CASES = {
 }
 
 
-SLOW = {"resnet-2d", "resnet-fine", "transformer", "residual_lstm"}  # 10-17 s each
-SLOW_NNX = {"snn", "vgg-2d"}  # 6-7 s each; the NNX twins of mlp and vgg-1d stay in `make test`
-
-
-@pytest.mark.parametrize("name,api", [
-    pytest.param(n, api, marks=pytest.mark.slow)
-    if n in SLOW or (api == "nnx" and n in SLOW_NNX) else (n, api)
-    for n in sorted(CASES) for api in ("linen", "nnx")])
+# Each layer kind once in `make test` (the NNX twins' shapes are checked below for all).
+@pytest.mark.parametrize("name,api", fast_and_slow(
+    [(n, api) for n in sorted(CASES) for api in ("linen", "nnx")],
+    fast=[("mlp", "linen"), ("snn", "linen"), ("vgg-1d", "nnx"), ("vgg-2d", "linen")]))
 def test_model_pipelines_exactly(name, api):
     """Linen against the sequential run of the same layers, NNX against the
     sequential model written with Flax's own API."""
@@ -77,6 +74,7 @@ def test_nnx_twins_have_the_linen_models_shapes(name):
     assert [describe(s) for s in twin] == [describe(s) for s in linen]
 
 
+@pytest.mark.slow  # 80 steps of training; the NNX twins pipeline exactly in the tests above
 def test_nnx_mlp_trains_to_the_linen_accuracy():
     """The same MLP in both APIs, 80 steps on the 8x8 digits at K = 2: test
     accuracies within 3 points (the two differ in their initial draws only)."""
