@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all plan bench reproduce reproduce-more lm
+.PHONY: demo test test-all plan bench reproduce reproduce-more lm docs
 
 $(BIN)/pipejax: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,3 +41,8 @@ reproduce-more: $(BIN)/pipejax
 lm: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python lm_table.py --remat stage && ../$(BIN)/python lm_table.py --remat none \
 		&& ../$(BIN)/python ring_copies.py && ../$(BIN)/python lm_sample.py
+
+# The documentation site into site/, strict: a broken link, a missing reference or a warning fails it.
+docs: $(BIN)/pipejax
+	$(BIN)/pip install --quiet -e ".[test,docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

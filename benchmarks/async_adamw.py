@@ -342,7 +342,7 @@ def summary(runs: list, tokens: int, Ks: list[int], rows: tuple = ROWS,
 
 
 def markdown(summary: list[dict], Ks: list[int], rates: bool = False) -> str:
-    """The summary as the README's table: a column per K and schedule, a cell
+    """The summary as the reproductions page's table: a column per K and schedule, a cell
     "mean ± half the seeds' range (against AdamW sync)" (and the rate, with
     `rates`); an undelayed row fills both columns of its K."""
     columns = [(K, s) for K in sorted(Ks, reverse=True) for s in ("pb", "pipedream")]

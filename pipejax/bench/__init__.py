@@ -1,4 +1,4 @@
-"""`pipejax bench`: the measurements behind the README's claims, in one run.
+"""`pipejax bench`: the measurements behind the documentation's claims, in one run.
 
 Sections (each a table, all in one JSON with the machine and versions):
   overhead   1-stage pipelined step over a plain `jax.jit` of the same model
@@ -65,7 +65,8 @@ def table(rows: list[dict]) -> str:
     return formatting.table([keys, *cells], rstrip=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """`pipejax bench`'s arguments."""
     parser = argparse.ArgumentParser(prog="pipejax bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default benchmarks/results/bench_<backend>.json "
@@ -73,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="timed rounds per comparison")
     parser.add_argument("--only", nargs="*", default=None,
                         choices=["overhead", "bubbles", "memory", "compile", "padding", "gpu"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     sections = {"overhead": lambda: overhead(args.repeats), "bubbles": bubbles,
                 "memory": memory, "compile": compile_times, "padding": padding}
     if jax.default_backend() == "gpu":

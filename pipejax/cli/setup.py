@@ -7,8 +7,8 @@ import sys
 from pipejax.cli.schedule_flag import schedule_arg
 
 # Per model: keyword arguments of its builder and the training settings that
-# reach the README's accuracies on MNIST-1D (4 stages, GPipe); the GPT's
-# reach the README's validation loss on Shakespeare's works.
+# reach the accuracies of docs/training-job.md on MNIST-1D (4 stages, GPipe); the GPT's
+# reach the validation loss of docs/language-models.md on Shakespeare's works.
 MODEL_DEFAULTS = {
     "mlp": ({"depth": 4, "width": 256}, {"lr": 1e-3, "epochs": 60}),
     "snn": ({"depth": 16, "width": 128}, {"lr": 3e-4, "epochs": 40}),

@@ -29,9 +29,10 @@ def pipeoptim(learning_rate: optax.ScalarOrSchedule | None = None, *,
     updates between the forward and the backward, the paper's s) is the
     default here.
 
+    The arguments not listed are `lwp`'s.
+
     Args:
       optimizer: "adam" (optax.adam, the default), `AdamW(...)` or "momentum".
-      Others as `lwp`.
     """
     check_optimizer(optimizer)
     lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)

@@ -201,12 +201,13 @@ def lwp(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float 
 
         ŵ = w − η·T·v   (velocity form)   or   ŵ = w + T·(w − w_prev)   (difference form).
 
+    The arguments not listed are `no_mitigation`'s.
+
     Args:
       horizon_scale: T = horizon_scale·D (2 gives LWP_2D).
       optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
       form: "velocity" (the default on SGDM, Kosson et al. H.5) or
         "difference" (the default, and the only one, on Adam).
-      Others as `no_mitigation`.
     """
     check_optimizer(optimizer)
     form = form or default_form(optimizer)
@@ -278,10 +279,11 @@ def pipemare(learning_rate: optax.ScalarOrSchedule | None = None, *, warmup_step
 
     (`pipemare_lr`). No sweep form: the rate is a schedule per stage.
 
+    The arguments not listed are `no_mitigation`'s.
+
     Args:
       warmup_steps: K_warm >= 1, in updates.
       optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
-      Others as `no_mitigation`.
     """
     check_optimizer(optimizer)
     if warmup_steps is None or warmup_steps < 1:
