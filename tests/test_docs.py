@@ -1,0 +1,44 @@
+"""Every Python block of the documentation runs: docs/*.md and the README.
+
+A page's blocks run in order in one namespace, as a reader pasting them
+would run them; a block the README shares with a page runs once. The pages
+whose blocks take seconds (a search, steps of training, a download) run
+with the slow tests.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from tests.cases import fast_and_slow
+
+ROOT = pathlib.Path(__file__).parents[1]
+PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+BLOCK = re.compile(r"```python\n(.*?)\n```", re.S)
+SLOW = {"planner.md", "language-models.md", "staleness.md", "data-parallel.md", "checkpoints.md"}
+
+
+def blocks(page: pathlib.Path) -> list[str]:
+    """The page's Python blocks, in order."""
+    return BLOCK.findall(page.read_text())
+
+
+def test_pages_have_blocks_to_run():
+    assert sum(len(blocks(p)) for p in PAGES) >= 10
+
+
+@pytest.mark.parametrize("page", fast_and_slow(
+    [p for p in PAGES if blocks(p)], fast=[p for p in PAGES if p.name not in SLOW],
+    ids=lambda p: p.name))
+def test_the_blocks_of_a_page_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # files a block writes (checkpoints) land here,
+    (tmp_path / "tests").symlink_to(ROOT / "tests")  # the files it reads are the repository's
+    seen = {code for other in PAGES if other != page
+            for code in blocks(other)} if page == ROOT / "README.md" else set()
+    namespace: dict = {"__name__": f"docs.{page.stem}"}
+    for code in blocks(page):
+        if code not in seen:
+            exec(compile(code, f"{page.name}", "exec"), namespace)  # noqa: S102 - the docs' own code
