@@ -1,15 +1,22 @@
-"""mkdocs hooks: the benchmark figures under figures/, and the CLI reference
-rendered from pipejax's own argument parsers (so it cannot drift from them)."""
+"""mkdocs hooks: the benchmark figures under figures/, the tables a
+benchmark renders from its JSON, and the CLI reference rendered from
+pipejax's own argument parsers: what the pages show cannot drift from them."""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import pathlib
+import re
+import sys
 
 from mkdocs.structure.files import File
 
-FIGURES = pathlib.Path(__file__).parents[1] / "benchmarks" / "results"
+BENCHMARKS = pathlib.Path(__file__).parents[1] / "benchmarks"
+FIGURES = BENCHMARKS / "results"
 CLI_MARK = "<!-- the argument parsers' help, one section a command -->"
+TABLE_MARK = re.compile(r"<!-- table: (\w+)\.(\w+) -->")  # benchmarks/<script>.py's tables()[name]
 
 
 def on_files(files, config):
@@ -33,6 +40,18 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
+@functools.cache
+def benchmark_tables(script: str) -> dict[str, str]:
+    """`tables()` of benchmarks/<script>.py: its markdown tables, read from its JSON."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(script).tables()
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
 def on_page_markdown(markdown, page, config, files):
-    """Fill the CLI page's mark with the parsers' help."""
+    """Fill the marks: the CLI page's with the parsers' help, a table's with
+    the benchmark's table."""
+    markdown = TABLE_MARK.sub(lambda m: benchmark_tables(m[1])[m[2]], markdown)
     return markdown.replace(CLI_MARK, cli_reference())
