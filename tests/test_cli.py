@@ -95,10 +95,10 @@ def test_train_learns_and_writes_metrics(tmp_path, capsys):
 
 def test_train_another_model_with_evaluation(tmp_path, capsys):
     assert main(["train", "--model", "vgg", "--data", _data(tmp_path), "--stages", "4",
-                 "--microbatches", "2", "--batch-size", "32", "--steps", "20", "--eval-every", "10",
+                 "--microbatches", "2", "--batch-size", "32", "--steps", "4", "--eval-every", "2",
                  "--quiet", "--out", str(tmp_path / "vgg")]) == 0
     rows = [json.loads(r) for r in (tmp_path / "vgg" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "test_accuracy" in r and "seconds" not in r] == [10, 20]
+    assert [r["step"] for r in rows if "test_accuracy" in r and "seconds" not in r] == [2, 4]
     assert rows[-1]["model"] == "vgg" and len(rows[-1]["split"]) == 4
 
 
@@ -130,12 +130,12 @@ def test_plan_draws_virtual_stages_and_zero_bubble_tables(tmp_path, capsys):
 
 def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
-                 "--microbatch-size", "8", "--steps", "40", "--schedule", "pb", "--quiet",
+                 "--microbatch-size", "8", "--steps", "10", "--schedule", "pb", "--quiet",
                  "--mitigation", "lwp+sc", "--reference", "0.1,0.9,128", "--lr-schedule", "step",
                  "--decay-at", "0.5", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     # eq. 9 from B = 128 to 8: m′ = 0.9^(1/16) = 0.993437, η′ = 0.1·(1/16)·(1 − m′)/0.1 = 4.102e-4
-    assert ("optimizer: momentum, lr 0.00041 (x0.1 at 50 % of 80 updates), momentum 0.993437; "
+    assert ("optimizer: momentum, lr 0.00041 (x0.1 at 50 % of 20 updates), momentum 0.993437; "
             "Kosson et al. eq. 9 from lr 0.1, momentum 0.9, batch 128 to update size 8") in out
     assert "mitigation lwp+sc" in out
     summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -143,7 +143,7 @@ def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams
     assert summary["momentum"] == pytest.approx(0.9 ** (1 / 16))
     assert summary["lr"] == pytest.approx(0.1 / 16 * (1 - 0.9 ** (1 / 16)) / 0.1)
     assert (summary["batch_size"], summary["update_size"], summary["updates"],
-            summary["reference"], summary["decay_at"]) == (16, 8, 80, [0.1, 0.9, 128], [0.5])
+            summary["reference"], summary["decay_at"]) == (16, 8, 20, [0.1, 0.9, 128], [0.5])
 
 
 def test_train_writes_a_self_contained_report(tmp_path, capsys):

@@ -87,7 +87,7 @@ def test_sweepable_mitigations_equal_the_named_ones():
         assert rel_err(runs[0], runs[1]) < 1e-6, name
 
 
-def _adamw_lm_run(mit: "pj.transforms.Mitigation", K=4, M=5, MB=2, T=8, steps=10):
+def _adamw_lm_run(mit: "pj.transforms.Mitigation", K=4, M=2, MB=2, T=8, steps=25):
     """A small GPT pipelined with PB at K stages over steps·M micro-batches
     (one update each) and a flush; returns (pipe, initial, final params,
     each micro-batch's loss, xs, ys)."""
