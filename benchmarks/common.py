@@ -1,4 +1,6 @@
-"""Shared by the benchmarks: the machine and versions, a table printer, JSON output."""
+"""Shared by the benchmarks: the machine and versions, a table printer, JSON
+output, and markdown tables for the documentation (which renders them from
+the JSON when the site builds)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 from pipejax import bench
 from pipejax.bench import table
 
-__all__ = ["RESULTS", "in_workers", "environment", "median_time", "save", "table"]
+__all__ = ["RESULTS", "in_workers", "environment", "markdown", "median_time", "save", "table"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -66,3 +68,11 @@ def save(name: str, payload: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"environment": environment(), **payload}, indent=2))
     return path
+
+
+def markdown(rows: list[dict]) -> str:
+    """Rows of equal keys as a markdown table, a column a key."""
+    keys = list(rows[0])
+    cell = lambda v: "–" if v is None else str(v)
+    return "\n".join(["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys),
+                      *("| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows)])

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common import RESULTS, in_workers, save, table
+from common import RESULTS, in_workers, markdown, save, table
 
 REFERENCE = (0.1, 0.9, 128)  # He et al. 2016's CIFAR recipe, as Kosson et al. scale it
 EPOCHS, DECAY_AT = 12, (0.5, 0.75)
@@ -337,6 +337,12 @@ def plot(results: list[dict], path) -> None:
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def tables() -> dict[str, str]:
+    """The reproductions page's tables, from convergence.json's summary."""
+    summary = json.loads((RESULTS / "convergence.json").read_text())["summary"]
+    return {name: markdown(rows) for name, rows in summary.items() if rows}
 
 
 def main() -> None:
