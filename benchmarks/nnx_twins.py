@@ -24,6 +24,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
+import json
 import time
 
 import jax
@@ -33,7 +34,7 @@ import optax
 from flax import nnx
 
 import pipejax as pj
-from common import save, table
+from common import RESULTS, markdown, save, table
 
 K, M, MB, L = 4, 4, 16, 40
 MODELS = {  # the CLI's default sizes for MNIST-1D (pipejax/cli/setup.py)
@@ -71,6 +72,11 @@ def _run(build, api: str) -> dict:
     step()  # the first call
     return {"split": list(pipe.plan.split), "build_s": built, "compile_s": compile_s,
             "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes), "step": step}
+
+
+def tables() -> dict[str, str]:
+    """The NNX page's table, from nnx_twins.json."""
+    return {"rows": markdown(json.loads((RESULTS / "nnx_twins.json").read_text())["rows"])}
 
 
 def main() -> None:
