@@ -13,6 +13,7 @@ import optax
 import pytest
 
 import pipejax as pj
+from tests.cases import fast_and_slow
 
 M, MB = 4, 2
 LAYERS = pj.models.mlp(depth=3, width=16, classes=10)
@@ -32,7 +33,8 @@ def _flat(state):
     return np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(pj.unstage(state))])
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "pb"])
+# A synchronous restore: test_four_stage_checkpoint_restores_into_two_stages.
+@pytest.mark.parametrize("schedule", fast_and_slow(["gpipe", "pb"], fast=["pb"]))
 def test_ten_saved_and_ten_restored_steps_equal_twenty(tmp_path, schedule):
     pipe, trainer = _trainer(4, schedule)
     start = trainer.init(pipe.init(jax.random.key(0)))

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import pipejax as pj
+from tests.cases import fast_and_slow
 from tests.reference import batch, heterogeneous_layers, rel_err, sequential_loss
 
 K, M, MB = 4, 4, 4
@@ -77,7 +78,7 @@ def test_metrics_are_arrays_with_each_micro_batch():
     assert isinstance(flushed["loss"], jax.Array)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "pb"])
+@pytest.mark.parametrize("schedule", fast_and_slow(["1f1b", "pb"], fast=["pb"]))  # PB: its in-flight state
 def test_the_step_compiles_once(schedule):
     """The same compiled program from the first call on: the state `init`
     makes is placed and typed as the state `step` returns."""
