@@ -26,7 +26,7 @@ GPIPE_REST = [(K, M) for K, M in GRID if not (K in (1, 2, 4, 8) and M in (1, 4, 
 
 @pytest.mark.parametrize("schedule,K,M", fast_and_slow(
     [("1f1b", K, M) for K, M in GRID] + [("gpipe", K, M) for K, M in GPIPE_REST],
-    fast=[("1f1b", 2, 4), ("1f1b", 8, 8), ("gpipe", 4, 16)]))
+    fast=[("1f1b", 8, 8), ("gpipe", 4, 16)]))
 def test_synchronous_schedules_equal_sequential(schedule, K, M):
     layers = heterogeneous_layers()
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
