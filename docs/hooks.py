@@ -54,4 +54,4 @@ def on_page_markdown(markdown, page, config, files):
     """Fill the marks: the CLI page's with the parsers' help, a table's with
     the benchmark's table."""
     markdown = TABLE_MARK.sub(lambda m: benchmark_tables(m[1])[m[2]], markdown)
-    return markdown.replace(CLI_MARK, cli_reference())
+    return markdown.replace(CLI_MARK, cli_reference()) if CLI_MARK in markdown else markdown
