@@ -18,7 +18,8 @@ from tests.cases import fast_and_slow
 ROOT = pathlib.Path(__file__).parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 BLOCK = re.compile(r"```python\n(.*?)\n```", re.S)
-SLOW = {"planner.md", "language-models.md", "staleness.md", "data-parallel.md", "checkpoints.md"}
+SLOW = {"planner.md", "language-models.md", "staleness.md", "data-parallel.md", "checkpoints.md",
+        "errors.md"}  # errors.md: each error is raised in tests/test_errors.py too
 
 
 def blocks(page: pathlib.Path) -> list[str]:
