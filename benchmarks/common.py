@@ -15,7 +15,8 @@ import numpy as np
 from pipejax import bench
 from pipejax.bench import table
 
-__all__ = ["RESULTS", "in_workers", "environment", "markdown", "median_time", "save", "table"]
+__all__ = ["RESULTS", "in_workers", "environment", "load", "markdown", "median_time", "save",
+           "table"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -68,6 +69,11 @@ def save(name: str, payload: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"environment": environment(), **payload}, indent=2))
     return path
+
+
+def load(name: str) -> dict:
+    """What `save(name, ...)` wrote."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
 
 
 def markdown(rows: list[dict]) -> str:

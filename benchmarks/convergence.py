@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common import RESULTS, in_workers, markdown, save, table
+from common import RESULTS, in_workers, load, markdown, save, table
 
 REFERENCE = (0.1, 0.9, 128)  # He et al. 2016's CIFAR recipe, as Kosson et al. scale it
 EPOCHS, DECAY_AT = 12, (0.5, 0.75)
@@ -341,8 +341,7 @@ def plot(results: list[dict], path) -> None:
 
 def tables() -> dict[str, str]:
     """The reproductions page's tables, from convergence.json's summary."""
-    summary = json.loads((RESULTS / "convergence.json").read_text())["summary"]
-    return {name: markdown(rows) for name, rows in summary.items() if rows}
+    return {name: markdown(rows) for name, rows in load("convergence")["summary"].items() if rows}
 
 
 def main() -> None:
@@ -353,7 +352,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     if args.summarize:
-        saved = json.loads((RESULTS / "convergence.json").read_text())
+        saved = load("convergence")
         for r in saved["runs"]:
             r["hyper"] = tuple(r["hyper"])  # JSON made it a list
         saved["summary"] = summarize(saved["runs"])

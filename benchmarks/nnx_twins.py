@@ -24,7 +24,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
-import json
 import time
 
 import jax
@@ -34,7 +33,7 @@ import optax
 from flax import nnx
 
 import pipejax as pj
-from common import RESULTS, markdown, save, table
+from common import load, markdown, save, table
 
 K, M, MB, L = 4, 4, 16, 40
 MODELS = {  # the CLI's default sizes for MNIST-1D (pipejax/cli/setup.py)
@@ -76,7 +75,7 @@ def _run(build, api: str) -> dict:
 
 def tables() -> dict[str, str]:
     """The NNX page's table, from nnx_twins.json."""
-    return {"rows": markdown(json.loads((RESULTS / "nnx_twins.json").read_text())["rows"])}
+    return {"rows": markdown(load("nnx_twins")["rows"])}
 
 
 def main() -> None:

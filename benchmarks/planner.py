@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, save, table
+from common import RESULTS, load, save, table
 from pipejax import planner
 from pipejax.bench import peak_bytes
 from pipejax.bench.speed import alternate
@@ -50,7 +50,7 @@ LOST = 2.0  # points of test accuracy below SGDM that count as not training
 
 
 def staleness() -> list[dict]:
-    runs = json.loads((RESULTS / "convergence.json").read_text())["runs"]
+    runs = load("convergence")["runs"]
     groups: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     settings: dict[tuple, dict] = {}
     for r in runs:

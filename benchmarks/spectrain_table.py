@@ -29,13 +29,12 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
 import functools
-import json
 import time
 from typing import NamedTuple
 
 import numpy as np
 
-from common import RESULTS, in_workers, markdown, save, table
+from common import in_workers, load, markdown, save, table
 
 K, BATCH, MOMENTUM, ITERATIONS, EVERY, SEEDS = 4, 128, 0.9, 2500, 125, 3
 RATES = (0.01, 0.03, 0.1)  # the grid for Data P.
@@ -132,7 +131,7 @@ def summarize(results: list[dict], lr: float) -> list[dict]:
 
 def tables() -> dict[str, str]:
     """The reproductions page's table, from spectrain_table.json's summary."""
-    return {"summary": markdown(json.loads((RESULTS / "spectrain_table.json").read_text())["summary"])}
+    return {"summary": markdown(load("spectrain_table")["summary"])}
 
 
 def main() -> None:
