@@ -20,7 +20,7 @@ plan: $(BIN)/pipejax
 test: $(BIN)/pipejax
 	$(BIN)/python -m pytest -q -n 2
 
-test-all: $(BIN)/pipejax  # the slow reproductions too, as CI runs them
+test-all: $(BIN)/pipejax  # the slow cases too (12 minutes on 2 cores)
 	$(BIN)/python -m pytest -q -n 2 --all
 
 bench: $(BIN)/pipejax

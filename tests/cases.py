@@ -1,5 +1,5 @@
 """Which parameter sets `make test` runs: one case of each code path, the
-others marked slow (CI and `make test-all` run every case)."""
+others marked slow (`make test-all` runs every case)."""
 
 from __future__ import annotations
 

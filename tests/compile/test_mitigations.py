@@ -64,7 +64,7 @@ def _reference(name: str, infos: list) -> tuple[list, list]:
     return opts, predict
 
 
-# lwp and sc alone run with the slow tests (CI); make test runs them together, lwp+sc. The
+# lwp and sc alone run with the slow tests (make test-all); make test runs them together, lwp+sc. The
 # Adam-only recipes (pipeoptim, nesterov) meet the trainer in tests/test_delayed.py.
 # Stashing runs in tests/compile/test_schedules.py; LWP_D and SC_D apart, and PipeMare's
 # forecast, with the slow tests.

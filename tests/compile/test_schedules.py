@@ -162,13 +162,14 @@ def _one_lane(schedule: pj.Schedule) -> pj.Schedule:
                        schedule.asynchronous, schedule.placement)
 
 
-# Both with the slow tests (CI): the zero-bubble and V tables run mixed lanes in make test.
+# Both with the slow tests (make test-all): the zero-bubble and V tables run mixed lanes in make test.
 @pytest.mark.parametrize("name", [pytest.param("1f1b", marks=pytest.mark.slow),
                                   pytest.param("pipedream", marks=pytest.mark.slow)])
 def test_the_executor_dispatches_a_lane_of_mixed_ops(name):
     """1F1B and PipeDream run one op per stage and tick: as one lane holding
     both F and BW tasks (the executor reads each task's op) they train as
-    their two-lane tables, bit for bit."""
+    their two-lane tables, to float32 rounding: the two step programs hold
+    the same operations in different loops, which XLA may fuse differently."""
     K, M = 3, 4
     two = pj.schedules.make_schedule(name, pj.Placement(K), M)
     one = _one_lane(two)
@@ -190,4 +191,4 @@ def test_the_executor_dispatches_a_lane_of_mixed_ops(name):
         state, m = trainer.flush(state)
         results.append((losses, m["losses"], state.params.buffers))
     for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)

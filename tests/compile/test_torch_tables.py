@@ -2,7 +2,7 @@
 train as the sequential model: `pj.pipeline` takes their placement and
 virtual stages from the table. The V and interleaved tables equal pipejax's
 own (tests/schedules/test_torch_csv.py), which tests/compile/test_v_placement.py
-runs; the slow marks run the rest in CI."""
+runs; `make test-all` runs the rest."""
 
 import pathlib
 
