@@ -12,14 +12,17 @@ Sections (each a table, all in one JSON with the machine and versions):
              mode, against `trainer.memory()`'s prediction;
   compile    compile time of the training step against micro-batches,
              stages, and depth (shared branches against one per stage);
-  padding    padded over real bytes of the packed parameter buffers, and
-             the least padding any split reaches (`max_padding`);
+  padding    padded over real bytes of the packed parameter buffers and the
+             largest stage's cost, the least padding any split reaches, and
+             the split `max_padding` picks at that bound;
   gpu        (on a GPU) a Transformer of 8 blocks, width 1024, at K = 1:
              step time, examples/s and model FLOP utilisation (model FLOPs:
              forward + backward of every layer; peak: the device's dense
              TF32 rate), pipelined and plain jit.
 Stages beyond the default backend's devices run on simulated CPU devices.
 Ratios are measured in one run (alternating calls), never across runs.
+`--only` runs some sections and replaces them in an existing JSON (the
+environment of each rerun under "rerun").
 """
 
 from __future__ import annotations
@@ -95,10 +98,17 @@ def main(argv: list[str] | None = None) -> int:
             if len(parts) > 1:
                 print(f"-- {part}")
             print(table(rows))
-    results["seconds"] = round(time.perf_counter() - start, 1)
+    seconds = results["seconds"] = round(time.perf_counter() - start, 1)
     repo = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
     out = args.out or (repo if repo.is_dir() else Path(".")) / f"bench_{jax.default_backend()}.json"
-    out.write_text(json.dumps({"environment": environment(" ".join(["pipejax bench", *argv])), **results}, indent=2))
+    run = environment(" ".join(["pipejax bench", *argv]))
+    if args.only and out.exists():  # the other sections stay as their last full run wrote them
+        old = json.loads(out.read_text())
+        rerun = {**old.get("rerun", {}), **{name: run for name in chosen}}
+        results = {**old, **{n: results[n] for n in chosen}, "rerun": rerun}  # "seconds": the full run's
+    else:
+        results["environment"] = run
+    out.write_text(json.dumps(results, indent=2))
     plot(results, out.with_suffix(".png"))
-    print(f"\n{results['seconds']:.0f} s in all; wrote {out} and {out.with_suffix('.png').name}")
+    print(f"\n{seconds:.0f} s in all; wrote {out} and {out.with_suffix('.png').name}")
     return 0
