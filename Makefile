@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all plan bench reproduce reproduce-more lm docs
+.PHONY: demo test test-all plan bench reproduce reproduce-more lm docs readme
 
 $(BIN)/pipejax: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ test-all: $(BIN)/pipejax  # the slow cases too (12 minutes on 2 cores)
 bench: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python run_all.py && ../$(BIN)/python overhead.py && ../$(BIN)/python schedules.py && ../$(BIN)/python cpu_deadlock.py \
 		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py \
-		&& ../$(BIN)/python nnx_twins.py
+		&& ../$(BIN)/python nnx_twins.py && ../$(BIN)/python train_models.py
 
 # The convergence tables of the staleness mitigations in the papers' regime (40 minutes on 2 cores).
 reproduce: $(BIN)/pipejax
@@ -46,3 +46,7 @@ lm: $(BIN)/pipejax
 docs: $(BIN)/pipejax
 	$(BIN)/pip install --quiet -e ".[test,docs]"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The README's figures (between its <!-- from: --> marks) written from benchmarks/results.
+readme: $(BIN)/pipejax
+	$(BIN)/python docs/hooks.py

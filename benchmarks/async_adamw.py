@@ -367,7 +367,24 @@ def tables(tokens: int = 1_048_576, Ks: tuple = (4, 8)) -> dict[str, str]:
     runs = Study(tokens).runs
     walked = tuple(row for row in OWN_ROWS if None not in [own(runs, row, K, tokens) for K in Ks])
     return {"shared": markdown(summary(runs, tokens, list(Ks)), list(Ks)),
-            "own": markdown(summary(runs, tokens, list(Ks), walked, own), list(Ks), True)}
+            "own": markdown(summary(runs, tokens, list(Ks), walked, own), list(Ks), True),
+            "headline": headline(summary(runs, tokens, [max(Ks)]), max(Ks))}
+
+
+ADAM_ERA = {"pipeoptim": "PipeOptim's forecast", "nesterov": "a delay-aware Nesterov"}
+
+
+def headline(rows: list[dict], K: int) -> str:
+    """The README's sentence: synchronous AdamW, PB with AdamW, its best
+    Adam-era correction and asynchronous Muon at K, at the shared rates."""
+    pb = {r["row"]: r for r in rows if r["schedule"] == "pb"}
+    sync = next(r for r in rows if r["row"] == "AdamW sync")
+    best = min(ADAM_ERA, key=lambda row: pb[row]["validation_loss"])
+    said = lambda r: f"{r['validation_loss']:.3f} ({r['vs_sync_%']:+.1f} %)".replace("-", "−")
+    return (f"a byte-level GPT on Shakespeare at K = {K}, equal tokens: synchronous AdamW "
+            f"{sync['validation_loss']:.3f} validation loss; PB with AdamW {said(pb['none'])}, "
+            f"with the best Adam-era correction ({ADAM_ERA[best]}) {said(pb[best])}; "
+            f"asynchronous Muon {said(pb['Muon'])}.")
 
 
 def plot(runs: list, tokens: int, K: int, path) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, save, table
+from common import RESULTS, load, markdown, save, table
 
 R, K, M, BASE, LR, MOMENTUM = 8, 2, 2, 64, 0.02, 0.9
 RULES = {  # name: (rule, mesh nodes)
@@ -90,6 +90,21 @@ def plot(results: list[dict], path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+LABELS = {"SSGD": "SSGD", "ADPSGD": f"ADPSGD (ring of {R})", "H-ADPSGD": "H-ADPSGD (2 nodes × 4)",
+          "elastic": f"elastic (alpha 0.9/{R}, every 4)"}
+
+
+def tables() -> dict[str, str]:
+    """The data-parallel page's table from data_parallel.json: test accuracy
+    (%, mean ± std over the seeds) of each rule at each global batch."""
+    results = load("data_parallel")["results"]
+    cell = {(r["rule"], r["batch"]): f"{100 * r['test_accuracy']:.1f} ± {100 * r['test_accuracy_std']:.1f}"
+            for r in results}
+    batches = sorted({r["batch"] for r in results})
+    return {"accuracy": markdown([{"rule": label, **{f"batch {b}": cell.get((rule, b)) for b in batches}}
+                                  for rule, label in LABELS.items()])}
 
 
 def main() -> None:

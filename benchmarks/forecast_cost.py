@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pipejax as pj
-from common import save, table
+from common import load, markdown, save, table
 
 K, M, FEATURES, STEPS = 4, 8, 40, 3
 ROUNDS = {16: 30, 128: 10}  # micro-batch size: interleaved rounds
@@ -86,6 +86,23 @@ def measure(mb: int) -> list[dict]:
         r["step_over_none"] = round(float(np.median(np.array(t) / np.array(times[0]))), 3)
         r["cpu_over_none"] = round(float(np.median(np.array(c) / np.array(cpu[0]))), 3)
     return rows
+
+
+LABELS = {"lwp": "LWP_D", "lwp+sc": "LWP_D + SC_D", "spectrain": "SpecTrain", "sc": "SC_D",
+          "pipemare": "PipeMare", "stash": "weight stashing"}
+
+
+def tables() -> dict[str, str]:
+    """The staleness page's table from forecast_cost.json: each mitigation's
+    step time and compiled temp over PB without one, and its extra state."""
+    rows = {(r["mitigation"], r["micro_batch"]): r for r in load("forecast_cost")["rows"]}
+    sizes = sorted({mb for _, mb in rows})
+    return {"rows": markdown([
+        {"mitigation": label,
+         **{f"step time, mb {mb}": f"×{rows[name, mb]['step_over_none']:.2f}" for mb in sizes},
+         f"compiled temp, mb {sizes[0]}": f"×{rows[name, sizes[0]]['temp_over_none']:.2f}",
+         "state, in weights per stage": f"{rows[name, sizes[0]]['extra_state_per_stage_in_weights']:g}"}
+        for name, label in LABELS.items()])}
 
 
 def main() -> None:

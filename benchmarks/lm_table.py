@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, save, table
+from common import RESULTS, load, markdown, save, table
 from pipejax.bench.speed import alternate, cost
 
 SIZE = dict(depth=14, width=128, heads=4, context=128)
@@ -160,6 +160,46 @@ def ratio(layers, a, b, remat: str, rounds: int, batches) -> dict:
             "seconds": {n: round(float(np.median(t)), 4) for n, t in times.items()},
             "bytes_accessed_ratio": round(accessed[a[0]] / accessed[b[0]], 4), "rounds": rounds,
             "remat": remat}
+
+
+def _label(config: tuple) -> tuple[str, int]:
+    name, schedule, K, v = config
+    if schedule is None:
+        return "plain `jax.jit`", K
+    return ("pipelined" if K == 1 else schedule + (f" (v = {v})" if v > 1 else "")), K
+
+
+def tables() -> dict[str, str]:
+    """The language-model page's tables from lm_table.json: each step's
+    validation loss (and its difference from the plain jit), tokens/s and
+    temp memory in float32 and bfloat16, for `remat="stage"` and `"none"`;
+    and the ratios alternated in one process."""
+    result = load("lm_table")
+    rows = {(r["config"], r["dtype"], r["remat"]): r for r in result["rows"]}
+    reference = {r["dtype"]: r["validation_loss"] for r in result["rows"] if r["schedule"] == "plain jit"}
+    out = {}
+    for remat in ("stage", "none"):
+        lines = []
+        for config in CONFIGS:
+            cells = {}
+            for dtype in DTYPES:
+                r = rows.get((config[0], dtype, remat if config[1] else "none"))
+                if r is None:
+                    continue
+                gap = r["validation_loss"] - reference[dtype]
+                cells |= {f"{dtype}: validation loss (− plain jit)":
+                          f"{r['validation_loss']:.6f} ({0 if gap == 0 else f'{gap:+.1e}'.replace('-', '−', 1)})",
+                          f"{dtype}: tokens/s": f"{r['tokens_per_s']:.0f}",
+                          f"{dtype}: temp MB / device": f"{r['temp_mb_per_device']:.1f}"}
+            if cells:
+                step, K = _label(config)
+                lines.append({"step": step, "K": K} | cells)
+        out[remat] = markdown(lines)
+    out["ratios"] = markdown([{"pair (alternated in one process)": r["pair"], "remat": r["remat"],
+                               "time ratio": f"{r['ratio']:.3f}",
+                               "bytes accessed ratio": f"{r['bytes_accessed_ratio']:.3f}",
+                               "rounds": r["rounds"]} for r in result["ratios"]])
+    return out
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 import pipejax as pj
-from common import save, table
+from common import load, markdown, save, table
 from pipejax.bench.op_costs import critical_path, executed, op_flops
 
 FEATURES, MB = 40, 16
@@ -82,6 +82,29 @@ def flops(K: int = 4, M: int = 16) -> list[dict]:
                      "critical_path_gflop": round(path / 1e9, 4),
                      "critical_path_vs_1f1b": round(path / base[1], 4)})
     return rows
+
+
+def _name(r: dict) -> str:
+    placed = " (V placement)" if r["schedule"] in ("zb-v", "dualpipev") else ""
+    return r["schedule"] + (f", v = {r['v']}" if r["v"] > 1 and not placed else "") + placed
+
+
+def tables() -> dict[str, str]:
+    """The reproductions page's tables from schedules.json: every table at
+    K = 4, M = 8, and the work of each at K = 4, M = 16."""
+    result = load("schedules")
+    rows = [{"schedule": _name(r), "ticks": r["ticks"],
+             "bubble (1 step / 32 steps)": f"{r['bubble']:.3f} / {r['bubble_32_steps']:.3f}",
+             "input / gradient / kept / bridge slots":
+                 f"{r['input_slots']} / {r['grad_slots']} / {r['kept_slots']} / {r['bridge_slots']}",
+             "delays": r["delays"], "compiled temp memory": f"{r['temp_bytes'] / 1e6:.2f} MB"}
+            for r in result["rows"] if (r["K"], r["M"]) == (4, 8)]
+    work = [{"schedule": _name(r),
+             "executed GFLOP (/ 1F1B)": f"{r['executed_gflop']:.3f} ({r['executed_vs_1f1b']:.3f})",
+             "lock-step critical path GFLOP (/ 1F1B)":
+                 f"{r['critical_path_gflop']:.3f} ({r['critical_path_vs_1f1b']:.3f})"}
+            for r in result["flops"]]
+    return {"k4_m8": markdown(rows), "work": markdown(work)}
 
 
 def main() -> None:

@@ -1,6 +1,11 @@
 """mkdocs hooks: the benchmark figures under figures/, the tables a
 benchmark renders from its JSON, and the CLI reference rendered from
-pipejax's own argument parsers: what the pages show cannot drift from them."""
+pipejax's own argument parsers: what the pages show cannot drift from them.
+
+The README, which GitHub shows as it is on disk, holds its figures between
+`<!-- from: SCRIPT.NAME -->` and `<!-- end -->`; `python docs/hooks.py`
+(`make readme`) writes them from the JSON, and a test fails when the README
+differs from what that writes."""
 
 from __future__ import annotations
 
@@ -10,17 +15,20 @@ import importlib
 import pathlib
 import re
 import sys
-
-from mkdocs.structure.files import File
+import textwrap
 
 BENCHMARKS = pathlib.Path(__file__).parents[1] / "benchmarks"
 FIGURES = BENCHMARKS / "results"
 CLI_MARK = "<!-- the argument parsers' help, one section a command -->"
 TABLE_MARK = re.compile(r"<!-- table: (\w+)\.(\w+) -->")  # benchmarks/<script>.py's tables()[name]
+README = BENCHMARKS.parent / "README.md"
+README_MARK = re.compile(r"<!-- from: (\w+)\.(\w+) -->(\s*)(.*?)(\s*)<!-- end -->", re.S)
 
 
 def on_files(files, config):
     """Add benchmarks/results/*.png to the site as figures/*.png."""
+    from mkdocs.structure.files import File
+
     for png in sorted(FIGURES.glob("*.png")):
         files.append(File.generated(config, f"figures/{png.name}", abs_src_path=str(png)))
     return files
@@ -55,3 +63,22 @@ def on_page_markdown(markdown, page, config, files):
     the benchmark's table."""
     markdown = TABLE_MARK.sub(lambda m: benchmark_tables(m[1])[m[2]], markdown)
     return markdown.replace(CLI_MARK, cli_reference()) if CLI_MARK in markdown else markdown
+
+
+def fill_readme(text: str) -> str:
+    """The README with each marked figure written from its benchmark's JSON:
+    inline where the text follows the mark on its line, else wrapped from
+    the next line at that line's indentation (a mark ending a line stays
+    inline HTML of its paragraph, as GitHub renders it)."""
+    def fill(m: re.Match) -> str:
+        value = benchmark_tables(m[1])[m[2]]
+        if "\n" in m[3]:
+            indent = m[3].split("\n")[-1]
+            value = textwrap.fill(value, 76, initial_indent=indent, subsequent_indent=indent,
+                                  break_on_hyphens=False)[len(indent):]
+        return f"<!-- from: {m[1]}.{m[2]} -->{m[3]}{value}{m[5]}<!-- end -->"
+    return README_MARK.sub(fill, text)
+
+
+if __name__ == "__main__":
+    README.write_text(fill_readme(README.read_text()))

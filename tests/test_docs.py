@@ -43,3 +43,32 @@ def test_the_blocks_of_a_page_run(page, tmp_path, monkeypatch):
     for code in blocks(page):
         if code not in seen:
             exec(compile(code, f"{page.name}", "exec"), namespace)  # noqa: S102 - the docs' own code
+
+
+def _hooks():
+    """docs/hooks.py, the site's hooks, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_quotes_the_benchmark_json():
+    """The README's figures between `<!-- from: -->` marks are what the
+    benchmarks render from their JSON now (`make readme` writes them)."""
+    hooks = _hooks()
+    text = (ROOT / "README.md").read_text()
+    assert len(hooks.README_MARK.findall(text)) >= 4
+    assert hooks.fill_readme(text) == text, "the README differs from benchmarks/results: make readme"
+
+
+def test_every_table_mark_of_the_pages_names_a_rendered_table():
+    """Each `<!-- table: SCRIPT.NAME -->` of docs/ is one that SCRIPT's
+    tables() renders from its JSON (the strict site build fails otherwise too)."""
+    hooks = _hooks()
+    marks = [m for page in PAGES for m in hooks.TABLE_MARK.findall(page.read_text())]
+    assert len(marks) >= 15
+    for script, name in marks:
+        assert hooks.benchmark_tables(script)[name], f"{script}.{name}"
