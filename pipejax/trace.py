@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError, LayerError, PipejaxError
-from pipejax.layers import Layer, layer_list
+from pipejax.layers import Layer, lasting, layer_list, remembered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,21 +72,30 @@ def _fwd_bwd(layer: Layer) -> Callable:
     return run
 
 
-# (layer, input shapes, operations) of layers measured in this process, kept
+# (layer, input shapes, its analysis) of layers traced in this process, kept
 # for the next trace (pj.search and a script comparing settings trace one list
 # many times); not the layers that hold their values (NNX), which it would keep alive.
 _MEASURED: collections.deque = collections.deque(maxlen=256)
 
 
-def _once(measured: Any, layer: Layer, kind: tuple, measure: Callable[[], Any]) -> Any:
-    """`measure()` for the first of equal layers on equal shapes (`Layer.same`:
-    one function of its variables and input costs the same), its value after."""
-    for other, other_kind, value in measured:
-        if other_kind == kind and other.same(layer):
-            return value
-    value = measure()
-    measured.append((layer, kind, value))
-    return value
+class _KeepsState(Exception):
+    """A layer keeps mutable state (BatchNorm), which the pipeline cannot."""
+
+
+def _analyse(layer: Layer, h: Any, key_struct: Any, key: jax.Array) -> tuple:
+    """(variables, output, whether it reads the key, FLOPs) of one layer on
+    input `h`, the arrays abstract.
+
+    Raises:
+      _KeepsState: saying what the layer keeps.
+    """
+    variables = jax.eval_shape(layer.init, key_struct, h)
+    # the state check first: linen's BatchNorm fails to apply without its statistics
+    kept = layer.kept_state(variables, h, key_struct)
+    if kept is not None:
+        raise _KeepsState(kept)
+    jaxpr, out = jax.make_jaxpr(layer.apply, return_shape=True)(variables, h, key_struct)
+    return variables, out, _reads_key(jaxpr), _flops(layer, variables, h, key)
 
 
 def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float | None:
@@ -169,7 +178,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     key_struct = jax.eval_shape(lambda: key)
     h = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), example)
     specs = []
-    measured: list = []  # this call's operations of layers that hold values (NNX)
+    measured: list = []  # this call's analyses of layers that hold values (NNX)
     timed: list = []  # cost="time": seconds measured once per kind of layer and input a call
     for i, layer in enumerate(layers):
         name = layer.name
@@ -182,27 +191,20 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
                 f"{produced}: {type(err).__name__}: {first_line}; "
                 "check the shapes of this layer and the layer before it")
 
-        try:
-            variables = jax.eval_shape(layer.init, key_struct, h)
-        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
-            raise failed(err) from None
-        try:  # the state check first: linen's BatchNorm fails to apply without its statistics
-            kept = layer.kept_state(variables, h, key_struct)
-            if kept is None:
-                jaxpr, out = jax.make_jaxpr(layer.apply, return_shape=True)(variables, h,
-                                                                            key_struct)
-        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
-            raise failed(err) from None
-        if kept is not None:
-            raise LayerError(f"layer {i} ({name}) {kept}")
         kind = shapes(h)
-        flops = _once(_MEASURED if layer.initial_values() is None else measured, layer, kind,
-                      lambda: _flops(layer, variables, h, key))
-        seconds = (_once(timed, layer, kind, lambda: _seconds(layer, variables, h, key))
+        try:
+            variables, out, random, flops = remembered(
+                _MEASURED if lasting([layer]) else measured, [layer], kind,
+                lambda: _analyse(layer, h, key_struct, key))
+        except _KeepsState as state:
+            raise LayerError(f"layer {i} ({name}) {state}") from None
+        except Exception as err:  # noqa: BLE001 - re-raised with the layer named
+            raise failed(err) from None
+        seconds = (remembered(timed, [layer], kind, lambda: _seconds(layer, variables, h, key))
                    if cost == "time" else None)
         specs.append(LayerSpec(index=i, name=name, input=h, output=out, variables=variables,
                                flops=flops, param_bytes=nbytes(variables),
-                               activation_bytes=nbytes(out), random=_reads_key(jaxpr),
+                               activation_bytes=nbytes(out), random=random,
                                seconds=seconds))
         h = out
     return specs

@@ -18,6 +18,7 @@ what it saves.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -28,11 +29,16 @@ from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.packing import Packing
 from pipejax.compile.sharing import StageGroups
-from pipejax.layers import Layer, apply_layers
+from pipejax.layers import Layer, apply_layers, lasting, remembered
 from pipejax.partition import Plan
 from pipejax.trace import shapes
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
+
+# (a stage's layers, what else its residuals depend on, the residuals) worked
+# out in this process (`remembered`): pj.search and the memory estimate build
+# the same stages for many pipelines.
+_KEPT: collections.deque = collections.deque(maxlen=256)
 
 
 class Model(NamedTuple):
@@ -105,8 +111,14 @@ class StageCode:
     def residuals(self, j: int, remat: Remat) -> Any:
         """The abstract residuals virtual stage j keeps from a forward to its
         backward under `remat` (with "none": its whole working set of one micro-batch)."""
-        return jax.eval_shape(lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
-                              self._abstract_params(j), self.input_of(j), self._abstract_feed())
+        params, h = self._abstract_params(j), self.input_of(j)
+        compute = lambda: jax.eval_shape(lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
+                                         params, h, self._abstract_feed())
+        layers = [self.model.layers[s.index] for s in self.plan.stage_specs(j)]
+        m = self.model
+        kind = (j == 0, j == self.S - 1, remat, m.compute_dtype, m.loss,
+                shapes((params, h, m.example, m.targets)))
+        return remembered(_KEPT if lasting(layers) else [], layers, kind, compute)
 
     def _structure(self, j: int) -> tuple:
         """What virtual stage j's code depends on: its role (reads the batch,

@@ -12,7 +12,8 @@ derived from its global index, so any split into stages draws the same numbers.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import collections
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -61,6 +62,29 @@ def layer_list(layers: Any) -> tuple[Layer, ...]:
                          "can be split")
     owner: dict[int, int] = {}
     return tuple(_wrap(entries, i, owner) for i in range(len(entries)))
+
+
+def remembered(memory: collections.deque | list, layers: Sequence[Layer], kind: Any,
+               compute: Callable[[], Any]) -> Any:
+    """`compute()` for the first run of equal layers (`Layer.same`: one
+    function of their variables and input) of equal `kind`, its value after;
+    `memory` holds (layers, kind, value). What depends only on the layers'
+    functions and shapes (a layer's analysis, a stage's residuals) is worked
+    out once for all pipelines of a process: `pj.search` builds one list many
+    times. A run with a layer that holds its values (NNX) is computed but not
+    kept in a `memory` that outlives the call, which would keep it alive."""
+    for others, other_kind, value in memory:
+        if (other_kind == kind and len(others) == len(layers)
+                and all(o.same(layer) for o, layer in zip(others, layers))):
+            return value
+    value = compute()
+    memory.append((tuple(layers), kind, value))
+    return value
+
+
+def lasting(layers: Sequence[Layer]) -> bool:
+    """Whether a process-wide memory may keep `layers` (none holds its values)."""
+    return all(layer.initial_values() is None for layer in layers)
 
 
 def layer_key(key: jax.Array, index: int) -> jax.Array:

@@ -1,5 +1,7 @@
 """Stages of identical structure share one switch branch, with unchanged results."""
 
+import importlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -56,3 +58,30 @@ def test_deep_model_compiles_one_branch_per_structure():
     uneven = _pipe(layers, 8)
     starts = {(r.start % 2, len(r)) for r in uneven.plan.ranges[1:-1]}
     assert len(uneven.build.code.groups) == len(starts) + 2
+
+
+def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once(monkeypatch):
+    """Pipelines of one layer list (pj.search builds many) work out a stage's
+    residuals once per process for equal layers, shapes, remat and dtype; a
+    stage holding an NNX layer (its values) is not kept."""
+    from flax import nnx
+
+    stages = importlib.import_module("pipejax.compile.stages")
+    monkeypatch.setattr(stages, "_KEPT", type(stages._KEPT)(maxlen=8))
+    layers = [nn.Dense(16), nn.relu, nn.Dense(16), nn.relu, nn.Dense(4)]
+    build = lambda schedule, mb=4, remat="none", ls=layers: pj.pipeline(
+        ls, loss=pj.losses.cross_entropy, example=jnp.zeros((mb, 8)), stages=2,
+        microbatches=4, schedule=schedule, remat=remat)
+    gpipe = build("gpipe")
+    assert len(stages._KEPT) == 2  # each stage once
+    one = build("1f1b")
+    assert len(stages._KEPT) == 2
+    assert jax.tree.structure(one.build.code.kept) == jax.tree.structure(gpipe.build.code.kept)
+    assert one.layout.kept.slot_bytes() == gpipe.layout.kept.slot_bytes() > 0
+    build("1f1b", mb=8)  # other shapes
+    assert len(stages._KEPT) == 4
+    build("1f1b", remat="stage")  # another remat
+    assert len(stages._KEPT) == 6
+    lin = [nnx.Linear(8, 16, rngs=nnx.Rngs(0)), *layers[1:]]
+    build("1f1b", ls=lin)  # stage 0 holds values: computed, not kept; stage 1 equals
+    assert len(stages._KEPT) == 6
