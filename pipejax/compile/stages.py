@@ -35,9 +35,9 @@ from pipejax.trace import shapes
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
-# (a stage's layers, what else its residuals depend on, the residuals) worked
-# out in this process (`remembered`): pj.search and the memory estimate build
-# the same stages for many pipelines.
+# (a stage's layers, what else the value depends on, its residuals or its
+# split backward) worked out in this process (`remembered`): pj.search and
+# the memory estimate build the same stages for many pipelines.
 _KEPT: collections.deque = collections.deque(maxlen=256)
 
 
@@ -111,13 +111,17 @@ class StageCode:
     def residuals(self, j: int, remat: Remat) -> Any:
         """The abstract residuals virtual stage j keeps from a forward to its
         backward under `remat` (with "none": its whole working set of one micro-batch)."""
-        params, h = self._abstract_params(j), self.input_of(j)
-        compute = lambda: jax.eval_shape(lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
-                                         params, h, self._abstract_feed())
+        return self._remembered(j, ("residuals", remat), lambda: jax.eval_shape(
+            lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
+            self._abstract_params(j), self.input_of(j), self._abstract_feed()))
+
+    def _remembered(self, j: int, kind: tuple, compute: Callable[[], Any]) -> Any:
+        """`compute()` of virtual stage j, once per process for equal layers
+        in the same role on equal shapes, dtype and loss (`remembered`)."""
         layers = [self.model.layers[s.index] for s in self.plan.stage_specs(j)]
         m = self.model
-        kind = (j == 0, j == self.S - 1, remat, m.compute_dtype, m.loss,
-                shapes((params, h, m.example, m.targets)))
+        kind = (*kind, j == 0, j == self.S - 1, m.compute_dtype, m.loss,
+                shapes((self._abstract_params(j), self.input_of(j), m.example, m.targets)))
         return remembered(_KEPT if lasting(layers) else [], layers, kind, compute)
 
     def _structure(self, j: int) -> tuple:
@@ -233,7 +237,9 @@ class StageCode:
             return [*jax.tree.leaves(dparams), *jax.tree.leaves(dh)]
 
         reread = [i < again for i in range(len(flat))]
-        return split_backward(fn, flat, len(jax.tree.leaves(args[0])), reread)
+        kind = ("split", self.model.remat, self.seed, shapes((args[3], args[4])))
+        return self._remembered(j, kind, lambda: split_backward(
+            fn, flat, len(jax.tree.leaves(args[0])), reread))
 
     def backward_args(self, j: int) -> tuple:
         """Abstract (params, h, feed, kept, ct) of virtual stage j's backward."""

@@ -62,8 +62,8 @@ def test_deep_model_compiles_one_branch_per_structure():
 
 def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once(monkeypatch):
     """Pipelines of one layer list (pj.search builds many) work out a stage's
-    residuals once per process for equal layers, shapes, remat and dtype; a
-    stage holding an NNX layer (its values) is not kept."""
+    residuals and split backward once per process for equal layers, shapes,
+    remat and dtype; a stage holding an NNX layer (its values) is not kept."""
     from flax import nnx
 
     stages = importlib.import_module("pipejax.compile.stages")
@@ -82,6 +82,9 @@ def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once(monkeypatch
     assert len(stages._KEPT) == 4
     build("1f1b", remat="stage")  # another remat
     assert len(stages._KEPT) == 6
+    zb = build("zb-h1")  # its split backwards: one per stage, then found again
+    assert len(stages._KEPT) == 8
+    assert build("zb-h1").build.code.splits == zb.build.code.splits and len(stages._KEPT) == 8
     lin = [nnx.Linear(8, 16, rngs=nnx.Rngs(0)), *layers[1:]]
     build("1f1b", ls=lin)  # stage 0 holds values: computed, not kept; stage 1 equals
-    assert len(stages._KEPT) == 6
+    assert len(stages._KEPT) == 8
