@@ -71,8 +71,8 @@ def remembered(memory: collections.deque | list, layers: Sequence[Layer], kind: 
     `memory` holds (layers, kind, value). What depends only on the layers'
     functions and shapes (a layer's analysis, a stage's residuals) is worked
     out once for all pipelines of a process: `pj.search` builds one list many
-    times. A run with a layer that holds its values (NNX) is computed but not
-    kept in a `memory` that outlives the call, which would keep it alive."""
+    times. Callers give a run with a layer that holds its values (NNX) a
+    memory of their own call (`lasting`): a process-wide one would keep it alive."""
     for others, other_kind, value in memory:
         if (other_kind == kind and len(others) == len(layers)
                 and all(o.same(layer) for o, layer in zip(others, layers))):
