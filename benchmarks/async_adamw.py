@@ -64,7 +64,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, save, table
+from common import RESULTS, save, signed, table
 
 SIZE = dict(depth=8, width=64, heads=4, context=64)
 T, MB, M = SIZE["context"], 4, 8
@@ -380,7 +380,7 @@ def headline(rows: list[dict], K: int) -> str:
     pb = {r["row"]: r for r in rows if r["schedule"] == "pb"}
     sync = next(r for r in rows if r["row"] == "AdamW sync")
     best = min(ADAM_ERA, key=lambda row: pb[row]["validation_loss"])
-    said = lambda r: f"{r['validation_loss']:.3f} ({r['vs_sync_%']:+.1f} %)".replace("-", "−")
+    said = lambda r: f"{r['validation_loss']:.3f} ({signed(r['vs_sync_%'], '.1f')} %)"
     return (f"a byte-level GPT on Shakespeare at K = {K}, equal tokens: synchronous AdamW "
             f"{sync['validation_loss']:.3f} validation loss; PB with AdamW {said(pb['none'])}, "
             f"with the best Adam-era correction ({ADAM_ERA[best]}) {said(pb[best])}; "

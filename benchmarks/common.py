@@ -16,7 +16,7 @@ from pipejax import bench
 from pipejax.bench import table
 
 __all__ = ["RESULTS", "in_words", "in_workers", "environment", "load", "markdown", "median_time",
-           "save", "table"]
+           "save", "signed", "table"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -80,6 +80,12 @@ def in_words(items: list) -> str:
     """["a", "b", "c"] -> "a, b and c"."""
     items = [str(i) for i in items]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def signed(value: float, spec: str) -> str:
+    """`value` formatted with a sign and a typographic minus: +1.6e-05, −0.9."""
+    text = f"{value:+{spec}}"
+    return "−" + text[1:] if text.startswith("-") else text
 
 
 def markdown(rows: list[dict]) -> str:

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, load, markdown, save, table
+from common import RESULTS, load, markdown, save, signed, table
 from pipejax.bench.speed import alternate, cost
 
 SIZE = dict(depth=14, width=128, heads=4, context=128)
@@ -188,7 +188,7 @@ def tables() -> dict[str, str]:
                     continue
                 gap = r["validation_loss"] - reference[dtype]
                 cells |= {f"{dtype}: validation loss (− plain jit)":
-                          f"{r['validation_loss']:.6f} ({0 if gap == 0 else f'{gap:+.1e}'.replace('-', '−', 1)})",
+                          f"{r['validation_loss']:.6f} ({0 if gap == 0 else signed(gap, '.1e')})",
                           f"{dtype}: tokens/s": f"{r['tokens_per_s']:.0f}",
                           f"{dtype}: temp MB / device": f"{r['temp_mb_per_device']:.1f}"}
             if cells:

@@ -57,8 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, choices=MODELS)
     args = parser.parse_args()
-    path = RESULTS / "train_models.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = load("train_models")["rows"] if (RESULTS / "train_models.json").exists() else []
     for model in args.only or MODELS:
         if any(r["model"] == model for r in rows):
             continue

@@ -72,9 +72,8 @@ def _fwd_bwd(layer: Layer) -> Callable:
     return run
 
 
-# (layer, input shapes, its analysis) of layers traced in this process, kept
-# for the next trace (pj.search and a script comparing settings trace one list
-# many times); not the layers that hold their values (NNX), which it would keep alive.
+# Each layer's analysis on its input shapes, for every trace of this process
+# (`remembered`): pj.search and a script comparing settings trace one list many times.
 _MEASURED: collections.deque = collections.deque(maxlen=256)
 
 

@@ -8,6 +8,7 @@ with the slow tests.
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 
@@ -45,8 +46,9 @@ def test_the_blocks_of_a_page_run(page, tmp_path, monkeypatch):
             exec(compile(code, f"{page.name}", "exec"), namespace)  # noqa: S102 - the docs' own code
 
 
+@functools.cache
 def _hooks():
-    """docs/hooks.py, the site's hooks, as a module."""
+    """docs/hooks.py, the site's hooks, as a module (loaded once: its tables are cached)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
