@@ -5,8 +5,9 @@ GPipe and the model's own default sizes, optimizer and epochs
 (`pipejax.cli.setup.MODEL_DEFAULTS`), exactly as the command line runs it;
 the row holds the test accuracy of the final parameters and the command's
 wall time (compilation included). `pipejax train` with no flags is the MLP's
-row: the README's first command. Rows already in the JSON are skipped, so
-the table can be made in parts (`--only mlp`).
+row: the README's first command. The example scripts that print a test
+accuracy (`examples/nnx_transformer.py`) run as their own rows. Rows already
+in the JSON are skipped, so the table can be made in parts (`--only mlp`).
 
 Run: python benchmarks/train_models.py [--only NAME ...]
 """
@@ -17,6 +18,9 @@ import argparse
 import contextlib
 import io
 import json
+import re
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +29,7 @@ from common import RESULTS, load, markdown, save, table
 from pipejax.cli import main as cli
 
 MODELS = ("mlp", "snn", "resnet", "vgg", "transformer", "residual_lstm")
+EXAMPLES = ("nnx_transformer",)  # examples/NAME.py, which prints "test accuracy X"
 
 
 def train(model: str) -> dict:
@@ -42,29 +47,49 @@ def train(model: str) -> dict:
             "seconds": round(seconds, 1)}
 
 
+def run_example(name: str) -> dict:
+    """`python examples/NAME.py`: the test accuracy it prints and its wall time."""
+    script = Path(__file__).parent.parent / "examples" / f"{name}.py"
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    found = re.search(r"^test accuracy ([\d.]+)$", out.stdout, re.M)
+    if out.returncode != 0 or not found:
+        raise SystemExit(f"examples/{name}.py exited with {out.returncode}:\n{out.stderr[-2000:]}")
+    return {"model": name, "command": f"python examples/{name}.py",
+            "test_accuracy": float(found[1]), "seconds": round(seconds, 1)}
+
+
 def tables() -> dict[str, str]:
-    """The training-job page's table from train_models.json, and the
-    default MLP's accuracy, which the README and getting started quote."""
-    rows = load("train_models")["rows"]
+    """The training-job page's table from train_models.json, the default
+    MLP's accuracy, which the README and getting started quote, and each
+    example's accuracy and time."""
+    results = load("train_models")
+    rows = results["rows"]
     accuracy = lambda r: f"{100 * r['test_accuracy']:.1f} %"
+    examples = {r["model"]: f"{accuracy(r)} test accuracy on MNIST-1D in {r['seconds']:.0f} s"
+                for r in results.get("examples", [])}
     return {"rows": markdown([{"command": f"`{r['command']}`", "test accuracy": accuracy(r),
                                "steps": r["steps"], "wall time": f"{r['seconds']:.0f} s"}
                               for r in rows]),
-            "mlp": next(accuracy(r) for r in rows if r["model"] == "mlp")}
+            "mlp": next(accuracy(r) for r in rows if r["model"] == "mlp"), **examples}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", default=None, choices=MODELS)
+    parser.add_argument("--only", nargs="*", default=None, choices=MODELS + EXAMPLES)
     args = parser.parse_args()
-    rows = load("train_models")["rows"] if (RESULTS / "train_models.json").exists() else []
-    for model in args.only or MODELS:
-        if any(r["model"] == model for r in rows):
+    old = load("train_models") if (RESULTS / "train_models.json").exists() else {}
+    rows, examples = old.get("rows", []), old.get("examples", [])
+    for name in args.only or MODELS + EXAMPLES:
+        done, order = (rows, MODELS) if name in MODELS else (examples, EXAMPLES)
+        if any(r["model"] == name for r in done):
             continue
-        rows.append(train(model))
-        print(json.dumps(rows[-1]), flush=True)
-        rows.sort(key=lambda r: MODELS.index(r["model"]))
-        save("train_models", {"stages": 4, "schedule": "gpipe", "data": "mnist1d", "rows": rows})
+        done.append(train(name) if name in MODELS else run_example(name))
+        print(json.dumps(done[-1]), flush=True)
+        done.sort(key=lambda r: order.index(r["model"]))
+        save("train_models", {"stages": 4, "schedule": "gpipe", "data": "mnist1d", "rows": rows,
+                              "examples": examples})
     print(table(rows))
 
 
