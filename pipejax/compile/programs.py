@@ -10,6 +10,7 @@ placed on the mesh and behind the CPU dispatch guard.
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -29,8 +30,10 @@ from pipejax.compile.spmd import REPLICATED, STAGED, lead, per_replica, shard, s
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.state import InFlight, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
+from pipejax.layers import lasting, remembered
 from pipejax.partition import Plan
 from pipejax.schedules import Op, Schedule
+from pipejax.trace import shapes
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
@@ -63,14 +66,33 @@ class PipelinePrograms(NamedTuple):
     value_and_grad: Callable | None  # (params, batch, key) -> (loss, grads); None asynchronous
 
 
+# Init programs built in this process (`remembered`): tests, sweeps and
+# `pj.search` build equal pipelines again, and of what they would compile
+# twice the init program is the most.
+_INITS: collections.deque = collections.deque(maxlen=32)
+
+
+def _init_program(b: Build) -> Callable[[jax.Array], tuple]:
+    """key -> every device's packed variables: each device's branch runs its
+    layers' init; one program for equal layers, placement, shapes and mesh."""
+    code, mesh = b.code, b.mesh
+
+    def compile_init():
+        branches = init_branches(code)
+        body = lambda key: lead(code.device_groups.switch(branches, key))
+        return guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)), mesh)
+
+    layers = code.model.layers
+    where = tuple(tuple(code.plan.device_layers(k)) for k in range(code.placement.stages))
+    kind = ("init", mesh, code.params, code.device_groups, where,
+            shapes([s.input for s in code.plan.specs]))
+    return remembered(_INITS if lasting(layers) else [], layers, kind, compile_init)
+
+
 def pipeline_programs(b: Build) -> PipelinePrograms:
     """The init and (synchronous tables) value_and_grad programs of `b`."""
-    code, mesh = b.code, b.mesh
-    branches = init_branches(code)
-    body = lambda key: lead(code.device_groups.switch(branches, key))
-    init = guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)), mesh)
-    vg = guarded(jax.jit(synchronous.value_and_grad(b)), mesh) if b.schedule.synchronous else None
-    return PipelinePrograms(init, vg)
+    vg = guarded(jax.jit(synchronous.value_and_grad(b)), b.mesh) if b.schedule.synchronous else None
+    return PipelinePrograms(_init_program(b), vg)
 
 
 def stage_rows(b: Build, variables: Sequence[Any]) -> Staged:

@@ -160,6 +160,23 @@ def test_init_is_flax_init_of_each_layer():
         chex.assert_trees_all_equal(variables, dict(want))
 
 
+def test_equal_pipelines_share_one_init_program():
+    """A pipeline of equal layers, shapes and placement built again runs the
+    init program compiled for the first; another placement compiles its own."""
+    layers = [nn.Dense(12), nn.relu, nn.Dense(10)]
+    build = lambda stages, width=20: pj.pipeline(
+        layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, width)), stages=stages,
+        microbatches=2)
+    first = build(2)
+    again = pj.pipeline([nn.Dense(12), nn.relu, nn.Dense(10)], loss=pj.losses.cross_entropy,
+                        example=jnp.zeros((MB, 20)), stages=2, microbatches=4, schedule="pb")
+    assert again.programs.init is first.programs.init
+    assert build(3).programs.init is not first.programs.init
+    assert build(2, width=24).programs.init is not first.programs.init
+    chex.assert_trees_all_equal(pj.unstage(again.init(jax.random.key(3))),
+                                pj.unstage(first.init(jax.random.key(3))))
+
+
 def test_unstage_does_not_depend_on_the_number_of_stages():
     layers = heterogeneous_layers()
     trees = []
