@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from pipejax import checks
 from pipejax.compile.programs import (Build, Model, PipelinePrograms, Staged, build,
                                       check_params, check_table, key_or_default, pipeline_programs,
-                                      stage_rows, unstage)
+                                      stage_rows)
 from pipejax.errors import ConfigError
 from pipejax.layers import Layer, layer_list
 from pipejax.mesh import stage_mesh
@@ -85,13 +85,7 @@ class Pipeline:
             names = ", ".join(f"{s.index} ({s.name})" for s in keyed[:4])
             raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
                               "e.g. jax.random.key(0)")
-        params = Staged(self.programs.init(jax.random.key(0) if key is None else key),
-                        self.build.code.params)
-        if all(v is None for v in initial):
-            return params
-        # Values a layer arrives with (NNX) are staged from the host, not compiled in as constants.
-        return self.stage([v if mine is None else mine
-                           for mine, v in zip(initial, unstage(params))])
+        return self.programs.init(jax.random.key(0) if key is None else key)
 
     def stage(self, variables: Sequence[dict]) -> Staged:
         """Stage one variables dict per layer (the inverse of `pj.unstage`)."""
@@ -103,7 +97,7 @@ class Pipeline:
             if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
                 raise ConfigError(f"layer {spec.index} ({spec.name}) has variables {_describe(want)} "
                                   f"but was given {_describe(got)}")
-        return stage_rows(self.build, variables)
+        return stage_rows(self.build, variables.__getitem__)
 
     # ------------------------------------------------------------- programs
     def value_and_grad(self, params: Staged, batch: tuple,

@@ -2,10 +2,9 @@
 virtual stage runs, as the table interpreter calls it.
 
 Each function builds one branch per group of virtual stages of one
-structure (`StageCode.groups`; the init branches per group of devices),
-reading the stage's trees out of the packed slot buffers: the forward F, the
+structure (`StageCode.groups`), reading the stage's trees out of the packed slot buffers: the forward F, the
 fused backward BW, zero bubble's B and W (split.py), the last stage's fused
-forward and backward, and a device's initial variables. A branch reads its
+forward and backward. A branch reads its
 chunk's part of its device's parameter tree and returns gradients for the
 whole device tree (its other chunks' slots zero).
 """
@@ -16,13 +15,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pipejax.packing import Buffers
-from pipejax.compile.spmd import stage_index
 from pipejax.compile.stages import Feed, StageCode
-from pipejax.layers import layer_key
-
 
 
 def _device_grads(code: StageCode, j: int, grads: Any) -> Buffers:
@@ -155,32 +150,3 @@ def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
                            _stage_input(code, j, h))
     dparams, dh = vjp_fn(code.seed_like(loss))
     return loss.astype(jnp.float32), _device_grads(code, j, dparams), _message_back(code, j, dh)
-
-
-def init(code: StageCode) -> list[Callable]:
-    """The branch of device k's group: key -> device k's packed initial
-    variables; layer i uses fold_in(key, i), so the values do not depend
-    on K. A layer that arrives with its values (NNX) has zero slots here:
-    they are staged from the host (`Pipeline.init`), not compiled into the
-    program as constants."""
-    K = code.placement.stages
-    index = np.zeros((K, max(len(code.plan.device_layers(k)) for k in range(K))), np.int32)
-    for k in range(K):
-        layers = code.plan.device_layers(k)
-        index[k, :len(layers)] = layers
-
-    def branch(k):
-        def run(key):
-            variables, mine = [], jnp.asarray(index)[stage_index()]
-            for n, i in enumerate(code.plan.device_layers(k)):
-                spec, layer = code.plan.specs[i], code.model.layers[i]
-                if layer.initial_values() is not None:
-                    variables.append(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                                  spec.variables))
-                    continue
-                h = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-                variables.append(layer.init(layer_key(key, mine[n]), h))
-            return code.params.pack(k, variables)
-        return run
-
-    return code.device_groups.branches(branch)

@@ -11,14 +11,13 @@ placed on the mesh and behind the CPU dispatch guard.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from pipejax.compile import asynchronous, synchronous
-from pipejax.compile.branches import init as init_branches
 from pipejax.compile.build import Build
 from pipejax.compile.guard import guarded
 from pipejax.compile.lanes import compiled_lanes
@@ -26,11 +25,11 @@ from pipejax.compile.layout import Layout
 from pipejax.compile.memory import MemoryEstimate, estimate
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.outer import Outer
-from pipejax.compile.spmd import REPLICATED, STAGED, lead, per_replica, shard, sharding
+from pipejax.compile.spmd import REPLICATED, STAGED, per_replica, sharding
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.state import InFlight, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.layers import lasting, remembered
+from pipejax.layers import layer_key, remembered
 from pipejax.partition import Plan
 from pipejax.schedules import Op, Schedule
 from pipejax.trace import shapes
@@ -62,45 +61,65 @@ def check_table(schedule: Schedule) -> None:
 class PipelinePrograms(NamedTuple):
     """The programs of a pipeline without an optimizer."""
 
-    init: Callable[[jax.Array], tuple]  # key -> every device's packed variables
+    init: Callable[[jax.Array], Staged]  # key -> the staged initial variables
     value_and_grad: Callable | None  # (params, batch, key) -> (loss, grads); None asynchronous
-
-
-# Init programs built in this process (`remembered`): tests, sweeps and
-# `pj.search` build equal pipelines again, and of what they would compile
-# twice the init program is the most.
-_INITS: collections.deque = collections.deque(maxlen=32)
-
-
-def _init_program(b: Build) -> Callable[[jax.Array], tuple]:
-    """key -> every device's packed variables: each device's branch runs its
-    layers' init; one program for equal layers, placement, shapes and mesh."""
-    code, mesh = b.code, b.mesh
-
-    def compile_init():
-        branches = init_branches(code)
-        body = lambda key: lead(code.device_groups.switch(branches, key))
-        return guarded(jax.jit(shard(body, mesh, (REPLICATED,), STAGED)), mesh)
-
-    layers = code.model.layers
-    where = tuple(tuple(code.plan.device_layers(k)) for k in range(code.placement.stages))
-    kind = ("init", mesh, code.params, code.device_groups, where,
-            shapes([s.input for s in code.plan.specs]))
-    return remembered(_INITS if lasting(layers) else [], layers, kind, compile_init)
 
 
 def pipeline_programs(b: Build) -> PipelinePrograms:
     """The init and (synchronous tables) value_and_grad programs of `b`."""
     vg = guarded(jax.jit(synchronous.value_and_grad(b)), b.mesh) if b.schedule.synchronous else None
-    return PipelinePrograms(_init_program(b), vg)
+    return PipelinePrograms(lambda key: initial_params(b, key), vg)
 
 
-def stage_rows(b: Build, variables: Sequence[Any]) -> Staged:
-    """One variables dict per layer packed per device and placed on the stage axis."""
+# Each layer's init program (`remembered`): compiled once per process for
+# equal layers on equal input shapes, the layer's global index an argument,
+# so pipelines of the same layers at any K, schedule or mesh share them.
+_INITS: collections.deque = collections.deque(maxlen=256)
+
+
+def _layer_init(layer: Any, spec: Any) -> Callable[[jax.Array, int], Any]:
+    """(key, i) -> Flax's init of `layer` with fold_in(key, i) on zeros of its input."""
+    def layer_init(key: jax.Array, i: jax.Array) -> Any:
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
+        return layer.init(layer_key(key, i), zeros)
+    return remembered(_INITS, [layer], ("init", shapes(spec.input)), lambda: jax.jit(layer_init))
+
+
+def initial_params(b: Build, key: jax.Array) -> Staged:
+    """Every layer's initial variables, each device's computed and packed on
+    the default device and moved to its own: a layer with parameters runs its
+    init program with fold_in(key, i), so the values do not depend on K; a
+    layer that arrives with its values (NNX) is staged with them."""
+    specs, layers = b.code.plan.specs, b.code.model.layers
+
+    def variables(i: int) -> Any:
+        given = layers[i].initial_values()
+        if given is not None:
+            return given
+        if not jax.tree.leaves(specs[i].variables):
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), specs[i].variables)
+        return _layer_init(layers[i], specs[i])(key, i)
+
+    return stage_rows(b, variables)
+
+
+def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
+    """Layer i's variables, `variables(i)`, packed per device and placed on
+    the stage axis: one device's at a time, so the default device holds one
+    other stage's parameters at most; a process places those of its own devices."""
     plan, packing = b.code.plan, b.code.params
-    rows = [packing.pack(k, [variables[i] for i in plan.device_layers(k)]) for k in range(b.K)]
     placed = sharding(b.mesh, STAGED)
-    return Staged(tuple(jax.device_put(jnp.stack(slot), placed) for slot in zip(*rows)), packing)
+    where = {d: idx[0].start or 0 for d, idx in
+             placed.addressable_devices_indices_map((b.K, 1)).items()}
+    shards: dict[Any, list] = {}
+    for k in sorted(set(where.values())):
+        row = packing.pack(k, [variables(i) for i in plan.device_layers(k)])
+        for d in (d for d, dk in where.items() if dk == k):
+            shards[d] = [jax.device_put(buf[None], d) for buf in row]
+    return Staged(tuple(
+        jax.make_array_from_single_device_arrays(
+            (b.K, *shape), placed, [shards[d][n] for d in placed.addressable_devices])
+        for n, (_, shape) in enumerate(packing.slots)), packing)
 
 
 def check_params(b: Build, params: Any, where: str, replicated: bool = True) -> None:

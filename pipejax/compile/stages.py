@@ -68,7 +68,7 @@ class Feed(NamedTuple):
 
 
 class StageCode:
-    """The layers of each virtual stage as forward, backward and init branches.
+    """The layers of each virtual stage as forward and backward branches.
 
     `params` packs each device's variables, `acts` the boundary activations
     (boundary j carries virtual stage j's output to j + 1), `kept` the
@@ -90,9 +90,6 @@ class StageCode:
                                  order=[i for ls in layers for i in ls])
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
                                      _same_structure, share)
-        self.device_groups = self.groups if placement.virtual == 1 else StageGroups.by(
-            [(self.params.structure(k), [self._structure(j) for j in placement.device_chunks(k)])
-             for k in range(placement.stages)], _same_device, share)
         self.outputs = self._outputs()
         self.acts = Packing.of(self.outputs)
         kept = [self.residuals(j, model.remat) for j in self.groups.first]
@@ -255,9 +252,3 @@ def _same_structure(a: tuple, b: tuple) -> bool:
             and len(layers_a) == len(layers_b)
             and all(la.same(lb) and ia == ib and va == vb
                     for (la, ia, va), (lb, ib, vb) in zip(layers_a, layers_b)))
-
-
-def _same_device(a: tuple, b: tuple) -> bool:
-    """Whether two devices hold chunks of equal structure (their init branches are one)."""
-    return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
-        _same_structure(x, y) for x, y in zip(a[1], b[1]))

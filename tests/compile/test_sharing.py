@@ -36,7 +36,7 @@ def test_identical_middle_stages_share_a_branch_and_equal_sequential():
     ref_loss, ref_grads = sequential_value_and_grad(layers, 2)(pj.unstage(params), x, y, key)
     assert rel_err(loss, ref_loss) < 1e-5
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
-    # a shared init branch gives every layer its own key, as one stage does
+    # every layer initializes with its own key, as on one stage
     one = _pipe(layers, 1).init(jax.random.key(1))
     for a, b in zip(jax.tree.leaves(pj.unstage(params)), jax.tree.leaves(pj.unstage(one))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
