@@ -23,7 +23,7 @@ import optax
 from jax import lax
 
 from pipejax.errors import ConfigError
-from pipejax.layers import Layer, apply_layers, layer_key, layer_list
+from pipejax.layers import Layer, apply_layers, layer_list, layer_variables
 from pipejax.placement import Placement
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
@@ -79,7 +79,6 @@ class Simulation:
         # the programs that build a state, once too.
         object.__setattr__(self, "run", jax.jit(self._run))
         object.__setattr__(self, "_start", jax.jit(self._state))
-        object.__setattr__(self, "_layer_variables", jax.jit(self._variables))
 
     @property
     def delays(self) -> list[int]:
@@ -101,13 +100,12 @@ class Simulation:
         """Initial variables of every layer for inputs shaped like `example`
         (one micro-batch): layer i is initialized with fold_in(key, i), the
         values `pj.unstage(pipe.init(key))` gives for the same layers."""
-        return self._layer_variables(key, example)
-
-    def _variables(self, key: jax.Array, example: Any) -> list[dict]:
-        out, h = [], jax.tree.map(jnp.zeros_like, example)
+        out, h = [], jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)),
+                                  example)
         for i, layer in enumerate(self.layers):
-            out.append(layer.init(layer_key(key, i), h))
-            h = layer.apply(out[-1], h, None, train=False)
+            out.append(layer_variables(layer, h, key, i))
+            h = jax.eval_shape(lambda v, x, layer=layer: layer.apply(v, x, None, train=False),
+                               out[-1], h)
         return out
 
     def init(self, variables: Sequence[dict], key: jax.Array | None = None) -> SimState:

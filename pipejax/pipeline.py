@@ -85,6 +85,7 @@ class Pipeline:
             names = ", ".join(f"{s.index} ({s.name})" for s in keyed[:4])
             raise ConfigError(f"layers {names} are initialized from a key: pass pipe.init a key, "
                               "e.g. jax.random.key(0)")
+        self._check_variables(initial)
         return self.programs.init(jax.random.key(0) if key is None else key)
 
     def stage(self, variables: Sequence[dict]) -> Staged:
@@ -92,12 +93,19 @@ class Pipeline:
         if len(variables) != len(self.layers):
             raise ConfigError(f"got {len(variables)} variables dicts for {len(self.layers)} layers; "
                               "give one per layer, as pj.unstage returns them")
+        self._check_variables(variables)
+        return stage_rows(self.build, variables.__getitem__)
+
+    def _check_variables(self, variables: Sequence[Any]) -> None:
+        """Raise unless each given variables dict (None: not given) has the
+        structure, shapes and dtypes of its layer's when the pipeline was built."""
         for spec, v in zip(self.specs, variables):
+            if v is None:
+                continue
             want, got = _struct(spec.variables), _struct(v)
             if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
                 raise ConfigError(f"layer {spec.index} ({spec.name}) has variables {_describe(want)} "
                                   f"but was given {_describe(got)}")
-        return stage_rows(self.build, variables.__getitem__)
 
     # ------------------------------------------------------------- programs
     def value_and_grad(self, params: Staged, batch: tuple,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError, LayerError, PipejaxError
-from pipejax.layers import Layer, lasting, layer_list, remembered
+from pipejax.layers import Layer, lasting, layer_list, remembered, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +46,6 @@ class LayerSpec:
     def cost(self) -> float | None:
         """The cost the partitioner balances: measured time if any, else FLOPs."""
         return self.seconds if self.seconds is not None else self.flops
-
-
-def shapes(tree: Any) -> tuple:
-    """A tree's structure with the shape and dtype of every leaf, comparable with ==."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves)
 
 
 def nbytes(tree: Any) -> int:

@@ -6,7 +6,7 @@ data flows through them:
 
 - `programs`: the `Build` and the programs the facades need.
 - `build`: the `Build`, placement, stage code, schedule, layout and mesh side by side.
-- `stages`: stage k's code (forward, backward, init) as branch k of a switch.
+- `stages`: stage k's code (forward, backward) as branch k of a switch.
 - `residuals`: what a stage keeps from its forward to its backward.
 - `layout`: the packings and ring-buffer slots of a compiled pipeline, and their bytes.
 - `microbatch`: a batch checked and split into micro-batches.

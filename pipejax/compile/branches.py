@@ -2,9 +2,9 @@
 virtual stage runs, as the table interpreter calls it.
 
 Each function builds one branch per group of virtual stages of one
-structure (`StageCode.groups`), reading the stage's trees out of the packed slot buffers: the forward F, the
-fused backward BW, zero bubble's B and W (split.py), the last stage's fused
-forward and backward. A branch reads its
+structure (`StageCode.groups`), reading the stage's trees out of the packed
+slot buffers: the forward F, the fused backward BW, zero bubble's B and W
+(split.py), the last stage's fused forward and backward. A branch reads its
 chunk's part of its device's parameter tree and returns gradients for the
 whole device tree (its other chunks' slots zero).
 """

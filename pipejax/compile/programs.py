@@ -3,14 +3,15 @@
 `Pipeline` and `Trainer` import this module and nothing else of compile/.
 It checks a table the executor must run, makes the `Build` (the last stage's vjp
 seed, whether backwards are split into B and W) and compiles the programs
-on it: `pipeline_programs` (parameter init, value_and_grad) and
-`train_programs` (an optimizer's init, step and flush), each jitted,
-placed on the mesh and behind the CPU dispatch guard.
+on it: `pipeline_programs` (value_and_grad) and `train_programs` (an
+optimizer's init, step and flush), each jitted, placed on the mesh and
+behind the CPU dispatch guard. Parameters are initialized layer by layer
+(`initial_params`, each layer's own program) and placed by `stage_rows`.
 """
 
 from __future__ import annotations
 
-import collections
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -29,10 +30,9 @@ from pipejax.compile.spmd import REPLICATED, STAGED, per_replica, sharding
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.state import InFlight, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.layers import layer_key, remembered
+from pipejax.layers import layer_variables
 from pipejax.partition import Plan
 from pipejax.schedules import Op, Schedule
-from pipejax.trace import shapes
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
@@ -68,54 +68,40 @@ class PipelinePrograms(NamedTuple):
 def pipeline_programs(b: Build) -> PipelinePrograms:
     """The init and (synchronous tables) value_and_grad programs of `b`."""
     vg = guarded(jax.jit(synchronous.value_and_grad(b)), b.mesh) if b.schedule.synchronous else None
-    return PipelinePrograms(lambda key: initial_params(b, key), vg)
-
-
-# Each layer's init program (`remembered`): compiled once per process for
-# equal layers on equal input shapes, the layer's global index an argument,
-# so pipelines of the same layers at any K, schedule or mesh share them.
-_INITS: collections.deque = collections.deque(maxlen=256)
-
-
-def _layer_init(layer: Any, spec: Any) -> Callable[[jax.Array, int], Any]:
-    """(key, i) -> Flax's init of `layer` with fold_in(key, i) on zeros of its input."""
-    def layer_init(key: jax.Array, i: jax.Array) -> Any:
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec.input)
-        return layer.init(layer_key(key, i), zeros)
-    return remembered(_INITS, [layer], ("init", shapes(spec.input)), lambda: jax.jit(layer_init))
+    return PipelinePrograms(functools.partial(initial_params, b), vg)
 
 
 def initial_params(b: Build, key: jax.Array) -> Staged:
-    """Every layer's initial variables, each device's computed and packed on
-    the default device and moved to its own: a layer with parameters runs its
-    init program with fold_in(key, i), so the values do not depend on K; a
-    layer that arrives with its values (NNX) is staged with them."""
+    """Every layer's initial variables (`layer_variables`: linen layer i's
+    init with fold_in(key, i), so the values do not depend on K; an NNX
+    layer's own values), computed and packed one device at a time on this
+    process's default device and moved to that device."""
     specs, layers = b.code.plan.specs, b.code.model.layers
+    if len(key.sharding.device_set) > 1:  # a key placed over a mesh: each process inits on its own
+        key = key.addressable_shards[0].data
 
     def variables(i: int) -> Any:
-        given = layers[i].initial_values()
-        if given is not None:
-            return given
         if not jax.tree.leaves(specs[i].variables):
             return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), specs[i].variables)
-        return _layer_init(layers[i], specs[i])(key, i)
+        return layer_variables(layers[i], specs[i].input, key, i)
 
     return stage_rows(b, variables)
 
 
 def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
     """Layer i's variables, `variables(i)`, packed per device and placed on
-    the stage axis: one device's at a time, so the default device holds one
-    other stage's parameters at most; a process places those of its own devices."""
+    the stage axis, one device at a time: besides its own stage, the default
+    device holds one other device's variables and their packed copy at once.
+    A process places the rows of its own devices (every replica's)."""
     plan, packing = b.code.plan, b.code.params
     placed = sharding(b.mesh, STAGED)
     where = {d: idx[0].start or 0 for d, idx in
              placed.addressable_devices_indices_map((b.K, 1)).items()}
     shards: dict[Any, list] = {}
     for k in sorted(set(where.values())):
-        row = packing.pack(k, [variables(i) for i in plan.device_layers(k)])
+        row = [buf[None] for buf in packing.pack(k, [variables(i) for i in plan.device_layers(k)])]
         for d in (d for d, dk in where.items() if dk == k):
-            shards[d] = [jax.device_put(buf[None], d) for buf in row]
+            shards[d] = [jax.device_put(buf, d) for buf in row]
     return Staged(tuple(
         jax.make_array_from_single_device_arrays(
             (b.K, *shape), placed, [shards[d][n] for d in placed.addressable_devices])

@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from pipejax.errors import LayerError
 from pipejax.layers import nnx
@@ -87,6 +89,33 @@ def lasting(layers: Sequence[Layer]) -> bool:
     return all(layer.initial_values() is None for layer in layers)
 
 
+def shapes(tree: Any) -> tuple:
+    """A tree's structure with the shape and dtype of every leaf, comparable with ==."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves)
+
+
+# Each linen layer's init program (`remembered`; an NNX layer never reaches
+# it, its values come with it), for pipelines of the same layers at any K,
+# schedule or mesh and for the simulators.
+_INITS: collections.deque = collections.deque(maxlen=256)
+
+
+def layer_variables(layer: Layer, x: Any, key: jax.Array, index: int) -> Variables:
+    """Layer `index`'s initial variables for an input shaped like `x`: the
+    values it arrives with (NNX), else its init with fold_in(key, index) from
+    a program compiled once per process for equal layers on equal input
+    shapes (the index an argument)."""
+    given = layer.initial_values()
+    if given is not None:
+        return given
+
+    def layer_init(key: jax.Array, i: jax.Array) -> Variables:
+        return layer.init(layer_key(key, i), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), x))
+
+    return remembered(_INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))(key, index)
+
+
 def layer_key(key: jax.Array, index: int) -> jax.Array:
     """The key of layer `index` (global position in the list) for one micro-batch."""
     return jax.random.fold_in(key, index)
@@ -104,4 +133,4 @@ def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
 
 
 __all__ = ["FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables", "apply_layers",
-           "layer_key", "layer_list", "nnx"]
+           "layer_key", "layer_list", "layer_variables", "nnx", "shapes"]

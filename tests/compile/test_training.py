@@ -165,20 +165,25 @@ def test_a_layer_init_compiles_once_for_every_pipeline_of_equal_layers():
     input shapes at any K, schedule or position (the index is an argument);
     another input shape compiles its own."""
     inits = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda name, secs, fun_name="", **kw: inits.append(fun_name)
-        if name.endswith("backend_compile_duration") and "layer_init" in fun_name else None)
-    build = lambda stages, width=20, **kw: pj.pipeline(
-        [nn.Dense(12), nn.relu, nn.Dense(12), nn.Dense(10)], loss=pj.losses.cross_entropy,
+    listen = lambda name, secs, fun_name="", **kw: inits.append(fun_name) if (
+        name.endswith("backend_compile_duration") and "layer_init" in fun_name) else None
+    build = lambda stages, width=19, **kw: pj.pipeline(
+        [nn.Dense(11), nn.relu, nn.Dense(11), nn.Dense(10)], loss=pj.losses.cross_entropy,
         example=jnp.zeros((MB, width)), stages=stages, microbatches=2, **kw)
-    first = pj.unstage(build(1).init(jax.random.key(3)))
-    assert len(inits) <= 3  # Dense(12) on 20 and on 12 features, Dense(10): none if compiled before
-    before = len(inits)
-    chex.assert_trees_all_equal(pj.unstage(build(2, schedule="pb").init(jax.random.key(3))), first)
-    chex.assert_trees_all_equal(pj.unstage(build(4).init(jax.random.key(3))), first)
-    assert len(inits) == before
-    build(2, width=24).init(jax.random.key(3))
-    assert len(inits) == before + 1  # the first Dense(12) on 24 features
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        first = pj.unstage(build(1).init(jax.random.key(3)))
+        assert len(inits) <= 3  # Dense(11) on 19 and on 11 features, Dense(10) on 11
+        before = len(inits)
+        chex.assert_trees_all_equal(pj.unstage(build(2, schedule="pb").init(jax.random.key(3))),
+                                    first)
+        chex.assert_trees_all_equal(pj.unstage(build(4).init(jax.random.key(3))), first)
+        assert len(inits) == before
+        build(2, width=23).init(jax.random.key(3))
+        assert len(inits) == before + 1  # the first Dense(11), on 23 features
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
 
 def test_unstage_does_not_depend_on_the_number_of_stages():
     layers = heterogeneous_layers()

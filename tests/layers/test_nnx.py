@@ -135,6 +135,15 @@ def test_given_values_train_and_come_back_into_the_modules():
     assert pj.evaluator(model)(values, np.asarray(x), np.asarray(jnp.argmax(model(x), -1))) == 1.0
 
 
+def test_values_reshaped_after_the_pipeline_was_built_are_an_error():
+    layers = _mlp()
+    pipe = _pipe(layers, 2, 2)
+    layers[2].kernel = nnx.Param(jnp.zeros((16, 8)))
+    with pytest.raises(pj.errors.ConfigError, match=r"layer 2 \(Linear\) has variables .*16, 16.* "
+                                                    r"but was given .*16, 8"):
+        pipe.init()
+
+
 def test_checkpoint_round_trips_into_other_stages(tmp_path):
     layers = _mlp(seed=5)
     pipe4, pipe2 = _pipe(layers, 4, 2), _pipe(layers, 2, 2)
