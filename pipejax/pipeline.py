@@ -22,19 +22,14 @@ from pipejax.compile.programs import (Build, Model, PipelinePrograms, Staged, bu
                                       check_params, check_table, key_or_default, pipeline_programs,
                                       stage_rows)
 from pipejax.errors import ConfigError
-from pipejax.layers import Layer, layer_list
+from pipejax.layers import Layer, abstract, layer_list
 from pipejax.mesh import stage_mesh
 from pipejax.partition import make_plan
-from pipejax.placement import Placement
 from pipejax.schedules import Schedule, capacities, make_schedule, placement_for
 from pipejax.trace import LayerSpec, trace, trace_loss
 from pipejax.trainer import Trainer
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
-
-
-def _struct(tree: Any) -> Any:
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), tree)
 
 
 def _describe(tree: Any) -> str:
@@ -102,7 +97,7 @@ class Pipeline:
         for spec, v in zip(self.specs, variables):
             if v is None:
                 continue
-            want, got = _struct(spec.variables), _struct(v)
+            want, got = abstract(spec.variables), abstract(v)
             if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
                 raise ConfigError(f"layer {spec.index} ({spec.name}) has variables {_describe(want)} "
                                   f"but was given {_describe(got)}")
@@ -205,9 +200,9 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     check_table(table)
     checks.staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
-    example = _struct(example)
+    example = abstract(example)
     mb = jax.tree.leaves(example)[0].shape[0]
-    targets = _struct(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
+    targets = abstract(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
     in_flight = [capacities.in_flight(table, k) for k in range(stages)] if max_bytes else None

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError, LayerError, PipejaxError
-from pipejax.layers import Layer, lasting, layer_list, remembered, shapes
+from pipejax.layers import Layer, abstract, lasting, layer_list, remembered, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     layers = layer_list(layers)
     key = jax.random.key(0) if key is None else key
     key_struct = jax.eval_shape(lambda: key)
-    h = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), example)
+    h = abstract(example)
     specs = []
     measured: list = []  # this call's analyses of layers that hold values (NNX)
     timed: list = []  # cost="time": seconds measured once per kind of layer and input a call

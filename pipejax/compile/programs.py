@@ -82,7 +82,7 @@ def initial_params(b: Build, key: jax.Array) -> Staged:
 
     def variables(i: int) -> Any:
         if not jax.tree.leaves(specs[i].variables):
-            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), specs[i].variables)
+            return specs[i].variables  # no leaves: the empty tree itself
         return layer_variables(layers[i], specs[i].input, key, i)
 
     return stage_rows(b, variables)

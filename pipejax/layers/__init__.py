@@ -89,6 +89,11 @@ def lasting(layers: Sequence[Layer]) -> bool:
     return all(layer.initial_values() is None for layer in layers)
 
 
+def abstract(tree: Any) -> Any:
+    """A tree of arrays (or numbers) as `ShapeDtypeStruct`s."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), tree)
+
+
 def shapes(tree: Any) -> tuple:
     """A tree's structure with the shape and dtype of every leaf, comparable with ==."""
     leaves, treedef = jax.tree.flatten(tree)
@@ -132,5 +137,5 @@ def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
     return h
 
 
-__all__ = ["FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables", "apply_layers",
-           "layer_key", "layer_list", "layer_variables", "nnx", "shapes"]
+__all__ = ["FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables", "abstract",
+           "apply_layers", "layer_key", "layer_list", "layer_variables", "nnx", "shapes"]
