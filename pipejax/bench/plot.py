@@ -9,9 +9,10 @@ import numpy as np
 from pipejax.bench.bubbles import bubble_formula
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path) -> bool:
     """One PNG: compiled against predicted memory, compile time against
-    depth (shared and per-stage branches), and the bubble against M."""
+    depth (shared and per-stage branches), and the bubble against M; False
+    when `results` has none of them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +20,7 @@ def plot(results: dict, path: Path) -> None:
 
     panels = [p for p in ("memory", "compile", "bubbles") if p in results]
     if not panels:
-        return
+        return False
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         if panel == "memory":
@@ -54,3 +55,4 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -12,20 +12,22 @@ import optax
 
 import pipejax as pj
 from pipejax.bench.machine import CLASSES, FEATURES, batch
+from pipejax.compile.precision import cast_floating, compute_weights
+from pipejax.layers import layer_list
 
-# Dense peak FLOP/s of one device for the dtype the model computes in (float32
-# matmuls run as TF32 on these GPUs under JAX's default precision).
-PEAK_FLOPS = {"H100": 494.7e12, "H200": 494.7e12, "A100": 156e12}
-
-
-def alternate(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, np.ndarray]:
+def alternate(runs: dict[str, Callable[[], None]], repeats: int,
+              deadline: float | None = None) -> dict[str, np.ndarray]:
     """Seconds of each run, called in turn `repeats` times (the machine's
-    drifts hit every run alike); three warm-up rounds first."""
+    drifts hit every run alike); three warm-up rounds first. With a
+    `deadline` (a `time.perf_counter()` value) the rounds stop once it has
+    passed, after three at least."""
     for _ in range(3):
         for run in runs.values():
             run()
     times = {name: [] for name in runs}
-    for _ in range(repeats):
+    for i in range(repeats):
+        if deadline is not None and i >= 3 and time.perf_counter() > deadline:
+            break
         for name, run in runs.items():
             start = time.perf_counter()
             run()
@@ -33,15 +35,25 @@ def alternate(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, np
     return {name: np.asarray(t) for name, t in times.items()}
 
 
-def _plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
-                 names: tuple[str, ...]) -> dict[str, Callable]:
-    """Plain jits `(v, s, x, y) -> (v, s, loss)` of the model and optimizer:
-    `plain_microbatched` sums the gradients of M micro-batches in a
+def plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
+                names: tuple[str, ...], loss_fn: Callable = pj.losses.cross_entropy,
+                compute_dtype: Any = None) -> dict[str, Callable]:
+    """Plain steps `(v, s, x, y) -> (v, s, loss)` of the model and optimizer,
+    to jit: `plain_microbatched` sums the gradients of M micro-batches in a
     `lax.scan`, then updates once; `plain_full_batch` updates once on the
     whole batch; `plain_per_microbatch` updates after every micro-batch in
-    the scan (what an asynchronous table runs at K = 1, delay 0)."""
+    the scan (what an asynchronous table runs at K = 1, delay 0). With a
+    `compute_dtype` the layers compute as a pipeline stage does
+    (compile/precision.py): float32 weights and inputs cast to it, the
+    outputs cast back to float32 before `loss_fn`."""
+    wrapped = layer_list(layers)
+
     def loss(v, x, y):
-        return pj.losses.cross_entropy(pj.apply_layers(layers, v, x), y)
+        if compute_dtype is None:
+            return loss_fn(pj.apply_layers(wrapped, v, x), y)
+        out = pj.apply_layers(wrapped, compute_weights(wrapped, v, compute_dtype),
+                              cast_floating(x, compute_dtype))
+        return loss_fn(cast_floating(out, jnp.float32), y)
 
     def update(v, s, g):
         u, s = opt.update(g, s, v)
@@ -70,7 +82,7 @@ def _plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
 
     steps = {"plain_microbatched": microbatched, "plain_full_batch": full_batch,
              "plain_per_microbatch": per_microbatch}
-    return {name: jax.jit(steps[name]) for name in names}
+    return {name: steps[name] for name in names}
 
 
 def _compare(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
@@ -88,7 +100,7 @@ def _compare(layers: list, example: jax.Array, M: int, opt: optax.GradientTransf
         trainers[name] = pipe.trainer(opt)
         held[name] = trainers[name].init(params)
     variables = pj.unstage(params)
-    steps = _plain_steps(layers, M, opt, plain)
+    steps = {n: jax.jit(f) for n, f in plain_steps(layers, M, opt, plain).items()}
     held.update({n: (variables, opt.init(variables)) for n in steps})
 
     def runner(name):
@@ -141,7 +153,6 @@ def cost(compiled) -> dict:
 
 
 # The K = 1 comparisons on a CPU: name -> (layers, one micro-batch of inputs, optimizer).
-# The Transformer is the GPU section's architecture at a size a CPU steps in 0.5 s.
 CPU_MODELS = {
     "MLP 8x512, B=256, M=4": (lambda: pj.models.mlp(depth=8, width=512, classes=CLASSES),
                               (64, FEATURES), lambda: optax.sgd(0.01, momentum=0.9)),
@@ -195,30 +206,4 @@ def asynchronous(repeats: int) -> list[dict]:
                          "over_plain": round(float(np.median(t[name] / t[plain])), 3),
                          "bytes_over_plain": round(accessed[name] / accessed[plain], 3),
                          "temp_bytes": temp[name], "plain_temp_bytes": temp[plain]})
-    return rows
-
-
-def gpu(repeats: int) -> list[dict]:
-    """A Transformer of 8 blocks, width 1024 at K = 1 against plain jit, with
-    the residuals kept (remat none: the same work as plain jit) and recomputed."""
-    kind = jax.devices()[0].device_kind
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
-    layers = pj.models.transformer(layers=8, dim=1024, heads=16, classes=CLASSES, patch=4)
-    example = jnp.zeros((32, 256))  # 32 signals of 256 samples: 64 tokens each
-    rows = []
-    for remat in ("none", "stage"):
-        out = step_times(layers, example, 4, optax.adam(1e-4), repeats, remat)
-        for name, seconds in out["seconds"].items():
-            if remat == "stage" and name != "pipelined":
-                continue  # the plain steps again, for the ratio of this round
-            achieved = out["flops_per_step"] / seconds
-            rows.append({"step": name + (f" remat={remat}" if name == "pipelined" else ""),
-                         "ms": round(1e3 * seconds, 2),
-                         "examples_per_s": round(out["examples"] / seconds, 1),
-                         "model_tflops": round(achieved / 1e12, 1),
-                         "mfu": None if peak is None else round(achieved / peak, 4),
-                         "over_plain_microbatched": round(
-                             out["over_microbatched"] if name == "pipelined"
-                             else seconds / out["seconds"]["plain_microbatched"], 3),
-                         "gb_accessed": round(out["bytes_accessed"][name] / 1e9, 1)})
     return rows

@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipejax.cli.machine import machine_rates
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
 from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, build_layers,
@@ -174,10 +175,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="with --search: the asynchronous update's own rate (with --momentum)")
     plan.add_argument("--momentum", type=float, default=0.0,
                       help="with --search and --lr: the update's momentum")
-    plan.add_argument("--machine", default=None, metavar="FLOPS,BYTES/S,SECONDS[,HOST]",
+    plan.add_argument("--machine", default=None, metavar="FLOPS,BYTES/S,SECONDS[,HOST] | JSON",
                       help="with --search: a device's FLOP/s, the link's bytes/s, a tick's fixed "
                            "seconds and, for devices sharing one processor (simulated CPU "
-                           "devices), its FLOP/s (default 50e12,50e9,20e-6: a GPU)")
+                           "devices), its FLOP/s (default 50e12,50e9,20e-6: a GPU); or the "
+                           "bench_gpu.json of `make gpu`, for the device rate it measured")
     plan.add_argument("--pick", type=int, default=None, metavar="N",
                       help="with --search: build candidate N and print its plan and schedule")
     return p
@@ -223,9 +225,7 @@ def search(args) -> bool:
                           0, kwargs)
     reference = args.reference and parse_numbers(args.reference, "--reference", (3,),
                                                  "0.1,0.9,128")
-    rates = args.machine and parse_numbers(args.machine, "--machine", (3, 4), "50e12,50e9,20e-6")
-    machine = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops"),
-                       rates or ()))
+    machine = machine_rates(args.machine, args.compute_dtype or "float32")
     ranked = planner.search(
         layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
         targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
