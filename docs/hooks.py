@@ -1,6 +1,7 @@
 """mkdocs hooks: the benchmark figures under figures/, the tables a
-benchmark renders from its JSON, and the CLI reference rendered from
-pipejax's own argument parsers: what the pages show cannot drift from them.
+benchmark renders from its JSON, the schedule families and the CLI
+reference rendered from pipejax's own registry and argument parsers: what
+the pages show cannot drift from them.
 
 The README, which GitHub shows as it is on disk, holds its figures between
 `<!-- from: SCRIPT.NAME -->` and `<!-- end -->`; `python docs/hooks.py`
@@ -20,6 +21,7 @@ import textwrap
 BENCHMARKS = pathlib.Path(__file__).parents[1] / "benchmarks"
 FIGURES = BENCHMARKS / "results"
 CLI_MARK = "<!-- the argument parsers' help, one section a command -->"
+FAMILIES_MARK = "<!-- the schedule families -->"
 TABLE_MARK = re.compile(r"<!-- table: (\w+)\.(\w+) -->")  # benchmarks/<script>.py's tables()[name]
 README = BENCHMARKS.parent / "README.md"
 README_MARK = re.compile(r"<!-- from: (\w+)\.(\w+) -->(\s*)(.*?)(\s*)<!-- end -->", re.S)
@@ -48,6 +50,20 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
+def families_table() -> str:
+    """`pj.schedules.FAMILIES` as a markdown table, a row a family."""
+    from pipejax.schedules import FAMILIES
+
+    rows = ["| family | placement | virtual (default) | asynchronous | searched (v) |",
+            "| --- | --- | --- | --- | --- |"]
+    for name, f in FAMILIES.items():
+        allowed = "any" if f.virtuals is None else ", ".join(map(str, f.virtuals))
+        rows.append(f"| `{name}` | {f.placement} | {allowed} ({f.virtual}) | "
+                    f"{'yes' if f.asynchronous else 'no'} | "
+                    f"{f'yes ({f.search_virtual})' if f.searched else 'by name'} |")
+    return "\n".join(rows)
+
+
 @functools.cache
 def benchmark_tables(script: str) -> dict[str, str]:
     """`tables()` of benchmarks/<script>.py: its markdown tables, read from its JSON."""
@@ -62,6 +78,8 @@ def on_page_markdown(markdown, page, config, files):
     """Fill the marks: the CLI page's with the parsers' help, a table's with
     the benchmark's table."""
     markdown = TABLE_MARK.sub(lambda m: benchmark_tables(m[1])[m[2]], markdown)
+    markdown = markdown.replace(FAMILIES_MARK, families_table()) if FAMILIES_MARK in markdown \
+        else markdown
     return markdown.replace(CLI_MARK, cli_reference()) if CLI_MARK in markdown else markdown
 
 

@@ -175,8 +175,9 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
         (e.g. `pj.transforms.mitigation(...).optimizer`).
       split: layer counts per stage (`pipe.plan.split`), or a number of
         stages K for counts as equal as possible.
-      delays: "pb" | "pipedream" | a `Schedule` (per-stage delays and SpecTrain
-        horizons from its table) | one delay D for every stage | D_k per stage.
+      delays: a family's name ("pb", "pipedream", `pj.schedules.FAMILIES`) or a
+        `Schedule` (per-stage delays and SpecTrain horizons from its table) |
+        one delay D for every stage | D_k per stage.
       consistent: the backward uses the forward's weights (weight stashing).
 
     Returns:

@@ -146,11 +146,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       stages: K, pipeline stages, one device each.
       microbatches: M, micro-batches per step; a batch stacks M of them.
       targets: ONE micro-batch of targets; default integer class labels `[mb]`.
-      schedule: "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "zb-h2" (synchronous,
-        loop placement) | "zb-v" | "dualpipev" (synchronous, V placement) |
-        "pipedream" | "pb" (asynchronous) | a `pj.Schedule` table (built,
-        or read with `pj.Schedule.from_csv`: it brings its own virtual and
-        placement).
+      schedule: a family's name (`pj.schedules.FAMILIES`: "gpipe", "1f1b",
+        "interleaved", "zb-h1", ... and any `pj.schedules.register`ed; each
+        says its placement, virtual stages and whether it is asynchronous)
+        | a `pj.Schedule` table (built, or read with `pj.Schedule.from_csv`:
+        it brings its own virtual and placement).
       partition: "variance" (GPipe: min Σ_k C_k²) | "bottleneck" (PipeDream:
         min max_k C_k) | a list of layer counts per (virtual) stage.
       remat: "stage" (keep stage inputs only, recompute the forward in the
@@ -181,11 +181,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         Narayanan et al. 2021): the list is split into K·v chunks; a
         micro-batch visits the devices v times and the fill/drain bubble
         shrinks to (K−1)/(v·M+K−1). Synchronous schedules only. Default:
-        the table's (a `pj.Schedule`), 2 for "zb-v" and "dualpipev", else 1.
+        the table's (a `pj.Schedule`), else the family's `virtual`.
       placement: which chunks a device holds (`pj.Placement`): "loop" (device
-        k holds chunks k, k + K, ...; the default) or "v" (chunks k and
-        2K − 1 − k: the first and last chunks share device 0; the default of
-        "zb-v" and "dualpipev", the only one they run).
+        k holds chunks k, k + K, ...) or "v" (chunks k and 2K − 1 − k: the
+        first and last chunks share device 0). Default: the table's, else
+        the family's, the only one it runs.
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,

@@ -42,7 +42,7 @@ from pipejax.errors import ConfigError, DeviceError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
 from pipejax.pipeline import Pipeline, pipeline
-from pipejax.schedules import ASYNCHRONOUS, NAMES, Op, Schedule
+from pipejax.schedules import FAMILIES, Op, Schedule, names
 from pipejax.schedules.bubbles import table_bubble_fraction
 
 # Up to this delay in effective steps an asynchronous pipeline with LWP_D +
@@ -59,7 +59,6 @@ from pipejax.schedules.bubbles import table_bubble_fraction
 # bounds the delay from above: delayed momentum SGD diverges along a
 # direction of curvature λ once ηλ/(1 − m)·D passes about 1.
 STABLE_DELAY = 0.35
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "pipedream", "pb")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +185,8 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
       learning_rate, momentum: the asynchronous update's own rate and
         momentum, or reference=(η, m, B): a synchronous recipe at batch B
         moved to the micro-batch by eq. 9 (Kosson et al. 2020).
-      schedules: names (default `SCHEDULES`); "interleaved", "zb-v" and
-        "dualpipev" run v = 2 (the V schedules on their V placement).
+      schedules: family names (default: the families marked `searched`),
+        each built with its family's `search_virtual` chunks per device.
       microbatches: the M to try (default: K·2^i dividing a replica's batch, up to 4 of them).
       remat, compute_dtypes: the settings to try; partition: as `pj.pipeline`.
       optimizer: whose state the memory counts (default SGD with momentum).
@@ -198,10 +197,10 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
     """
     if devices < 1 or batch < 1:
         raise ConfigError(f"devices={devices}, batch={batch}; both must be positive")
-    unknown = [n for n in schedules or () if n not in NAMES]
+    unknown = [n for n in schedules or () if n not in FAMILIES]
     if unknown or not set(remat) <= {"stage", "none"}:
         raise ConfigError(f"search over schedules {unknown or list(schedules)}, remat "
-                          f"{list(remat)}: use schedules from {', '.join(NAMES)} and remat "
+                          f"{list(remat)}: use schedules from {', '.join(names())} and remat "
                           f"'stage' or 'none'")
     Ks = list(stages or [k for k in _divisors(devices) if k <= len(layers)])
     for K in Ks:
@@ -221,11 +220,12 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
         per_replica = batch // R
         Ms = microbatches or [m for m in (K * 2 ** i for i in range(8))
                               if m <= per_replica and per_replica % m == 0][:4]
-        for M, name, rm, dtype in itertools.product(Ms, schedules or SCHEDULES, remat,
+        searched = [n for n, f in FAMILIES.items() if f.searched]
+        for M, name, rm, dtype in itertools.product(Ms, schedules or searched, remat,
                                                     compute_dtypes):
             if per_replica % M:
                 continue
-            v = 2 if name in ("interleaved", "zb-v", "dualpipev") else 1
+            v = FAMILIES[name].search_virtual
             mb = per_replica // M
             stack = lambda a: jnp.zeros((mb, *np.shape(a)), jnp.result_type(a))
             try:
@@ -259,7 +259,7 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
     shared = None if host_flops is None else host_flops / R  # the R replicas share it too
     step = step_seconds(schedule, costs, device_flops, message + tick_seconds, shared)
-    step += allreduce * (schedule.ticks if name in ASYNCHRONOUS else 1)
+    step += allreduce * (schedule.ticks if schedule.asynchronous else 1)
     update = mb * R  # an asynchronous update averages one micro-batch of each replica
     delay = effective_delay(schedule, update, learning_rate, momentum, reference)
     return Candidate(

@@ -19,7 +19,7 @@ from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, build_layer
                               make_pipeline, model_kwargs, parse_numbers, partition_arg,
                               resolve_batch_size, setup_devices)
 from pipejax.cli.tasks import load_task
-from pipejax.schedules import NAMES, plot, render
+from pipejax.schedules import FAMILIES, names, plot, render
 from pipejax.cli.train import train
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
@@ -49,16 +49,17 @@ def _parser() -> argparse.ArgumentParser:
                        help="examples per micro-batch: the update size of an asynchronous "
                             "schedule (Kosson et al. train at 1); sets --batch-size")
         q.add_argument("--schedule", default="gpipe", type=schedule_name, metavar="NAME|CSV",
-                       help=f"one of {', '.join(NAMES)}, or a path to a table in torch's "
+                       help=f"one of {', '.join(names())}, or a path to a table in torch's "
                             "CSV (torch.distributed.pipelining's _dump_csv), which brings its "
                             "own --virtual and --placement")
+        on_v = [n for n, f in FAMILIES.items() if f.placement == "v"]
         q.add_argument("--virtual", type=int, default=None, metavar="V",
-                       help="model chunks per device (virtual stages; default 1, 2 for zb-v "
-                            "and dualpipev); with gpipe, interleaved, zb-h1, zb-h2, zb-v, "
-                            "dualpipev")
+                       help="model chunks per device (virtual stages; default 1, 2 for "
+                            f"{', '.join(on_v)}); with "
+                            + ", ".join(n for n, f in FAMILIES.items() if f.virtuals != (1,)))
         q.add_argument("--placement", default=None, choices=["loop", "v"],
                        help="which chunks a device holds: loop (k, k + K, ...; default) or v "
-                            "(k and 2K − 1 − k; the default and only one of zb-v, dualpipev)")
+                            f"(k and 2K − 1 − k; the default and only one of {', '.join(on_v)})")
         q.add_argument("--partition", default="variance",
                        help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
         q.add_argument("--remat", default="stage", choices=["none", "stage"])

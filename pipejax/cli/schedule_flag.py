@@ -1,18 +1,18 @@
-"""--schedule: a schedule's name (`pj.schedules.NAMES`), or a table in torch's CSV."""
+"""--schedule: a schedule family's name (`pj.schedules.FAMILIES`), or a table in torch's CSV."""
 
 from __future__ import annotations
 
 import argparse
 
 import pipejax as pj
-from pipejax.schedules import ASYNCHRONOUS, NAMES
+from pipejax.schedules import FAMILIES, names
 
 
 def schedule_name(value: str) -> str:
-    """--schedule: a schedule's name or a path to torch's CSV."""
-    if value not in NAMES and not value.endswith(".csv"):
+    """--schedule: a family's name or a path to torch's CSV."""
+    if value not in FAMILIES and not value.endswith(".csv"):
         raise argparse.ArgumentTypeError(f"unknown schedule {value!r}; use one of "
-                                         f"{', '.join(NAMES)} or a path to a .csv table")
+                                         f"{', '.join(names())} or a path to a .csv table")
     return value
 
 
@@ -25,5 +25,7 @@ def schedule_arg(args) -> str | pj.Schedule:
 
 
 def synchronous(args) -> bool:
-    """Whether --schedule updates once per step (every table but pipedream's and pb's)."""
-    return args.schedule not in ASYNCHRONOUS
+    """Whether --schedule updates once per step: its family's fact, or its table's."""
+    schedule = schedule_arg(args)
+    return schedule.synchronous if isinstance(schedule, pj.Schedule) else \
+        not FAMILIES[schedule].asynchronous

@@ -52,7 +52,7 @@ def check_tasks(name: str, table: np.ndarray, placement: Placement, asynchronous
             f"schedule {name!r}: an asynchronous table with virtual stages is not run: "
             "each stage updates its weights after every backward, and with v chunks a device "
             "would hold v optimizer stages with delays of their own, while the per-stage "
-            "optimizers are one per device; use virtual=1 with 'pb' and 'pipedream'")
+            "optimizers are one per device; use virtual=1 for an asynchronous table")
     if placement.stages != table.shape[1]:
         raise ScheduleError(f"schedule {name!r}: the table has {table.shape[1]} stages "
                             f"but its placement {placement.stages}; give "

@@ -1,0 +1,135 @@
+"""Schedule families: what a schedule's name means, in one registry.
+
+A `Family` is a named way to build tables for any K devices and M
+micro-batches, with the facts everything else reads off the name: the
+placement it runs on, the virtual stages it takes (and why it refuses
+others), whether it is asynchronous, and what `pj.search` tries. As torch's
+schedule classes (`ScheduleGPipe`, `ScheduleInterleaved1F1B`) and JaxPP's
+schedule objects, a family is an object, not a string compared in many
+places: `make_schedule`, `placement_for`, `pj.search`'s candidates, the CLI's
+choices and `pj.simulate`'s `delays=` all read `FAMILIES`, and `register`
+adds a user's own:
+
+    mine = dataclasses.replace(pj.schedules.FAMILIES["gpipe"], name="mine")
+    pj.schedules.register(mine)
+    pj.pipeline(layers, ..., schedule="mine")  # its tables are named "mine"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from pipejax.errors import ConfigError, ScheduleError
+from pipejax.schedules.asynchronous import pb, pipedream
+from pipejax.schedules.interleaved import gpipe_virtual, interleaved
+from pipejax.schedules.schedule import Schedule
+from pipejax.schedules.synchronous import gpipe, one_f_one_b
+from pipejax.schedules.v_shape import dualpipev, zb_v
+from pipejax.schedules.zero_bubble import zb_h1, zb_h2
+
+Builder = Callable[[int, int, int], Schedule]  # (K, M, v) -> table
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A schedule family: its name, how its tables are built, and what it is.
+
+    Attributes:
+      name: what `pj.pipeline(schedule=...)`, the CLI and checkpoints call it;
+        its tables carry it.
+      build: `(K, M, v) -> Schedule` for K devices, M micro-batches and v
+        chunks per device (one of `virtuals`).
+      placement: "loop" (chunk c of device k is virtual stage c·K + k) or "v"
+        (two chunks per device in a V).
+      virtual: the chunks per device when none is given.
+      virtuals: the chunks per device it runs; None for any.
+      refusal: why it does not run the others (said in the error).
+      asynchronous: its tables never drain and each stage updates after
+        every backward (schedule.py); the build must agree.
+      searched: `pj.search` tries it unless told which to try.
+      search_virtual: the chunks per device `pj.search` builds it with.
+    """
+
+    name: str
+    build: Builder
+    placement: str = "loop"
+    virtual: int = 1
+    virtuals: tuple[int, ...] | None = None
+    refusal: str = ""
+    asynchronous: bool = False
+    searched: bool = True
+    search_virtual: int = 1
+
+    def runs(self) -> str:
+        """The placement it runs on, as the pipeline's arguments say it."""
+        return (f"placement={self.placement!r}" if self.placement == "loop"
+                else f"placement={self.placement!r} with virtual={self.virtual}")
+
+    def table(self, K: int, M: int, v: int) -> Schedule:
+        """Its table for K devices, M micro-batches and v chunks per device
+        (checked against `virtuals`), named after the family."""
+        if self.virtuals is not None and v not in self.virtuals:
+            others = sorted(n for n, f in FAMILIES.items()
+                            if f.virtuals is None and f.placement == self.placement)
+            raise ConfigError(f"schedule {self.name!r} does not run virtual={v}: "
+                              f"{self.refusal}; use virtual={self.virtual}, or one of {others}")
+        table = self.build(K, M, v)
+        if table.asynchronous != self.asynchronous:
+            raise ScheduleError(f"schedule family {self.name!r} says asynchronous="
+                                f"{self.asynchronous}, but its build made a table with "
+                                f"asynchronous={table.asynchronous}; make them agree")
+        return table if table.name == self.name else dataclasses.replace(table, name=self.name)
+
+
+def _one_layout(build: Callable[[int, int], Schedule]) -> Builder:
+    """A builder of one table per (K, M): `virtuals` names the v it takes."""
+    return lambda K, M, v: build(K, M)
+
+
+_ONE_CHUNK = ("asynchronous tables run one chunk per device: each stage updates its weights "
+              "after every backward, and with v chunks a device would hold v optimizer stages "
+              "with delays of their own, while the per-stage optimizers are one per device")
+
+FAMILIES: dict[str, Family] = {family.name: family for family in (  # every schedule by name
+    Family("gpipe", lambda K, M, v: gpipe(K, M) if v == 1 else gpipe_virtual(K, M, v)),
+    Family("1f1b", _one_layout(one_f_one_b), virtuals=(1,),
+           refusal="1F1B over virtual stages is 'interleaved'"),
+    # Interleaving pays only with chunks to interleave: pj.search builds it at v = 2.
+    Family("interleaved", interleaved, search_virtual=2),
+    Family("zb-h1", zb_h1),
+    Family("zb-h2", zb_h2, searched=False),
+    Family("zb-v", _one_layout(zb_v), placement="v", virtual=2, virtuals=(2,),
+           refusal="the V places two chunks per device", searched=False, search_virtual=2),
+    Family("dualpipev", _one_layout(dualpipev), placement="v", virtual=2, virtuals=(2,),
+           refusal="the V places two chunks per device", searched=False, search_virtual=2),
+    Family("pipedream", _one_layout(pipedream), virtuals=(1,), refusal=_ONE_CHUNK,
+           asynchronous=True),
+    Family("pb", _one_layout(pb), virtuals=(1,),
+           refusal="asynchronous tables run one chunk per device (see 'pipedream')",
+           asynchronous=True))}
+
+
+def register(family: Family) -> Family:
+    """Add `family` to `FAMILIES` (a user's own, or one replaced by its name)."""
+    if not isinstance(family, Family):
+        raise ConfigError(f"register takes a pj.schedules.Family, not {type(family).__name__}; "
+                          "build one with dataclasses.replace(FAMILIES['gpipe'], name=...)")
+    if family.placement not in ("loop", "v"):
+        raise ConfigError(f"family {family.name!r}: placement {family.placement!r}; use 'loop' "
+                          "or 'v'")
+    FAMILIES[family.name] = family
+    return family
+
+
+def names() -> list[str]:
+    """Every family's name, sorted."""
+    return sorted(FAMILIES)
+
+
+def family(name: str) -> Family:
+    """The family called `name`, or a clear error naming the others."""
+    if name not in FAMILIES:
+        raise ConfigError(f"unknown schedule {name!r}; use one of {names()} "
+                          "or a pipejax.schedules.Schedule")
+    return FAMILIES[name]
