@@ -89,8 +89,8 @@ def signed(value: float, spec: str) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """Rows of equal keys as a markdown table, a column a key."""
-    keys = list(rows[0])
+    """Rows as a markdown table, a column a key of any row."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     cell = lambda v: "–" if v is None else str(v)
     return "\n".join(["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys),
                       *("| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows)])

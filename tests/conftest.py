@@ -1,6 +1,7 @@
 """Tests run on a real mesh of 8 simulated CPU devices (set before JAX starts)."""
 
 import os
+from importlib.metadata import version
 
 # XLA's CPU backend compiles each kernel through LLVM, and the tests compile
 # hundreds of small programs that run a few times each: LLVM's optimizations
@@ -10,8 +11,6 @@ import os
 # two cores do not have (a zero-bubble trainer test: 14.2 s -> 12.1 s without
 # the emitters; the suite's XLA compile time 285 s -> 262 s in one part).
 # jaxlib 0.11's XLA has no fusion-emitter flag and aborts on a flag it does not know.
-from importlib.metadata import version
-
 JAXLIB = tuple(int(p) for p in version("jaxlib").split(".")[:2])
 EMITTERS = "" if JAXLIB >= (0, 11) else " --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

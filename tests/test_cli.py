@@ -236,17 +236,19 @@ def test_bench_writes_its_tables_and_json(tmp_path, capsys):
 def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     """The GPU section's code path on a tiny GPT: every row built, run and
     timed (no error), K = 2 on two of the CPU devices; no peak on a CPU."""
-    from pipejax.bench.gpu import ASYNCHRONOUS, SYNCHRONOUS
-
     out = tmp_path / "gpu.json"
-    assert main(["bench", "--only", "gpu", "--smoke", "--out", str(out)]) == 0
+    assert main(["bench", "--smoke", "--out", str(out)]) == 0
     section = json.loads(out.read_text())["gpu"]
-    rows = section["bfloat16"]
-    assert [r["step"] for r in rows] == [*SYNCHRONOUS, *ASYNCHRONOUS, "1f1b K=2"]
+    rows = {r["step"]: r for r in section["bfloat16"]}
+    assert list(rows) == ["plain jit", "1f1b remat=none", "1f1b remat=stage", "1f1b K=2",
+                          "gpipe remat=none", "gpipe remat=stage", "plain jit per micro-batch",
+                          "pb"]
     assert all("error" not in r and r["ms"] > 0 and r["tokens_per_s"] > 0 and r["rounds"] >= 2
-               and {"gb_accessed", "peak_gb", "compile_s"} <= set(r) for r in rows), rows
+               and {"gb_accessed", "peak_gb", "compile_s"} <= set(r) for r in rows.values())
+    assert rows["pb"]["over_plain"] > 0 and "over_plain" not in rows["1f1b K=2"]
     assert section["flops_per_step"] > 0 and section["peaks"]["bfloat16"] is None
-    assert {r["mfu"] for r in rows} == {None}
+    assert {r["mfu"] for r in rows.values()} == {None}
+    assert rows["1f1b remat=none"]["bytes_over_plain"] > 0
     assert "1f1b remat=none" in capsys.readouterr().out
 
 
@@ -259,10 +261,14 @@ def test_machine_reads_the_device_rate_a_gpu_bench_measured(tmp_path, capsys):
     path.write_text(json.dumps({"gpu": {"device_kind": "NVIDIA H100", "bfloat16": rows}}))
     assert machine_rates(str(path), "bfloat16") == {"device_flops": 196.4e12}
     assert "one GPU has no link to measure" in capsys.readouterr().out
-    with pytest.raises(pj.errors.ConfigError, match="no measured plain jit in float32"):
+    with pytest.raises(pj.errors.ConfigError, match="no measured plain jit in float32 \\(its "
+                                                    "dtypes: \\['bfloat16'\\]\\)"):
         machine_rates(str(path), "float32")
-    with pytest.raises(pj.errors.ConfigError, match="cannot read it as JSON"):
+    with pytest.raises(pj.errors.ConfigError, match="not the JSON of a GPU bench"):
         machine_rates(str(tmp_path / "missing.json"), "bfloat16")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(pj.errors.ConfigError, match="not the JSON of a GPU bench"):
+        machine_rates(str(tmp_path / "list.json"), "bfloat16")
 
 
 def test_bench_gpu_without_a_gpu_says_so(capsys):

@@ -1,25 +1,33 @@
 """The GPU section: the zoo GPT's training step on an accelerator, pipelined
 and as a plain `jax.jit`, in bf16 (float32 master weights) and float32.
 
-Rows, all of one compute dtype alternated in one process (`alternate`):
-  plain jit            the layer list's loss and AdamW update in one `jax.jit`,
-                       the gradients of M micro-batches summed in a `lax.scan`,
-                       weights cast as a pipeline stage casts them: the limit;
-  gpipe / 1f1b K = 1   the pipelined step on one device, remat "none" and "stage";
-  plain per-mb         a plain jit that updates after every micro-batch, and
-  pb K = 1             pipelined backpropagation on one device (delay 0: the
-                       same updates);
-  1f1b K = 2, 4, 8     when the machine has that many devices (M = 2K).
-Per row: the median step time, tokens/s, model FLOP utilisation against the
-device's dense peak for the compute dtype (`PEAKS`), XLA's bytes accessed,
-the compiled peak memory (arguments + outputs - donated + temp) and the
-compile time. The model's FLOPs are `pj.trace`'s count (XLA's CPU cost
-analysis of each layer's forward and backward; a GPU's analysis leaves out
-the matrix products, which are library calls there).
+Rows, all of one compute dtype alternated in one process (`alternate`), in
+the order they are compiled (a budget that runs out leaves out the last):
+  plain jit                  the layer list's loss and AdamW update in one
+                             `jax.jit`, the gradients of M micro-batches
+                             summed in a `lax.scan`, weights cast as a
+                             pipeline stage casts them: the limit;
+  1f1b K = 1                 the pipelined step on one device, remat "none"
+                             and "stage";
+  1f1b K = 2, 4, 8           where the machine has the devices (M = 2K);
+  gpipe K = 1                remat "none" and "stage";
+  plain jit per micro-batch  a plain jit that updates after every
+                             micro-batch, the limit of
+  pb                         pipelined backpropagation on one device (delay
+                             0: the same updates).
+Per row: the median step time, tokens/s, model FLOP utilisation per device
+against its dense peak for the compute dtype (`PEAKS`), XLA's bytes
+accessed, the compiled peak memory (arguments + outputs − donated + temp)
+and the compile time; a K = 1 row also its time, bytes and MFU over its
+limit's (the median of the rounds' paired ratios). The model's FLOPs are
+`pj.trace`'s count (XLA's CPU cost analysis of each layer's forward and
+backward; a GPU's analysis leaves out the matrix products, which are
+library calls there).
 
-The whole section runs within `budget` seconds of wall time, compiles
-included: a row is not compiled once 80 % of it has passed, the timed rounds
-stop at it, and the rows it has measured are what it returns.
+The section aims at `budget` seconds of wall time, compiles included: each
+dtype has an equal share, compiles no row once 80 % of its share has passed
+(a compile under way finishes) and stops its timed rounds at the share's end
+(after three warm-up and three timed rounds at least).
 """
 
 from __future__ import annotations
@@ -35,14 +43,17 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from pipejax.errors import ConfigError
 from pipejax.bench.memory import peak_bytes
 from pipejax.bench.speed import alternate, cost, plain_steps
 
+BUDGET = 240.0  # seconds: two runs and a machine's start fit 15 minutes of a GPU
+
 # Dense peak FLOP/s of one device per compute dtype; the first key found in
-# the device's kind applies. float32 matrix products run as TF32 on these
-# GPUs under JAX's default precision, so float32's peak is the TF32 rate.
+# the device's kind applies (an empty dict: a kind whose peak is not stated
+# here, e.g. the H100 NVL, gets no MFU rather than another card's). float32
+# matrix products run as TF32 under JAX's default precision: its peak is TF32's.
 PEAKS = (("H100 PCIe", {"bfloat16": 756.0e12, "float32": 378.0e12}),
+         ("H100 NVL", {}),
          ("H100", {"bfloat16": 989.4e12, "float32": 494.7e12}),
          ("H200", {"bfloat16": 989.4e12, "float32": 494.7e12}),
          ("A100", {"bfloat16": 312.0e12, "float32": 156.0e12}))
@@ -67,26 +78,10 @@ class Size:
     def layers(self) -> list:
         return pj.models.gpt(self.depth, self.width, self.heads, self.context, self.vocab)
 
-    def flops(self) -> float:
-        """Forward + backward FLOPs of one micro-batch (`model_flops`)."""
-        return _traced(self)[0]
 
-    def parameters(self) -> int:
-        return _traced(self)[1]
-
-
-@functools.cache
-def _traced(size: Size) -> tuple[float, int]:
-    example = jnp.zeros((size.micro, size.context), jnp.int32)
-    with jax.default_device(jax.devices("cpu")[0]):
-        specs = pj.trace(size.layers(), example)
-    return (float(sum(s.flops or 0.0 for s in specs)),
-            sum(x.size for s in specs for x in jax.tree.leaves(s.variables)))
-
-
-# GPT-2 small's blocks (12 x 768, 12 heads, 1024 tokens) over bytes: 85 M
-# parameters in the blocks. 8 sequences a micro-batch (8192 tokens) keep one
-# micro-batch's float32 activations near 20 GB, within any 40 GB device.
+# GPT-2 small's blocks (12 x 768, 12 heads, 1024 tokens) over bytes: 86 M
+# parameters. 8 sequences a micro-batch (8192 tokens): one micro-batch's
+# float32 step peaks at 16 GB on an H100, within any 40 GB device.
 FULL = Size(depth=12, width=768, heads=12, context=1024, vocab=256, micro=8, M=4, repeats=20,
             max_stages=8)
 # A GPT a CPU steps in milliseconds: every row's code path between GPU runs
@@ -94,29 +89,55 @@ FULL = Size(depth=12, width=768, heads=12, context=1024, vocab=256, micro=8, M=4
 SMOKE = Size(depth=2, width=32, heads=2, context=16, vocab=64, micro=2, M=2, repeats=2,
              max_stages=2, dtypes=("bfloat16",))
 
-# name -> (`pj.pipeline` arguments at K = 1, or None for a plain jit; the
-# plain step it is timed against). In the order rows are compiled: a budget
-# that runs out leaves out the last.
-SYNCHRONOUS = {"plain jit": None,
-               "1f1b remat=none": {"schedule": "1f1b", "remat": "none"},
-               "1f1b remat=stage": {"schedule": "1f1b", "remat": "stage"},
-               "gpipe remat=none": {"schedule": "gpipe", "remat": "none"},
-               "gpipe remat=stage": {"schedule": "gpipe", "remat": "stage"}}
-ASYNCHRONOUS = {"plain jit per micro-batch": None, "pb": {"schedule": "pb", "remat": "stage"}}
-LIMITS = {"plain jit": "plain_microbatched", "plain jit per micro-batch": "plain_per_microbatch"}
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A row's step: `pj.pipeline` arguments (None: the plain jit `plain`
+    names in `plain_steps`), its devices and micro-batches (None: the
+    size's M), and the row its time is read against (None: none)."""
+
+    pipeline: dict | None
+    K: int = 1
+    M: int | None = None
+    plain: str = "plain_microbatched"
+    against: str | None = "plain jit"
+
+
+def steps(devices: int, size: Size) -> dict[str, Step]:
+    """The rows, in the order they are compiled."""
+    deeper = {f"1f1b K={K}": Step({"schedule": "1f1b", "remat": "stage"}, K, 2 * K, against=None)
+              for K in (2, 4, 8) if K <= min(devices, size.max_stages)}
+    return {"plain jit": Step(None, against=None),
+            "1f1b remat=none": Step({"schedule": "1f1b", "remat": "none"}),
+            "1f1b remat=stage": Step({"schedule": "1f1b", "remat": "stage"}), **deeper,
+            "gpipe remat=none": Step({"schedule": "gpipe", "remat": "none"}),
+            "gpipe remat=stage": Step({"schedule": "gpipe", "remat": "stage"}),
+            "plain jit per micro-batch": Step(None, plain="plain_per_microbatch"),
+            "pb": Step({"schedule": "pb", "remat": "stage"},
+                       against="plain jit per micro-batch")}
 
 
 def peak_flops(kind: str, dtype: str) -> float | None:
     """The device's dense peak for `dtype`, or None if `PEAKS` lacks it."""
-    return next((peaks[dtype] for key, peaks in PEAKS if key in kind), None)
+    return next((peaks.get(dtype) for key, peaks in PEAKS if key in kind), None)
+
+
+@functools.cache
+def traced(size: Size) -> tuple[float, int]:
+    """Forward + backward FLOPs of one micro-batch and the parameters, summed
+    over the layers as `pj.trace` counts them on the CPU."""
+    example = jnp.zeros((size.micro, size.context), jnp.int32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        specs = pj.trace(size.layers(), example)
+    return (float(sum(s.flops or 0.0 for s in specs)),
+            sum(x.size for s in specs for x in jax.tree.leaves(s.variables)))
 
 
 @dataclasses.dataclass
 class Row:
-    """One compiled step, its state and its figures."""
+    """One compiled step, ready to run."""
 
-    name: str
-    K: int
+    step: Step
     M: int
     run: Callable[[], None]
     compiled: Any
@@ -129,44 +150,45 @@ def _tokens(size: Size, M: int) -> tuple[jax.Array, jax.Array]:
             jax.random.randint(jax.random.key(2), shape, 0, size.vocab))
 
 
-def _pipelined(name: str, size: Size, dtype: Any, K: int, M: int, kwargs: dict,
-               opt: optax.GradientTransformation) -> Row:
-    """A compiled pipelined step of the GPT over K devices."""
+def _timed_compile(lowered) -> tuple[Any, float]:
+    began = time.perf_counter()
+    return lowered.compile(), time.perf_counter() - began
+
+
+def _pipelined(step: Step, size: Size, dtype: Any, opt: optax.GradientTransformation) -> Row:
+    """A compiled pipelined step of the GPT over `step.K` devices."""
+    M = step.M or size.M
     x, y = _tokens(size, M)
     pipe = pj.pipeline(size.layers(), loss=pj.losses.next_token, example=x[:size.micro],
-                       targets=y[:size.micro], stages=K, microbatches=M,
-                       mesh=pj.make_mesh(K, devices=jax.devices()[:K]), compute_dtype=dtype,
-                       **kwargs)
+                       targets=y[:size.micro], stages=step.K, microbatches=M,
+                       mesh=pj.make_mesh(step.K, devices=jax.devices()[:step.K]),
+                       compute_dtype=dtype, **step.pipeline)
     trainer = pipe.trainer(opt)
     state = [trainer.init(pipe.init(jax.random.key(0)))]
-    began = time.perf_counter()
-    compiled = trainer.step.lower(state[0], (x, y)).compile()
-    seconds = time.perf_counter() - began
+    compiled, seconds = _timed_compile(trainer.step.lower(state[0], (x, y)))
 
     def run():
         state[0], metrics = compiled(state[0], (x, y))
         jax.block_until_ready(metrics["loss"])
-    return Row(name, K, M, run, compiled, seconds)
+    return Row(step, M, run, compiled, seconds)
 
 
-def _plain(name: str, size: Size, dtype: Any, variables: list,
+def _plain(step: Step, size: Size, dtype: Any, variables: list,
            opt: optax.GradientTransformation) -> Row:
-    """A compiled plain jit of the GPT (`LIMITS[name]`), its state donated
-    as the pipelined step donates its own."""
+    """A compiled plain jit of the GPT, its state donated as the pipelined
+    step donates its own."""
     x, y = _tokens(size, size.M)
-    step = plain_steps(size.layers(), size.M, opt, (LIMITS[name],), pj.losses.next_token,
-                       dtype)[LIMITS[name]]
+    fn = plain_steps(size.layers(), size.M, opt, (step.plain,), pj.losses.next_token,
+                     dtype)[step.plain]
     variables = jax.tree.map(jnp.copy, variables)  # each row donates its own
     held = [(variables, opt.init(variables))]
-    began = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(*held[0], x, y).compile()
-    seconds = time.perf_counter() - began
+    compiled, seconds = _timed_compile(jax.jit(fn, donate_argnums=(0, 1)).lower(*held[0], x, y))
 
     def run():
         v, s, value = compiled(*held[0], x, y)
         held[0] = (v, s)
         jax.block_until_ready(value)
-    return Row(name, 1, size.M, run, compiled, seconds)
+    return Row(step, size.M, run, compiled, seconds)
 
 
 def _variables(size: Size) -> list:
@@ -176,77 +198,81 @@ def _variables(size: Size) -> list:
                                   targets=y, stages=1, microbatches=1).init(jax.random.key(0)))
 
 
-def _group(rows: dict, size: Size, dtype: Any, opt: optax.GradientTransformation,
-           compile_by: float, deadline: float) -> list[dict]:
-    """Compile `rows` (name -> pipeline arguments with K and M, or None for
-    a plain jit) while time is left before `compile_by`, time them
-    alternated until `deadline`; a row that fails records its error."""
+def _group(size: Size, dtype: Any, opt: optax.GradientTransformation, compile_by: float,
+           deadline: float, strict: bool) -> list[dict]:
+    """Compile the rows while time is left before `compile_by`, time them
+    alternated until `deadline`. A row that fails to build or run records
+    its error and the others go on, unless `strict` (the smoke run: a
+    failure there is a bug, raised)."""
     built, failed, variables = {}, [], None
-    for name, kwargs in rows.items():
+    for name, step in steps(len(jax.devices()), size).items():
         if time.perf_counter() > compile_by:
             failed.append({"step": name, "error": "left out: the section's budget ran out"})
             continue
         try:
-            if kwargs is None:
+            if step.pipeline is None:
                 variables = variables or _variables(size)
-                row = _plain(name, size, dtype, variables, opt)
+                row = _plain(step, size, dtype, variables, opt)
             else:
-                kwargs = dict(kwargs)
-                K, M = kwargs.pop("K", 1), kwargs.pop("M", size.M)
-                row = _pipelined(name, size, dtype, K, M, kwargs, opt)
+                row = _pipelined(step, size, dtype, opt)
             row.run()  # a step that cannot run (out of memory) fails here
             built[name] = row
-        except Exception as e:  # a row that cannot build or run says why; the others go on
+        except Exception as e:  # a GPU run keeps what it can measure and says why not
+            if strict:
+                raise
             failed.append({"step": name, "error": f"{type(e).__name__}: {str(e)[:400]}"})
     if not built:
         return failed
     times = alternate({n: r.run for n, r in built.items()}, size.repeats, deadline)
-    return [_figures(r, times[n], size, dtype) for n, r in built.items()] + failed
+    rows = {n: _figures(n, r, times[n], size, dtype) for n, r in built.items()}
+    for name, row in built.items():
+        against = row.step.against
+        if against in rows:
+            rows[name].update(_over(times[name], times[against], rows[name], rows[against]))
+    return list(rows.values()) + failed
 
 
-def _figures(row: Row, seconds: np.ndarray, size: Size, dtype: Any) -> dict:
-    """A row's step time, throughput, MFU, bytes, memory and compile time."""
-    tokens = row.M * size.micro * size.context
+def _figures(name: str, row: Row, seconds: np.ndarray, size: Size, dtype: Any) -> dict:
+    """A row's step time, throughput, MFU per device, bytes, memory and compile time."""
     median = float(np.median(seconds))
     peak = peak_flops(jax.devices()[0].device_kind, jnp.dtype(dtype).name)
-    achieved = row.M * size.flops() / median / row.K  # per device
-    return {"step": row.name, "K": row.K, "M": row.M, "ms": round(1e3 * median, 2),
-            "tokens_per_s": round(tokens / median), "model_tflops": round(achieved / 1e12, 1),
+    achieved = row.M * traced(size)[0] / median / row.step.K
+    return {"step": name, "K": row.step.K, "M": row.M, "ms": round(1e3 * median, 2),
+            "tokens_per_s": round(row.M * size.micro * size.context / median),
+            "model_tflops": round(achieved / 1e12, 1),
             "mfu": None if peak is None else round(achieved / peak, 4),
-            "gb_accessed": round(cost(row.compiled).get("bytes accessed", 0) / 1e9, 2),
-            "peak_gb": round(peak_bytes(row.compiled) / 1e9, 2),
+            "gb_accessed": _digits(cost(row.compiled).get("bytes accessed", 0) / 1e9),
+            "peak_gb": _digits(peak_bytes(row.compiled) / 1e9),
             "compile_s": round(row.compile_s, 1), "rounds": len(seconds)}
 
 
-def gpu(smoke: bool = False, budget: float = 240.0) -> dict:
+def _digits(x: float) -> float:
+    """`x` to four significant digits (a tiny smoke run's bytes too)."""
+    return float(f"{x:.4g}")
+
+
+def _over(mine: np.ndarray, theirs: np.ndarray, row: dict, limit: dict) -> dict:
+    """A K = 1 row over its limit: the median of the rounds' paired time
+    ratios, the bytes accessed and the MFU (the inverse time ratio)."""
+    ratio = float(np.median(mine / theirs))
+    return {"over_plain": round(ratio, 3), "mfu_over_plain": round(1 / ratio, 3),
+            "bytes_over_plain": round(row["gb_accessed"] / limit["gb_accessed"], 3)
+            if limit["gb_accessed"] else None}
+
+
+def gpu(smoke: bool = False, budget: float = BUDGET) -> dict:
     """The section's rows per compute dtype, with the model, its FLOP count
-    and the peaks used (see the module's docstring): bf16 first, by 55 % of
-    the budget, then float32."""
+    and the peaks used (see the module's docstring)."""
     size = SMOKE if smoke else FULL
     start = time.perf_counter()
     opt = optax.adamw(3e-4, weight_decay=0.1)
-    deeper = {f"1f1b K={K}": {"schedule": "1f1b", "remat": "stage", "K": K, "M": 2 * K}
-              for K in (2, 4, 8) if K <= min(len(jax.devices()), size.max_stages)}
-    rows = {**SYNCHRONOUS, **ASYNCHRONOUS, **deeper}
     kind = jax.devices()[0].device_kind
-    result = {"model": {**dataclasses.asdict(size), "parameters": size.parameters()},
-              "flops_per_step": size.M * size.flops(), "device_kind": kind,
+    flops, parameters = traced(size)
+    result = {"model": {**dataclasses.asdict(size), "parameters": parameters},
+              "flops_per_step": size.M * flops, "device_kind": kind,
               "peaks": {d: peak_flops(kind, d) for d in ("bfloat16", "float32")}}
-    for dtype in size.dtypes:
-        share = 0.55 if dtype == "bfloat16" and len(size.dtypes) > 1 else 1.0
-        result[dtype] = _group(rows, size, jnp.dtype(dtype), opt, start + 0.8 * share * budget,
-                               start + share * budget)
+    share = budget / len(size.dtypes)
+    for i, dtype in enumerate(size.dtypes):
+        result[dtype] = _group(size, jnp.dtype(dtype), opt, start + (i + 0.8) * share,
+                               start + (i + 1) * share, strict=smoke)
     return {**result, "seconds": round(time.perf_counter() - start, 1)}
-
-
-def measured_flops(result: dict, dtype: str = "bfloat16") -> tuple[float, str]:
-    """The plain jit's model FLOP/s in `dtype` from a `bench_gpu.json`
-    (`result`), and the device it ran on: the device rate `pj.search` takes."""
-    section = result.get("gpu", {})
-    plain = next((r for r in section.get(dtype, []) if r["step"] == "plain jit" and "ms" in r),
-                 None)
-    if plain is None:
-        raise ConfigError(f"the GPU bench JSON has no measured plain jit in {dtype} (its "
-                          f"dtypes: {[d for d in ('bfloat16', 'float32') if d in section]}); "
-                          f"run `make gpu` on the GPU, or give --machine FLOPS,BYTES/S,SECONDS")
-    return 1e12 * plain["model_tflops"], section["device_kind"]

@@ -13,14 +13,14 @@ def plot(results: dict, path: Path) -> bool:
     """One PNG: compiled against predicted memory, compile time against
     depth (shared and per-stage branches), and the bubble against M; False
     when `results` has none of them."""
+    panels = [p for p in ("memory", "compile", "bubbles") if p in results]
+    if not panels:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [p for p in ("memory", "compile", "bubbles") if p in results]
-    if not panels:
-        return False
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         if panel == "memory":

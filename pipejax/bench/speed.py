@@ -1,4 +1,4 @@
-"""Step time of the pipelined step against plain `jax.jit`, and model FLOP utilisation."""
+"""Step time of the pipelined step against plain `jax.jit` of the same model, alternated."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pipejax as pj
 from pipejax.bench.machine import CLASSES, FEATURES, batch
 from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.layers import layer_list
+
 
 def alternate(runs: dict[str, Callable[[], None]], repeats: int,
               deadline: float | None = None) -> dict[str, np.ndarray]:
@@ -88,7 +89,7 @@ def plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
 def _compare(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
              repeats: int, pipelines: dict[str, dict], plain: tuple[str, ...]) -> dict:
     """Seconds per step of 1-stage pipelined steps (`pipelines`: name ->
-    `pj.pipeline` arguments) and of the `plain` jits (`_plain_steps`), all
+    `pj.pipeline` arguments) and of the `plain` jits (`plain_steps`), all
     alternated, from the same initial parameters; XLA's bytes accessed and
     compiled temp bytes of each program."""
     x, y = batch(M * example.shape[0], example.shape[1:])
@@ -128,22 +129,13 @@ def _compare(layers: list, example: jax.Array, M: int, opt: optax.GradientTransf
 def step_times(layers: list, example: jax.Array, M: int, opt: optax.GradientTransformation,
                repeats: int, remat: str = "none") -> dict:
     """Seconds per step of the 1-stage pipelined step (`remat`) and of
-    plain jits of the same model (micro-batched, whole batch), alternated;
-    the model's FLOPs per step and XLA's bytes accessed by each program."""
+    plain jits of the same model (micro-batched, whole batch), alternated,
+    and XLA's bytes accessed by each program."""
     out = _compare(layers, example, M, opt, repeats, {"pipelined": {"remat": remat}},
                    ("plain_microbatched", "plain_full_batch"))
     t = out.pop("times")
     return {**out, "over_microbatched": float(np.median(t["pipelined"] / t["plain_microbatched"])),
-            "over_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"])),
-            "flops_per_step": M * model_flops(layers, example)}
-
-
-def model_flops(layers: list, example: jax.Array) -> float:
-    """Forward + backward FLOPs of one micro-batch, summed over the layers as
-    `pj.trace` counts them with XLA's CPU cost analysis (on a GPU, matrix
-    products are library calls the analysis does not count)."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        return float(sum(spec.flops or 0.0 for spec in pj.trace(layers, example)))
+            "over_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"]))}
 
 
 def cost(compiled) -> dict:

@@ -7,6 +7,24 @@ import json
 from pathlib import Path
 
 from pipejax.cli.setup import parse_numbers
+from pipejax.errors import ConfigError
+
+
+def measured_flops(path: Path, dtype: str) -> tuple[float, str]:
+    """The plain jit's model FLOP/s in `dtype` from a `bench_gpu.json`, and
+    the device it ran on."""
+    try:
+        section = json.loads(path.read_text())["gpu"]
+        rows, device = section.get(dtype, []), section["device_kind"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"--machine {path}: not the JSON of a GPU bench ({type(e).__name__}: "
+                          f"{e}); give the bench_gpu.json that `make gpu` wrote") from None
+    plain = next((r for r in rows if r.get("step") == "plain jit" and "ms" in r), None)
+    if plain is None:
+        raise ConfigError(f"--machine {path}: no measured plain jit in {dtype} (its dtypes: "
+                          f"{[d for d in ('bfloat16', 'float32') if section.get(d)]}); run "
+                          f"`make gpu` on the GPU, or give --machine FLOPS,BYTES/S,SECONDS")
+    return 1e12 * plain["model_tflops"], device
 
 
 def machine_rates(machine: str | None, dtype: str) -> dict:
@@ -15,16 +33,8 @@ def machine_rates(machine: str | None, dtype: str) -> dict:
     to measure: the link and the tick keep their defaults)."""
     if machine is None:
         return {}
-    if machine.endswith(".json"):
-        from pipejax.bench.gpu import measured_flops
-        from pipejax.errors import ConfigError  # pipejax imports JAX: only when asked
-
-        try:
-            result = json.loads(Path(machine).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--machine {machine}: cannot read it as JSON ({e}); give the "
-                              f"bench_gpu.json that `make gpu` wrote") from None
-        flops, device = measured_flops(result, dtype)
+    if machine.lower().endswith(".json"):
+        flops, device = measured_flops(Path(machine), dtype)
         print(f"device rate {flops / 1e12:.1f} TFLOP/s ({dtype}, {device}, the plain jit's "
               f"model FLOP/s in {machine}); link and tick: the defaults (one GPU has no link "
               f"to measure)")
