@@ -14,6 +14,7 @@ import numpy as np
 
 from pipejax import bench
 from pipejax.bench import table
+from pipejax.formatting import in_words
 
 __all__ = ["RESULTS", "in_words", "in_workers", "environment", "load", "markdown", "median_time",
            "save", "signed", "table"]
@@ -74,12 +75,6 @@ def save(name: str, payload: dict) -> Path:
 def load(name: str) -> dict:
     """What `save(name, ...)` wrote."""
     return json.loads((RESULTS / f"{name}.json").read_text())
-
-
-def in_words(items: list) -> str:
-    """["a", "b", "c"] -> "a, b and c"."""
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def signed(value: float, spec: str) -> str:

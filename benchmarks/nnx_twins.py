@@ -36,7 +36,7 @@ import pipejax as pj
 from common import load, markdown, save, table
 
 K, M, MB, L = 4, 4, 16, 40
-MODELS = {  # the CLI's default sizes for MNIST-1D (pipejax/cli/setup.py)
+MODELS = {  # the CLI's default sizes for MNIST-1D (pipejax/cli/models.py)
     "mlp": lambda **kw: [pj.models.common.flatten] + pj.models.mlp(4, 256, **kw),
     "snn": lambda **kw: pj.models.snn(16, 64, **kw),
     "resnet": lambda **kw: pj.models.resnet(6, 32, **kw),

@@ -4,6 +4,7 @@ from pipejax import (checkpoint, data, distributed, errors, layers, losses, mode
                      schedules, transforms)
 from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
+from pipejax.memories import cache_sizes, clear_caches
 from pipejax.mesh import make_mesh, simulate_devices
 from pipejax.pipeline import Pipeline, pipeline
 from pipejax.placement import Placement
@@ -18,7 +19,8 @@ from pipejax.trainer import Trainer
 
 __all__ = ["Candidate", "InFlight", "LayerSpec", "Layout", "Pipeline", "Placement",
            "Schedule", "StageInfo", "Staged", "Simulation", "TrainState", "Trainer",
-           "apply_layers", "checkpoint", "data", "distributed", "errors", "evaluator",
+           "apply_layers", "cache_sizes", "checkpoint", "clear_caches", "data", "distributed",
+           "errors", "evaluator",
            "generate", "layers", "loss_evaluator", "losses", "make_mesh", "models",
            "partition", "pipeline", "restore", "save", "schedules", "search",
            "simulate", "simulate_devices", "trace", "transforms", "unstage"]

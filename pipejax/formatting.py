@@ -41,3 +41,9 @@ def table(rows: Sequence[Sequence[str]], *, rstrip: bool = True) -> str:
         lines = [line.rstrip() for line in lines]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def in_words(items: list) -> str:
+    """["a", "b", "c"] -> "a, b and c"."""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

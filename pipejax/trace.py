@@ -14,7 +14,6 @@ or a function of one array); this module only measures them, through the
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import time
 from typing import Any, Callable, Sequence
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipejax import memories
 from pipejax.errors import ConfigError, LayerError, PipejaxError
 from pipejax.layers import Layer, abstract, lasting, layer_list, remembered, shapes
 
@@ -64,11 +64,6 @@ def _fwd_bwd(layer: Layer) -> Callable:
         out, vjp = jax.vjp(lambda v, x: layer.apply(v, x, key), variables, h)
         return out, vjp(jax.tree.map(jnp.ones_like, out))  # out too, or its work is dropped
     return run
-
-
-# Each layer's analysis on its input shapes, for every trace of this process
-# (`remembered`): pj.search and a script comparing settings trace one list many times.
-_MEASURED: collections.deque = collections.deque(maxlen=256)
 
 
 class _KeepsState(Exception):
@@ -187,7 +182,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
         kind = shapes(h)
         try:
             variables, out, random, flops = remembered(
-                _MEASURED if lasting([layer]) else measured, [layer], kind,
+                memories.ANALYSES if lasting([layer]) else measured, [layer], kind,
                 lambda: _analyse(layer, h, key_struct, key))
         except _KeepsState as state:
             raise LayerError(f"layer {i} ({name}) {state}") from None

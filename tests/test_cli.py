@@ -233,6 +233,29 @@ def test_bench_writes_its_tables_and_json(tmp_path, capsys):
     assert all(r["table_n=32"] == r["formula_n=32"] for r in result["bubbles"])
 
 
+def test_every_flag_is_a_field_of_its_command_config():
+    """Each command's parsed flags are its frozen config's fields, no more and no fewer."""
+    import argparse
+    import dataclasses
+
+    from pipejax.cli import _parser
+    from pipejax.cli.config import COMMANDS
+
+    commands = next(a for a in _parser()._actions
+                    if isinstance(a, argparse._SubParsersAction)).choices
+    for name, cls in COMMANDS.items():
+        dests = {a.dest for a in commands[name]._actions if a.dest != "help"}
+        fields = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
+        assert dests == fields, (name, dests ^ fields)
+    from pipejax.cli.config import config
+
+    cfg = config(_parser().parse_args(["train", "--model", "gpt"]))
+    assert (cfg.optimizer, cfg.batch_size, cfg.lr_schedule, cfg.warmup_defaulted) == \
+        ("adamw", 32, "cosine", True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.stages = 2
+
+
 def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     """The GPU section's code path on a tiny GPT: every row built, run and
     timed (no error), K = 2 on two of the CPU devices; no peak on a CPU."""

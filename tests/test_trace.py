@@ -5,10 +5,12 @@ import importlib
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
 import pipejax as pj
+from pipejax import memories
 
 
 def test_shapes_params_and_bytes_without_allocating():
@@ -40,7 +42,7 @@ def test_equal_layers_on_equal_shapes_are_measured_once(monkeypatch):
     calls = []
     measure = tracing._flops
     monkeypatch.setattr(tracing, "_flops", lambda *a: calls.append(a[0].name) or measure(*a))
-    monkeypatch.setattr(tracing, "_MEASURED", type(tracing._MEASURED)(maxlen=8))
+    pj.clear_caches()  # what other tests traced in this process is forgotten
     lin = nnx.Linear(24, 24, rngs=nnx.Rngs(0))
     layers = [nn.Dense(24), nn.Dense(24), lin, nn.Dense(24, use_bias=False)]
     first = pj.trace(layers, jnp.zeros((4, 24)))
@@ -48,9 +50,25 @@ def test_equal_layers_on_equal_shapes_are_measured_once(monkeypatch):
     again = pj.trace(layers + [nn.Dense(24)], jnp.zeros((4, 24)))
     assert calls == ["Dense", "Linear", "Dense", "Linear"]
     assert [s.flops for s in again] == [s.flops for s in first] + [first[0].flops]
-    assert all(kept[0].name != "Linear" for kept, _, _ in tracing._MEASURED)
+    assert all(kept[0].name != "Linear" for kept, _, _ in memories.ANALYSES)
     pj.trace(layers[:1], jnp.zeros((8, 24)))  # other shapes: measured
     assert calls[-1] == "Dense" and len(calls) == 5
+
+
+def test_the_process_memories_are_counted_and_cleared():
+    """pj.cache_sizes names what a pipeline's build remembered; pj.clear_caches
+    forgets it, and a pipeline built again initializes to the same values."""
+    pj.clear_caches()
+    build = lambda: pj.pipeline(pj.models.mlp(depth=2, width=16), loss=pj.losses.cross_entropy,
+                                example=jnp.zeros((2, 40)), stages=2, microbatches=2)
+    pipe = build()
+    first = pj.unstage(pipe.init(jax.random.key(0)))
+    pj.schedules.ring_capacities(pipe.schedule)
+    assert all(n > 0 for n in pj.cache_sizes().values()), pj.cache_sizes()
+    pj.clear_caches()
+    assert set(pj.cache_sizes().values()) == {0}
+    again = pj.unstage(build().init(jax.random.key(0)))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), first, again)
 
 
 def test_measured_time_is_the_cost_when_asked():

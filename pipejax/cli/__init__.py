@@ -12,68 +12,65 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipejax.cli.machine import machine_rates
+from pipejax.cli.config import config
+from pipejax.cli.plan import plan
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
-from pipejax.cli.setup import (MODEL_DEFAULTS, apply_model_defaults, build_layers,
-                              make_pipeline, model_kwargs, parse_numbers, partition_arg,
-                              resolve_batch_size, setup_devices)
-from pipejax.cli.tasks import load_task
-from pipejax.schedules import FAMILIES, names, plot, render
+from pipejax.cli.models import MODEL_DEFAULTS
 from pipejax.cli.train import train
+from pipejax.formatting import in_words
+from pipejax.schedules import FAMILIES, names
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
 from pipejax.transforms.mitigations import MITIGATIONS
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pipejax", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+def _common(q: argparse.ArgumentParser) -> None:
+    """The flags of the pipeline `train` and `plan` build (config.Common)."""
+    q.add_argument("--model", default="mlp", choices=sorted(MODEL_DEFAULTS))
+    q.add_argument("--model-args", default=None, metavar="K=V,...",
+                   help="the model's sizes, over its defaults: e.g. depth=4,width=64 "
+                        "(arguments of pj.models.<model>)")
+    q.add_argument("--api", default="linen", choices=["linen", "nnx"],
+                   help="the model's Flax API: linen modules or their NNX twins")
+    q.add_argument("--data", default=None,
+                   help="mnist1d (default) | digits | path to a .npz file; shakespeare "
+                        "(the default of --model gpt)")
+    q.add_argument("--stages", type=int, default=4)
+    q.add_argument("--microbatches", type=int, default=4)
+    q.add_argument("--batch-size", type=int, default=None,
+                   help="examples (text windows) per step (default 128, gpt 32, or "
+                        "--microbatch-size x --microbatches x --replicas)")
+    q.add_argument("--microbatch-size", type=int, default=None,
+                   help="examples per micro-batch: the update size of an asynchronous "
+                        "schedule (Kosson et al. train at 1); sets --batch-size")
+    q.add_argument("--schedule", default="gpipe", type=schedule_name, metavar="NAME|CSV",
+                   help=f"one of {', '.join(names())}, or a path to a table in torch's "
+                        "CSV (torch.distributed.pipelining's _dump_csv), which brings its "
+                        "own --virtual and --placement")
+    on_v = [n for n, f in FAMILIES.items() if f.placement == "v"]
+    q.add_argument("--virtual", type=int, default=None, metavar="V",
+                   help=f"model chunks per device (virtual stages; default 1, 2 for "
+                        f"{in_words(on_v)}); "
+                        "with " + ", ".join(n for n, f in FAMILIES.items() if f.virtuals != (1,)))
+    q.add_argument("--placement", default=None, choices=["loop", "v"],
+                   help="which chunks a device holds: loop (k, k + K, ...; default) or v "
+                        f"(k and 2K − 1 − k; the default and only one of {', '.join(on_v)})")
+    q.add_argument("--partition", default="variance",
+                   help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
+    q.add_argument("--remat", default="stage", choices=["none", "stage"])
+    q.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float16"],
+                   help="the dtype the stages compute in (float32 master weights)")
+    q.add_argument("--max-padding", type=float, default=None, metavar="F",
+                   help="keep the packed parameters' padding within this fraction")
+    q.add_argument("--replicas", type=int, default=1,
+                   help="pipeline replicas (data parallelism); --batch-size is split over them")
+    q.add_argument("--nodes", type=int, default=1,
+                   help="groups of replicas, mesh (node, local, stage), for --rule hadpsgd")
 
-    def common(q):
-        q.add_argument("--model", default="mlp", choices=sorted(MODEL_DEFAULTS))
-        q.add_argument("--model-args", default=None, metavar="K=V,...",
-                       help="the model's sizes, over its defaults: e.g. depth=4,width=64 "
-                            "(arguments of pj.models.<model>)")
-        q.add_argument("--api", default="linen", choices=["linen", "nnx"],
-                       help="the model's Flax API: linen modules or their NNX twins")
-        q.add_argument("--data", default=None,
-                       help="mnist1d (default) | digits | path to a .npz file; shakespeare "
-                            "(the default of --model gpt)")
-        q.add_argument("--stages", type=int, default=4)
-        q.add_argument("--microbatches", type=int, default=4)
-        q.add_argument("--batch-size", type=int, default=None,
-                       help="examples (text windows) per step (default 128, gpt 32, or "
-                            "--microbatch-size x --microbatches x --replicas)")
-        q.add_argument("--microbatch-size", type=int, default=None,
-                       help="examples per micro-batch: the update size of an asynchronous "
-                            "schedule (Kosson et al. train at 1); sets --batch-size")
-        q.add_argument("--schedule", default="gpipe", type=schedule_name, metavar="NAME|CSV",
-                       help=f"one of {', '.join(names())}, or a path to a table in torch's "
-                            "CSV (torch.distributed.pipelining's _dump_csv), which brings its "
-                            "own --virtual and --placement")
-        on_v = [n for n, f in FAMILIES.items() if f.placement == "v"]
-        q.add_argument("--virtual", type=int, default=None, metavar="V",
-                       help="model chunks per device (virtual stages; default 1, 2 for "
-                            f"{', '.join(on_v)}); with "
-                            + ", ".join(n for n, f in FAMILIES.items() if f.virtuals != (1,)))
-        q.add_argument("--placement", default=None, choices=["loop", "v"],
-                       help="which chunks a device holds: loop (k, k + K, ...; default) or v "
-                            f"(k and 2K − 1 − k; the default and only one of {', '.join(on_v)})")
-        q.add_argument("--partition", default="variance",
-                       help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
-        q.add_argument("--remat", default="stage", choices=["none", "stage"])
-        q.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float16"],
-                       help="the dtype the stages compute in (float32 master weights)")
-        q.add_argument("--max-padding", type=float, default=None, metavar="F",
-                       help="keep the packed parameters' padding within this fraction")
-        q.add_argument("--replicas", type=int, default=1,
-                       help="pipeline replicas (data parallelism); --batch-size is split over them")
-        q.add_argument("--nodes", type=int, default=1,
-                       help="groups of replicas, mesh (node, local, stage), for --rule hadpsgd")
 
-    train = sub.add_parser("train", help="train a model with a pipelined step")
-    common(train)
+def _train_flags(train: argparse.ArgumentParser) -> None:
+    """`pipejax train`'s own flags (config.TrainConfig)."""
     train.add_argument("--optimizer", default=None, choices=["sgd", "momentum", "adam", "adamw"],
                        help="default adam (gpt: adamw); momentum with --reference")
     train.add_argument("--weight-decay", type=float, default=0.1,
@@ -142,7 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--skip-nonfinite", action="store_true",
                        help="skip (and count) updates whose loss or gradients are not finite")
 
-    text = sub.add_parser("sample", help="print text from the language model of a saved run")
+
+def _sample_flags(text: argparse.ArgumentParser) -> None:
+    """`pipejax sample`'s flags (config.SampleConfig)."""
     text.add_argument("--from", dest="from_", type=Path, required=True, metavar="DIR",
                       help="the --out directory of a `pipejax train --model gpt` run")
     text.add_argument("--prompt", default="\n", help="the text to continue")
@@ -152,11 +151,9 @@ def _parser() -> argparse.ArgumentParser:
     text.add_argument("--top-k", type=int, default=None, help="draw among the k most likely bytes")
     text.add_argument("--seed", type=int, default=0)
 
-    sub.add_parser("bench", add_help=False,
-                   help="measure overhead, bubbles, memory, compile time, padding (and on a GPU, "
-                        "MFU); `pipejax bench --help` for its options")
-    plan = sub.add_parser("plan", help="print the partition table and the schedule timeline")
-    common(plan)
+
+def _plan_flags(plan: argparse.ArgumentParser) -> None:
+    """`pipejax plan`'s own flags (config.PlanConfig)."""
     plan.add_argument("--plot", type=Path, default=None, help="also draw the timeline to this PNG")
     plan.add_argument("--search", action="store_true",
                       help="rank the configurations of --devices for --batch-size (pj.search): "
@@ -165,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--devices", type=int, default=8, help="with --search: data x stages")
     plan.add_argument("--schedules", default=None, metavar="NAME,...",
                       help="with --search: the schedules to rank (default "
-                           "gpipe,1f1b,interleaved,zb-h1,pipedream,pb)")
+                           + ",".join(n for n, f in FAMILIES.items() if f.searched) + ")")
     plan.add_argument("--memory", default=None, metavar="BYTES",
                       help="with --search: leave out candidates above this per device (16GiB, "
                            "512MiB or a number)")
@@ -183,71 +180,24 @@ def _parser() -> argparse.ArgumentParser:
                            "bench_gpu.json of `make gpu`, for the device rate it measured")
     plan.add_argument("--pick", type=int, default=None, metavar="N",
                       help="with --search: build candidate N and print its plan and schedule")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipejax", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a model with a pipelined step")
+    _common(train)
+    _train_flags(train)
+    text = sub.add_parser("sample", help="print text from the language model of a saved run")
+    _sample_flags(text)
+    sub.add_parser("bench", add_help=False,
+                   help="measure overhead, bubbles, memory, compile time, padding (and on a GPU, "
+                        "MFU); `pipejax bench --help` for its options")
+    plan = sub.add_parser("plan", help="print the partition table and the schedule timeline")
+    _common(plan)
+    _plan_flags(plan)
     return p
-
-
-def plan(args) -> int:
-    import pipejax as pj
-
-    apply_model_defaults(args)
-    args.batch_size = resolve_batch_size(args)
-    if args.search and not search(args):
-        return 0
-    mesh = setup_devices(args.stages, args.replicas, args.nodes)
-    task = load_task(args.model, args.data,
-                     model_kwargs(args.model, args.model_args).get("context"), 0, 0)
-    _, pipe = make_pipeline(args, task, mesh)
-    print(pipe)
-    print()
-    print(render(pipe.schedule))
-    info = [pipe.schedule.stage_info(k) for k in range(pipe.K)]
-    print("delays D_k " + str([i.delay for i in info]) + ", SpecTrain horizons (forward, backward) "
-          + str([(i.forward_horizon, i.backward_horizon) for i in info]))
-    if args.plot:
-        plot(pipe.schedule, str(args.plot))
-        print(f"timeline drawn to {args.plot}")
-    return 0
-
-
-def search(args) -> bool:
-    """Print `pj.search`'s ranking; with --pick, set the picked candidate's
-    settings on `args` and return True (the plan of it follows)."""
-    import jax
-
-    from pipejax import planner
-    from pipejax.errors import ConfigError
-    from pipejax.formatting import parse_bytes
-
-    setup_devices(args.devices)
-    kwargs = model_kwargs(args.model, args.model_args)
-    task = load_task(args.model, args.data, kwargs.get("context"), 0, 0)
-    example, targets = task.example(1)
-    layers = build_layers(args.model, getattr(task, "example_shape", ()), task.classes, args.api,
-                          0, kwargs)
-    reference = args.reference and parse_numbers(args.reference, "--reference", (3,),
-                                                 "0.1,0.9,128")
-    machine = machine_rates(args.machine, args.compute_dtype or "float32")
-    ranked = planner.search(
-        layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
-        targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
-        devices=args.devices, batch=args.batch_size,
-        memory=None if args.memory is None else parse_bytes(args.memory),
-        learning_rate=args.lr, momentum=args.momentum,
-        schedules=args.schedules and args.schedules.split(","),
-        compute_dtypes=(args.compute_dtype,), partition=partition_arg(args),
-        reference=reference and (reference[0], reference[1], int(reference[2])), **machine)
-    print(planner.render(ranked, limit=max(20, (args.pick or 0) + 1)))
-    if args.pick is None:
-        return False
-    if not 0 <= args.pick < len(ranked):
-        raise ConfigError(f"--pick {args.pick}: the search found {len(ranked)} candidates, "
-                          f"numbered from 0")
-    c = ranked[args.pick]
-    args.stages, args.replicas, args.microbatches = c.stages, c.data, c.microbatches
-    args.schedule, args.virtual, args.remat = c.schedule, c.virtual, c.remat
-    args.compute_dtype = None if c.compute_dtype == "float32" else c.compute_dtype
-    print(f"\ncandidate {args.pick}: {c.advice}\n")
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,13 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     from pipejax.errors import PipejaxError
 
     try:
-        if getattr(args, "processes", 1) > 1 and not distributed.launched():
-            local = distributed.devices_per_process(args.replicas * args.stages, args.processes)
-            return distributed.launch([sys.executable, "-m", "pipejax", *argv], args.processes,
+        cfg = config(args)
+        if getattr(cfg, "processes", 1) > 1 and not distributed.launched():
+            local = distributed.devices_per_process(cfg.replicas * cfg.stages, cfg.processes)
+            return distributed.launch([sys.executable, "-m", "pipejax", *argv], cfg.processes,
                                       local, timeout=24 * 3600)
         if distributed.launched():
             distributed.initialize()
-        return {"train": train, "plan": plan, "sample": sample}[args.command](args)
+        return {"train": train, "plan": plan, "sample": sample}[args.command](cfg)
     except PipejaxError as err:
         print(f"pipejax: error: {err}", file=sys.stderr)
         return 2

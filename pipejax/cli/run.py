@@ -11,35 +11,36 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipejax.cli.config import SampleConfig, TrainConfig
+
 RUN = "run.json"
 CHECKPOINT = "checkpoint"
 
 
-def save_run(out: Path, args, trainer, state) -> None:
+def save_run(out: Path, cfg: TrainConfig, trainer, state) -> None:
     """The final `state` of `trainer` in `out/checkpoint` (every process of a
     job takes part), the model in `out/run.json` (the first process writes it)."""
     import jax
 
     import pipejax as pj
-    from pipejax.cli.setup import model_kwargs
 
     pj.save(out / CHECKPOINT, trainer, state)
     if jax.process_index() > 0:
         return
-    run = {"model": args.model, "model_args": model_kwargs(args.model, args.model_args),
-           "api": args.api, "seed": args.seed, "data": args.data, "step": int(state.step)}
+    run = {"model": cfg.model, "model_args": cfg.model_kwargs(), "api": cfg.api, "seed": cfg.seed,
+           "data": cfg.data, "step": int(state.step)}
     (out / RUN).write_text(json.dumps(run, indent=1) + "\n")
 
 
-def sample(args) -> int:
+def sample(cfg: SampleConfig) -> int:
     """`pipejax sample --from DIR`: text from the language model of a saved run."""
     import jax.numpy as jnp
 
     import pipejax as pj
-    from pipejax.cli.setup import build_layers
+    from pipejax.cli.models import build_layers
     from pipejax.cli.tasks import LANGUAGE_MODELS, sample_text
 
-    where = Path(args.from_)
+    where = Path(cfg.from_)
     if not (where / RUN).exists() or not (where / CHECKPOINT).is_dir():
         raise pj.errors.CheckpointError(
             f"{where} holds no {RUN} and {CHECKPOINT}/; give the --out directory of a "
@@ -55,6 +56,6 @@ def sample(args) -> int:
                           kwargs)
     variables = pj.checkpoint.load_variables(where / CHECKPOINT, layers,
                                              jnp.zeros((1, context), jnp.int32), run["step"])
-    print(sample_text(layers, variables, args.prompt, args.length, context, args.seed,
-                      args.temperature, args.top_k))
+    print(sample_text(layers, variables, cfg.prompt, cfg.length, context, cfg.seed,
+                      cfg.temperature, cfg.top_k))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pipejax as pj
+from pipejax.cli.config import Common
 from pipejax.schedules import FAMILIES, names
 
 
@@ -16,16 +17,16 @@ def schedule_name(value: str) -> str:
     return value
 
 
-def schedule_arg(args) -> str | pj.Schedule:
+def schedule_arg(cfg: Common) -> str | pj.Schedule:
     """The schedule of --schedule: its name, or the table of a CSV file read
     for --microbatches."""
-    if args.schedule.endswith(".csv"):
-        return pj.Schedule.from_csv(args.schedule, microbatches=args.microbatches)
-    return args.schedule
+    if cfg.schedule.endswith(".csv"):
+        return pj.Schedule.from_csv(cfg.schedule, microbatches=cfg.microbatches)
+    return cfg.schedule
 
 
-def synchronous(args) -> bool:
+def synchronous(cfg: Common) -> bool:
     """Whether --schedule updates once per step: its family's fact, or its table's."""
-    schedule = schedule_arg(args)
+    schedule = schedule_arg(cfg)
     return schedule.synchronous if isinstance(schedule, pj.Schedule) else \
         not FAMILIES[schedule].asynchronous

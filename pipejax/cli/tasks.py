@@ -163,10 +163,10 @@ class LanguageModel:
         return [("validation loss", f"{summary['validation_loss']:.4f} nats per token"),
                 ("bits per byte", f"{summary['bits_per_byte']:.4f}")]
 
-    def sample(self, layers, variables, args) -> str:
-        """The report's sample: --sample-length bytes after --prompt."""
-        return sample_text(layers, variables, args.prompt, args.sample_length, self.context,
-                           args.seed, args.temperature)
+    def sample(self, layers, variables, prompt: str, length: int, seed: int,
+               temperature: float) -> str:
+        """The report's sample: `length` bytes after `prompt`."""
+        return sample_text(layers, variables, prompt, length, self.context, seed, temperature)
 
 
 def sample_text(layers, variables, prompt: str, length: int, context: int, seed: int,

@@ -18,12 +18,12 @@ what it saves.
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from pipejax import memories
 from pipejax.compile import residuals
 from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
@@ -34,12 +34,6 @@ from pipejax.partition import Plan
 from pipejax.trace import shapes
 
 Remat = Any  # "none" | "stage" | a jax.checkpoint policy
-
-# (a stage's layers, what else the value depends on, its residuals or its
-# split backward) worked out in this process (`remembered`): pj.search and
-# the memory estimate build the same stages for many pipelines.
-_KEPT: collections.deque = collections.deque(maxlen=256)
-
 
 class Model(NamedTuple):
     """What the user gave `pj.pipeline`: the layers, the loss of one
@@ -119,7 +113,7 @@ class StageCode:
         m = self.model
         kind = (*kind, j == 0, j == self.S - 1, m.compute_dtype, m.loss,
                 shapes((self._abstract_params(j), self.input_of(j), m.example, m.targets)))
-        return remembered(_KEPT if lasting(layers) else [], layers, kind, compute)
+        return remembered(memories.STAGES if lasting(layers) else [], layers, kind, compute)
 
     def _structure(self, j: int) -> tuple:
         """What virtual stage j's code depends on: its role (reads the batch,

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipejax import memories
 from pipejax.errors import LayerError
 from pipejax.layers import nnx
 from pipejax.layers.base import Layer, Variables
@@ -100,12 +101,6 @@ def shapes(tree: Any) -> tuple:
     return treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves)
 
 
-# Each linen layer's init program (`remembered`; an NNX layer never reaches
-# it, its values come with it), for pipelines of the same layers at any K,
-# schedule or mesh and for the simulators.
-_INITS: collections.deque = collections.deque(maxlen=256)
-
-
 def layer_variables(layer: Layer, x: Any, key: jax.Array, index: int) -> Variables:
     """Layer `index`'s initial variables for an input shaped like `x`: the
     values it arrives with (NNX), else its init with fold_in(key, index) from
@@ -118,7 +113,7 @@ def layer_variables(layer: Layer, x: Any, key: jax.Array, index: int) -> Variabl
     def layer_init(key: jax.Array, i: jax.Array) -> Variables:
         return layer.init(layer_key(key, i), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), x))
 
-    return remembered(_INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))(key, index)
+    return remembered(memories.INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))(key, index)
 
 
 def layer_key(key: jax.Array, index: int) -> jax.Array:

@@ -14,11 +14,11 @@ given per virtual stage j, `[S, N]`, and counted per device.
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import numpy as np
 
+from pipejax import memories
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.timeline import Timeline
 
@@ -35,17 +35,15 @@ class Capacities(NamedTuple):
     data: int  # micro-batches of input and targets, a multiple of M
 
 
-_KNOWN: weakref.WeakKeyDictionary[Schedule, Capacities] = weakref.WeakKeyDictionary()
-
-
 def ring_capacities(schedule: Schedule) -> Capacities:
     """The ring capacities of `schedule`'s steady state, computed once per
     schedule (as its timelines are)."""
-    if schedule not in _KNOWN:
+    known = memories.CAPACITIES
+    if schedule not in known:
         tl = schedule.steady()
-        _KNOWN[schedule] = Capacities(_inputs(tl), _grads(tl), _residuals(tl), _bridge(tl),
-                                      _data(tl, schedule.microbatches))
-    return _KNOWN[schedule]
+        known[schedule] = Capacities(_inputs(tl), _grads(tl), _residuals(tl), _bridge(tl),
+                                     _data(tl, schedule.microbatches))
+    return known[schedule]
 
 
 def in_flight(schedule: Schedule, k: int) -> int:

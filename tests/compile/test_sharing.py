@@ -1,7 +1,5 @@
 """Stages of identical structure share one switch branch, with unchanged results."""
 
-import importlib
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -60,31 +58,30 @@ def test_deep_model_compiles_one_branch_per_structure():
     assert len(uneven.build.code.groups) == len(starts) + 2
 
 
-def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once(monkeypatch):
+def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once():
     """Pipelines of one layer list (pj.search builds many) work out a stage's
     residuals and split backward once per process for equal layers, shapes,
     remat and dtype; a stage holding an NNX layer (its values) is not kept."""
     from flax import nnx
 
-    stages = importlib.import_module("pipejax.compile.stages")
-    monkeypatch.setattr(stages, "_KEPT", type(stages._KEPT)(maxlen=8))
+    pj.clear_caches()  # what other tests built in this process is forgotten
     layers = [nn.Dense(16), nn.relu, nn.Dense(16), nn.relu, nn.Dense(4)]
     build = lambda schedule, mb=4, remat="none", ls=layers: pj.pipeline(
         ls, loss=pj.losses.cross_entropy, example=jnp.zeros((mb, 8)), stages=2,
         microbatches=4, schedule=schedule, remat=remat)
     gpipe = build("gpipe")
-    assert len(stages._KEPT) == 2  # each stage once
+    assert pj.cache_sizes()["stage residuals"] == 2  # each stage once
     one = build("1f1b")
-    assert len(stages._KEPT) == 2
+    assert pj.cache_sizes()["stage residuals"] == 2
     assert jax.tree.structure(one.build.code.kept) == jax.tree.structure(gpipe.build.code.kept)
     assert one.layout.kept.slot_bytes() == gpipe.layout.kept.slot_bytes() > 0
     build("1f1b", mb=8)  # other shapes
-    assert len(stages._KEPT) == 4
+    assert pj.cache_sizes()["stage residuals"] == 4
     build("1f1b", remat="stage")  # another remat
-    assert len(stages._KEPT) == 6
+    assert pj.cache_sizes()["stage residuals"] == 6
     zb = build("zb-h1")  # its split backwards: one per stage, then found again
-    assert len(stages._KEPT) == 8
-    assert build("zb-h1").build.code.splits == zb.build.code.splits and len(stages._KEPT) == 8
+    assert pj.cache_sizes()["stage residuals"] == 8
+    assert build("zb-h1").build.code.splits == zb.build.code.splits and pj.cache_sizes()["stage residuals"] == 8
     lin = [nnx.Linear(8, 16, rngs=nnx.Rngs(0)), *layers[1:]]
     build("1f1b", ls=lin)  # stage 0 holds values: computed, not kept; stage 1 equals
-    assert len(stages._KEPT) == 8
+    assert pj.cache_sizes()["stage residuals"] == 8
