@@ -4,7 +4,7 @@ an empty layer list)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,9 +14,12 @@ from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
 REMATS = ("none", "stage")
+# What a stage keeps for its backward: "stage" (its input: the forward runs
+# again), "none" (every residual) or a `jax.checkpoint` policy.
+Remat = Literal["none", "stage"] | Callable[..., bool]
 
 
-def remat(remat: Any) -> Any:
+def remat(remat: Any) -> Remat:
     """`remat` if it is 'none', 'stage' or a `jax.checkpoint` policy."""
     if isinstance(remat, str):
         if remat not in REMATS:

@@ -130,7 +130,7 @@ class Pipeline:
 
 def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: int,
              microbatches: int, targets: Any = None, schedule: str | Schedule = "gpipe",
-             partition: str | Sequence[int] = "variance", remat: Any = "stage",
+             partition: str | Sequence[int] = "variance", remat: checks.Remat = "stage",
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,

@@ -34,7 +34,8 @@ from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_key, shard
 from pipejax.compile.state import InFlight, Staged, TrainState
 from pipejax.compile.metrics import finishing, metrics
-from pipejax.compile.table import TableIn, run_table
+from pipejax.compile.table import run_table
+from pipejax.compile.table_state import TableIn
 
 
 def init_inflight(build: Build) -> InFlight:

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from pipejax import memories
+from pipejax.checks import Remat
 from pipejax.compile import residuals
 from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
@@ -33,7 +34,6 @@ from pipejax.layers import Layer, apply_layers, lasting, remembered
 from pipejax.partition import Plan
 from pipejax.trace import shapes
 
-Remat = Any  # "none" | "stage" | a jax.checkpoint policy
 
 class Model(NamedTuple):
     """What the user gave `pj.pipeline`: the layers, the loss of one

@@ -30,7 +30,8 @@ from pipejax.compile.spmd import (REPLICATED, STAGED, in_place, lead, local, per
                                   replica_key, shard, split_over_replicas)
 from pipejax.compile.state import Staged, TrainState
 from pipejax.compile.metrics import metrics
-from pipejax.compile.table import TableIn, TableOut, run_table
+from pipejax.compile.table import run_table
+from pipejax.compile.table_state import TableIn, TableOut
 
 
 def _pass(build: Build, p: Any, batch: tuple, key: jax.Array) -> TableOut:

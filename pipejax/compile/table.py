@@ -18,13 +18,14 @@ a micro-batch's forward and backward on the last stage in one tick
 (`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that keeps
 nothing, as a plain micro-batched jit does; a synchronous table whose every
 op runs at every tick runs its ops without the loops. The program does not
-grow with the number of micro-batches or ticks.
+grow with the number of micro-batches or ticks. Zero bubble's B and W are
+split_ops.py's; what a pass takes, carries and returns is table_state.py's.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,50 +36,16 @@ from pipejax.compile.build import Build
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import Counters, TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
-from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.packing import Buffers
+from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import run_if, stage_index
-from pipejax.compile.state import Rings
+from pipejax.compile.split_ops import SplitBackwardOps
+from pipejax.compile.table_state import Ops, TableIn, TableOut
 from pipejax.mesh import AXIS
 from pipejax.schedules import NONE, Op
 from pipejax.schedules.tasks import BACKWARD
 
 
-class TableIn(NamedTuple):
-    """One pass over the table, inputs seen from one device (inside shard_map)."""
-
-    params: Buffers
-    opt_state: OptState | tuple  # () for a pass without optimizers
-    rings: Rings
-    data: tuple  # (x, y) rings `[slots, mb, ...]`
-    counters: Counters
-    key: jax.Array
-
-
-class TableOut(NamedTuple):
-    """One pass over the table, seen from one device."""
-
-    params: Buffers
-    opt_state: OptState | tuple  # () for a pass without optimizers
-    rings: Rings
-    grads: Any  # accumulated packed gradients (synchronous tables), () otherwise
-    losses: jax.Array  # [M] float32: each finished micro-batch's loss, mean over the replicas
-    done: jax.Array  # [M] bool: which of them the pass finished
-    skipped: jax.Array  # int32: updates the guard skipped (all stages and replicas)
-
-
-class _Ops(NamedTuple):
-    """What the ops of one tick hand on to the next op and to the exchange."""
-
-    p: Buffers
-    s: OptState | tuple
-    grad_sum: Any  # the step's gradient sum (synchronous), () otherwise
-    kept: Buffers
-    weights: Buffers
-    bridge: Buffers
-
-
-class _Tick:
+class _Tick(SplitBackwardOps):
     """The body of the scan: what stage k does at one tick."""
 
     def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn):
@@ -133,7 +100,7 @@ class _Tick:
         # op writes (kept, bridge) is read from its result (`_weight_grad`).
         slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
                                           for op, t in tasks.items()})
-        ops = _Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
+        ops = Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
         sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
@@ -160,7 +127,7 @@ class _Tick:
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
 
-    def _forward(self, task: TickTask, ops: _Ops, read: tuple, loss: jax.Array) -> tuple:
+    def _forward(self, task: TickTask, ops: Ops, read: tuple, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
         weights (or their forecast): keeps its residuals (and with weight
         stashing the weights it used) in its slot; returns the ops' state,
@@ -194,7 +161,7 @@ class _Tick:
         p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
-    def _backward(self, task: TickTask, fused: TickTask | None, ops: _Ops, read: tuple,
+    def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops, read: tuple,
                   loss: jax.Array) -> tuple:
         """Stage k's fused backward (BW) of micro-batch g on virtual stage j
         at the current weights (their backward forecast, or the stashed
@@ -242,42 +209,6 @@ class _Tick:
             real = task.real if fused is None else task.real | fused.real
             p, s, skipped = self.gradients.after(p, s, carried, real)
         return ops._replace(p=p, s=s, grad_sum=grad_sum), msg, loss, skipped
-
-    def _input_grad(self, task: TickTask, ops: _Ops, read: tuple) -> tuple:
-        """Zero bubble's B of micro-batch g on virtual stage j: the input
-        gradient, sent back, and the bridge its W reads, filed in its slot."""
-        kept_slot = task.ring % self.layout.kept_slots
-        bridge_slot = task.ring % self.layout.bridge_slots
-
-        def input_grad(args, c):
-            p, bridge, _ = c
-            new, msg = self.code.groups.switch_at(task.j, self.branches[Op.B], p, *args)
-            return p, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
-
-        h, ct = read
-        args = (h, ct, messages.read(ops.kept, kept_slot), self._inputs(task.g, task.j))
-        p, bridge, msg = self._run(task.real, input_grad, args,
-                                   (ops.p, ops.bridge, self.code.acts.zeros()))
-        return ops._replace(p=p, bridge=bridge), msg
-
-    def _weight_grad(self, task: TickTask, ops: _Ops, read: tuple) -> _Ops:
-        """Zero bubble's W of micro-batch g on virtual stage j: the weight
-        gradients from its input, its kept residuals and what its B filed,
-        summed (a synchronous table). It reads the kept and bridge slots
-        after the tick's F and B, so that XLA updates those rings in place."""
-        read = (*read, messages.read(ops.kept, task.ring % self.layout.kept_slots),
-                messages.read(ops.bridge, task.ring % self.layout.bridge_slots))
-        def weight_grad(args, c):
-            p, grad_sum = c
-            if self.per_chunk:
-                return p, self.code.groups.run(self.branches[Op.W], (p, *args), grad_sum,
-                                               at=task.j)
-            grads = self.code.groups.switch_at(task.j, self.branches[Op.W], p, *args)
-            return p, tuple(a + d for a, d in zip(grad_sum, grads))
-
-        p, grad_sum = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
-                                (ops.p, ops.grad_sum))
-        return ops._replace(p=p, grad_sum=grad_sum)
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:
