@@ -54,13 +54,14 @@ def families_table() -> str:
     """`pj.schedules.FAMILIES` as a markdown table, a row a family."""
     from pipejax.schedules import FAMILIES
 
-    rows = ["| family | placement | virtual (default) | asynchronous | searched (v) |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| family | placement | virtual (default) | asynchronous | searched (v) | bubble |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for name, f in FAMILIES.items():
         allowed = "any" if f.virtuals is None else ", ".join(map(str, f.virtuals))
+        bubble = "–" if f.bubble is None else f"`{f.bubble(2, 4, 1, f.search_virtual)[1]}`"
         rows.append(f"| `{name}` | {f.placement} | {allowed} ({f.virtual}) | "
                     f"{'yes' if f.asynchronous else 'no'} | "
-                    f"{f'yes ({f.search_virtual})' if f.searched else 'by name'} |")
+                    f"{f'yes ({f.search_virtual})' if f.searched else 'by name'} | {bubble} |")
     return "\n".join(rows)
 
 

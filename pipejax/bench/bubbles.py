@@ -6,19 +6,9 @@ import pipejax as pj
 
 
 def bubble_formula(name: str, K: int, M: int, steps: int, v: int = 1) -> tuple[float, str]:
-    """Idle share over `steps` steps (and the flush of an asynchronous one):
-    a synchronous step fills and drains every step (GPipe §2), v chunks per
-    device v-fold less (Narayanan et al. 2021, with K | M); a zero-bubble
-    step runs 3vM ops a device in 3vM + K − 1 ticks (Qi et al. 2024, ZB-H1
-    with F = B = W); PipeDream fills once; PB's backward lane also waits
-    K − 1 ticks for its first gradient."""
-    if name in ("gpipe", "1f1b", "interleaved"):
-        return (K - 1) / (v * M + K - 1), "(K-1)/(vM+K-1)" if v > 1 else "(K-1)/(M+K-1)"
-    if name in ("zb-h1", "zb-h2"):
-        return (K - 1) / (3 * v * M + K - 1), "(K-1)/(3vM+K-1)"
-    if name == "pb":
-        return 2 * (K - 1) / (steps * M + 2 * (K - 1)), "2(K-1)/(nM+2(K-1))"
-    return (K - 1) / (steps * M + K - 1), "(K-1)/(nM+K-1)"
+    """Idle share over `steps` steps (and the flush of an asynchronous one)
+    by the closed form family `name` states (`Family.bubble`)."""
+    return pj.schedules.FAMILIES[name].bubble(K, M, steps, v)
 
 
 def bubbles() -> list[dict]:

@@ -22,6 +22,7 @@ from typing import Callable
 
 from pipejax.errors import ConfigError, ScheduleError
 from pipejax.schedules.asynchronous import pb, pipedream
+from pipejax.schedules.bubbles import fill_drain, fills_once, pb_fill, zero_bubble_fill
 from pipejax.schedules.interleaved import gpipe_virtual, interleaved
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.synchronous import gpipe, one_f_one_b
@@ -29,6 +30,7 @@ from pipejax.schedules.v_shape import dualpipev, zb_v
 from pipejax.schedules.zero_bubble import zb_h1, zb_h2
 
 Builder = Callable[[int, int, int], Schedule]  # (K, M, v) -> table
+ClosedForm = Callable[[int, int, int, int], tuple[float, str]]  # (K, M, steps, v) -> bubble
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,9 @@ class Family:
         every backward (schedule.py); the build must agree.
       searched: `pj.search` tries it unless told which to try.
       search_virtual: the chunks per device `pj.search` builds it with.
+      bubble: the closed form of its tables' bubble over n steps
+        (schedules/bubbles.py), which `pipejax bench` checks them against;
+        None where none is stated.
     """
 
     name: str
@@ -60,6 +65,7 @@ class Family:
     asynchronous: bool = False
     searched: bool = True
     search_virtual: int = 1
+    bubble: ClosedForm | None = None
 
     def runs(self) -> str:
         """The placement it runs on, as the pipeline's arguments say it."""
@@ -92,22 +98,23 @@ _ONE_CHUNK = ("asynchronous tables run one chunk per device: each stage updates 
               "with delays of their own, while the per-stage optimizers are one per device")
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (  # every schedule by name
-    Family("gpipe", lambda K, M, v: gpipe(K, M) if v == 1 else gpipe_virtual(K, M, v)),
+    Family("gpipe", lambda K, M, v: gpipe(K, M) if v == 1 else gpipe_virtual(K, M, v),
+           bubble=fill_drain),
     Family("1f1b", _one_layout(one_f_one_b), virtuals=(1,),
-           refusal="1F1B over virtual stages is 'interleaved'"),
+           refusal="1F1B over virtual stages is 'interleaved'", bubble=fill_drain),
     # Interleaving pays only with chunks to interleave: pj.search builds it at v = 2.
-    Family("interleaved", interleaved, search_virtual=2),
-    Family("zb-h1", zb_h1),
-    Family("zb-h2", zb_h2, searched=False),
+    Family("interleaved", interleaved, search_virtual=2, bubble=fill_drain),
+    Family("zb-h1", zb_h1, bubble=zero_bubble_fill),
+    Family("zb-h2", zb_h2, searched=False, bubble=zero_bubble_fill),
     Family("zb-v", _one_layout(zb_v), placement="v", virtual=2, virtuals=(2,),
            refusal="the V places two chunks per device", searched=False, search_virtual=2),
     Family("dualpipev", _one_layout(dualpipev), placement="v", virtual=2, virtuals=(2,),
            refusal="the V places two chunks per device", searched=False, search_virtual=2),
     Family("pipedream", _one_layout(pipedream), virtuals=(1,), refusal=_ONE_CHUNK,
-           asynchronous=True),
+           asynchronous=True, bubble=fills_once),
     Family("pb", _one_layout(pb), virtuals=(1,),
            refusal="asynchronous tables run one chunk per device (see 'pipedream')",
-           asynchronous=True))}
+           asynchronous=True, bubble=pb_fill))}
 
 
 def register(family: Family) -> Family:
