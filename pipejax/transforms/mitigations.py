@@ -1,5 +1,6 @@
 """The staleness mitigations by name, for the CLI and the experiments: a
-lookup over the recipe functions of `recipes.py`.
+`Recipe` a name, the recipe function of `recipes.py` with the settings it
+takes and the optimizer it runs on by default.
 
   none      SGDM on stale gradients (Kosson et al. 2020, eqs 7–8)   no_mitigation
   stash     SGDM; the backward uses the forward's weights (PipeDream)   stash
@@ -27,29 +28,52 @@ numbers live in the optimizer state, so that a sweep compiles once.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from typing import Callable
 
 import optax
 
 from pipejax.errors import ConfigError
 from pipejax.transforms.adam import Base, check_optimizer, default_form, is_adam
-from pipejax.transforms.adam_recipes import nesterov, pipeoptim
+from pipejax.transforms.adam_recipes import NESTEROV, nesterov, pipeoptim
 from pipejax.transforms.recipes import (Mitigation, check_form, check_sweep, lwp, lwp_sc,
                                         no_mitigation, pipemare, sc, spectrain, stash)
 
-RECIPES: dict[str, Callable[..., Mitigation]] = {
-    "none": no_mitigation, "stash": stash, "spectrain": spectrain, "lwp": lwp, "sc": sc,
-    "lwp+sc": lwp_sc, "pipemare": pipemare, "pipeoptim": pipeoptim, "nesterov": nesterov}
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A mitigation by name: its recipe function, the settings it takes (its
+    keyword arguments) and the optimizer it runs on when none is given."""
+
+    build: Callable[..., Mitigation]
+    takes: frozenset[str]
+    optimizer: Base = "momentum"
+
+    @property
+    def on_adam(self) -> bool:
+        """It takes an optimizer, so it runs on Adam too."""
+        return "optimizer" in self.takes
+
+
+_SGDM = frozenset({"learning_rate", "momentum", "reference", "batch"})  # every SGDM recipe's
+_FORECAST = _SGDM | {"horizon_scale", "optimizer", "sweep"}
+RECIPES: dict[str, Recipe] = {
+    "none": Recipe(no_mitigation, _SGDM | {"optimizer", "sweep"}),
+    "stash": Recipe(stash, _SGDM | {"optimizer", "sweep"}),
+    "spectrain": Recipe(spectrain, _SGDM | {"horizon_scale", "sweep"}),
+    "lwp": Recipe(lwp, _FORECAST | {"form"}),
+    "sc": Recipe(sc, _FORECAST),
+    "lwp+sc": Recipe(lwp_sc, _FORECAST | {"form"}),
+    "pipemare": Recipe(pipemare, _SGDM | {"warmup_steps", "optimizer"}),
+    "pipeoptim": Recipe(pipeoptim, _SGDM | {"horizon_scale", "optimizer"}, "adam"),
+    "nesterov": Recipe(nesterov, frozenset({"learning_rate", "optimizer", "momentum_decay"}),
+                       NESTEROV)}
 MITIGATIONS = tuple(RECIPES)
 # settings left to the recipe's own default when not given
 _OWN_DEFAULT = ("optimizer", "form", "momentum_decay")
 # settings a recipe that does not take them refuses; the others (horizon_scale,
 # warmup_steps) are left out, as the CLI passes them to every name
 _CHECKED = ("momentum", "reference", "batch", "form", "momentum_decay", "sweep")
-# the ones that run on Adam
-_ADAM = tuple(name for name, recipe in RECIPES.items()
-              if "optimizer" in inspect.signature(recipe).parameters)
 
 
 def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *,
@@ -79,13 +103,14 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
     """
     if name not in RECIPES:
         raise ConfigError(f"unknown mitigation {name!r}; choose one of {', '.join(MITIGATIONS)}")
-    takes = inspect.signature(RECIPES[name]).parameters
-    base = optimizer if optimizer is not None else (
-        takes["optimizer"].default if "optimizer" in takes else "momentum")
+    recipe = RECIPES[name]
+    takes = recipe.takes
+    base = optimizer if optimizer is not None else recipe.optimizer
     check_optimizer(base)
-    if is_adam(base) and name not in _ADAM:
+    if is_adam(base) and not recipe.on_adam:
+        on_adam = ", ".join(n for n, r in RECIPES.items() if r.on_adam)
         raise ConfigError(f"mitigation {name!r} forecasts with a momentum trace, which Adam does "
-                          f"not have; with Adam use {', '.join(_ADAM)}")
+                          f"not have; with Adam use {on_adam}")
     if form is not None:
         check_form(form, "momentum")  # a form at all; whether it fits the optimizer, below
     given = {"learning_rate": learning_rate, "momentum": momentum, "reference": reference,
@@ -100,5 +125,5 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
         check_form(form or default_form(base), base)
     if "sweep" in takes:
         check_sweep(name, base, form or default_form(base), sweep)
-    return RECIPES[name](**{key: value for key, value in given.items()
-                            if key in takes and not (value is None and key in _OWN_DEFAULT)})
+    return recipe.build(**{key: value for key, value in given.items()
+                           if key in takes and not (value is None and key in _OWN_DEFAULT)})

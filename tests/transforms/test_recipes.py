@@ -3,6 +3,8 @@ the chain its formula describes, written out with the public transforms, and
 exactly those of `mitigation(name, ...)`; a recipe rejects what it does not
 take."""
 
+import inspect
+
 import chex
 import jax.numpy as jnp
 import optax
@@ -68,7 +70,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_each_recipe_is_its_chain_and_its_name(case):
     recipe, settings, by_hand = CASES[case]
-    name = next(name for name, fn in T.RECIPES.items() if fn is recipe)
+    name = next(name for name, r in T.RECIPES.items() if r.build is recipe)
     momentum = {} if settings.get("optimizer") == "adam" else {"momentum": M}  # Adam's: β1
     mit = recipe(RATE, **momentum, **settings)
     assert mit == (mit.optimizer, name == "stash", RATE, momentum.get("momentum", 0.9))
@@ -81,12 +83,21 @@ def test_each_recipe_is_its_chain_and_its_name(case):
 
 @pytest.mark.parametrize("recipe", [T.no_mitigation, T.stash, T.spectrain, T.lwp, T.sc, T.lwp_sc])
 def test_the_sweep_chain_gives_the_recipes_updates(recipe):
-    name = next(name for name, fn in T.RECIPES.items() if fn is recipe)
+    name = next(name for name, r in T.RECIPES.items() if r.build is recipe)
     swept = recipe(RATE, momentum=M, sweep=True)
     chex.assert_trees_all_close(_steps(swept.optimizer(STAGE)),
                                 _steps(recipe(RATE, momentum=M).optimizer(STAGE)), rtol=1e-6)
     chex.assert_trees_all_equal(_steps(swept.optimizer(STAGE)), _steps(
         T.mitigation(name, RATE, momentum=M, sweep=True).optimizer(STAGE)))
+
+
+def test_a_named_recipe_states_what_its_function_takes():
+    """The registry's settings and default optimizer are the function's own."""
+    for name, recipe in T.RECIPES.items():
+        params = inspect.signature(recipe.build).parameters
+        assert set(params) == recipe.takes, name
+        assert recipe.optimizer == (params["optimizer"].default if "optimizer" in params
+                                    else "momentum"), name
 
 
 def test_reference_scaling_is_the_same_through_the_recipe():
