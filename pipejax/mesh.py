@@ -3,8 +3,9 @@ and optional data axes, one pipeline replica per index of them.
 
 A mesh ("stage",) runs one pipeline; ("data", "stage") runs one replica per
 data index; ("node", "local", "stage") groups the replicas for hierarchical
-rules (H-ADPSGD). Every axis other than "stage" is a data axis; the replicas
-are numbered row-major over them, in mesh order.
+rules (H-ADPSGD). `AXES` says what each axis name means; a mesh with any
+other name is an error (pipejax would otherwise have to guess what it is
+for). The replicas are numbered row-major over the data axes, in mesh order.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from jax.sharding import Mesh
 from pipejax.errors import ConfigError, DeviceError
 
 AXIS = "stage"
+# Every axis name a pipeline's mesh may have, and what it means.
+AXES = {AXIS: "the pipeline's stages, one device each",
+        "data": "pipeline replicas (data parallelism)",
+        "node": "groups of replicas (hierarchical rules: H-ADPSGD, elastic over nodes)",
+        "local": "the replicas within a node"}
+DATA_AXES = ("data", "node", "local")  # the axes whose indices are replicas
 
 
 def simulate_devices(n: int) -> None:
@@ -54,6 +61,13 @@ def stage_mesh(stages: int, mesh: Mesh | None = None) -> Mesh:
             raise ConfigError(f"mesh axes {tuple(mesh.axis_names)} have no {AXIS!r} axis; "
                               f"name the pipeline axis {AXIS!r}, e.g. "
                               f"pj.make_mesh({stages}), or jax.sharding.Mesh(devices, ('data', '{AXIS}'))")
+        unknown = [a for a in mesh.axis_names if a not in AXES]
+        if unknown:
+            known = "; ".join(f"{name!r}: {meaning}" for name, meaning in AXES.items())
+            raise ConfigError(f"mesh axes {tuple(mesh.axis_names)}: pipejax does not know "
+                              f"{', '.join(map(repr, unknown))} (a stage runs on one device: "
+                              f"sharding a stage over more is not supported); its axes are "
+                              f"{known}")
         if mesh.shape[AXIS] != stages:
             raise ConfigError(f"mesh axis {AXIS!r} has {mesh.shape[AXIS]} devices but "
                               f"stages={stages}; they must be equal")
@@ -95,8 +109,8 @@ def make_mesh(stages: int, data: int = 1, nodes: int = 1,
 
 
 def data_axes(mesh: Mesh) -> tuple[str, ...]:
-    """The mesh's data axes: every axis but "stage", in mesh order."""
-    return tuple(a for a in mesh.axis_names if a != AXIS)
+    """The mesh's data axes (`DATA_AXES`), in mesh order."""
+    return tuple(a for a in mesh.axis_names if a in DATA_AXES)
 
 
 def replicas(mesh: Mesh) -> int:

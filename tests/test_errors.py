@@ -136,6 +136,14 @@ def test_mesh_without_a_stage_axis():
         build(mesh=mesh)
 
 
+def test_a_mesh_axis_pipejax_does_not_know():
+    """A "model" axis is not read as more replicas: it is named, with the axes pipejax knows."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "stage", "model"))
+    with pytest.raises(ConfigError, match=r"mesh axes \('data', 'stage', 'model'\): pipejax does "
+                                          r"not know 'model' .* its axes are 'stage': "):
+        build(mesh=mesh)
+
+
 def test_a_rule_over_an_axis_the_mesh_lacks():
     pipe = build(mesh=pj.make_mesh(2, 2))
     with pytest.raises(ConfigError, match=r"rule 'adpsgd' names mesh axis 'node', but the mesh "
