@@ -29,8 +29,8 @@ def _goals(section: dict) -> list[dict]:
         pipelined = [r for r in section.get(dtype, [])
                      if "over_plain" in r and not r["step"].startswith("plain")]
         if not pipelined:
-            rows.append({"goal": f"{dtype}: K = 1 against the plain jit", "measured": "not measured",
-                         "met": "–"})
+            rows.append({"goal": f"{dtype}: K = 1 against the plain jit",
+                         "measured": "not measured", "met": "–"})
             continue
         worst = max(pipelined, key=lambda r: r["over_plain"])
         most = max(r["bytes_over_plain"] or 0.0 for r in pipelined)
@@ -56,8 +56,8 @@ def _setting(section: dict, env: dict) -> str:
         f"the zoo GPT, {model['depth']} blocks of width {model['width']}, {model['heads']} heads, "
         f"context {model['context']}, vocabulary {model['vocab']} (bytes; "
         f"{model['parameters'] / 1e6:.1f} M parameters); a step is M = {model['M']} "
-        f"micro-batches of {model['micro']} sequences ({model['M'] * model['micro'] * model['context']} "
-        f"tokens), AdamW; {section['flops_per_step'] / 1e12:.2f} TFLOP a step (forward + "
+        f"micro-batches of {model['micro']} sequences "
+        f"({model['M'] * model['micro'] * model['context']} tokens), AdamW; {section['flops_per_step'] / 1e12:.2f} TFLOP a step (forward + "
         f"backward, `pj.trace`'s count); dense peaks {peaks or 'unknown for this device'}; "
         f"median of up to {model['repeats']} alternated rounds (`{env['command']}`, "
         f"{section['seconds']:.0f} s).")

@@ -46,4 +46,4 @@ def table(rows: Sequence[Sequence[str]], *, rstrip: bool = True) -> str:
 def in_words(items: list) -> str:
     """["a", "b", "c"] -> "a, b and c"."""
     items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from pipejax.schedules import FAMILIES
+from pipejax.schedules import FAMILIES, unregister
 from tests.cases import fast_and_slow
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -42,14 +42,14 @@ def test_the_blocks_of_a_page_run(page, tmp_path, monkeypatch):
     seen = {code for other in PAGES if other != page
             for code in blocks(other)} if page == ROOT / "README.md" else set()
     namespace: dict = {"__name__": f"docs.{page.stem}"}
-    families = dict(FAMILIES)  # a page may register a family: the other tests do not see it
+    families = set(FAMILIES)  # a page may register a family: the other tests do not see it
     try:
         for code in blocks(page):
             if code not in seen:
                 exec(compile(code, f"{page.name}", "exec"), namespace)  # noqa: S102 - the docs' own code
     finally:
-        FAMILIES.clear()
-        FAMILIES.update(families)
+        for name in set(FAMILIES) - families:
+            unregister(name)
 
 
 @functools.cache

@@ -8,7 +8,11 @@ import pipejax as pj
 def bubble_formula(name: str, K: int, M: int, steps: int, v: int = 1) -> tuple[float, str]:
     """Idle share over `steps` steps (and the flush of an asynchronous one)
     by the closed form family `name` states (`Family.bubble`)."""
-    return pj.schedules.FAMILIES[name].bubble(K, M, steps, v)
+    closed = pj.schedules.family(name).bubble
+    if closed is None:
+        raise pj.errors.ConfigError(f"family {name!r} states no closed-form bubble; give it "
+                                    "Family.bubble, or leave it out of the bubble rows")
+    return closed(K, M, steps, v)
 
 
 def bubbles() -> list[dict]:

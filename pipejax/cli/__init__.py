@@ -49,10 +49,12 @@ def _common(q: argparse.ArgumentParser) -> None:
                         "CSV (torch.distributed.pipelining's _dump_csv), which brings its "
                         "own --virtual and --placement")
     on_v = [n for n, f in FAMILIES.items() if f.placement == "v"]
+    defaults = sorted({f.virtual for f in FAMILIES.values()} - {1})
     q.add_argument("--virtual", type=int, default=None, metavar="V",
-                   help=f"model chunks per device (virtual stages; default 1, 2 for "
-                        f"{in_words(on_v)}); "
-                        "with " + ", ".join(n for n, f in FAMILIES.items() if f.virtuals != (1,)))
+                   help="model chunks per device (virtual stages; default 1, " + ", ".join(
+                       f"{v} for {in_words([n for n, f in FAMILIES.items() if f.virtual == v])}"
+                       for v in defaults) + "); with "
+                        + ", ".join(n for n, f in FAMILIES.items() if f.virtuals != (1,)))
     q.add_argument("--placement", default=None, choices=["loop", "v"],
                    help="which chunks a device holds: loop (k, k + K, ...; default) or v "
                         f"(k and 2K − 1 − k; the default and only one of {', '.join(on_v)})")
@@ -80,7 +82,8 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
     train.add_argument("--momentum", type=float, default=None,
                        help="for momentum and mitigations (default 0.9)")
     train.add_argument("--mitigation", default=None, choices=list(MITIGATIONS),
-                       help="staleness mitigation for --schedule pb or pipedream "
+                       help="staleness mitigation for --schedule " + " or ".join(
+                           sorted(n for n, f in FAMILIES.items() if f.asynchronous)) + " "
                             "(on --optimizer adam or adamw: all but spectrain; nesterov on "
                             "nothing else)")
     train.add_argument("--horizon-scale", type=float, default=1.0,

@@ -58,13 +58,13 @@ class Common:
                 continue
             flags[key], filled = value, filled | {key}
         flags["batch_size"] = _batch_size(flags)
-        derived = cls.derive(flags, filled)
-        return cls(**flags, **derived)
+        model_kwargs(flags["model"], flags["model_args"])  # a bad --model-args fails here
+        return cls(**{**flags, **cls.derive(flags, filled)})
 
     @classmethod
     def derive(cls, flags: dict, filled: set[str]) -> dict:
-        """The derived fields' values from the filled `flags` (none here); a
-        flag whose default depends on others is set in `flags`."""
+        """What follows from the filled `flags`: the flags whose defaults
+        depend on others, and the derived fields (none here)."""
         return {}
 
     def model_kwargs(self) -> dict:
@@ -143,12 +143,11 @@ class TrainConfig(Common):
     def derive(cls, flags: dict, filled: set[str]) -> dict:
         """--optimizer's default (momentum with --reference, else adam) and
         whether --warmup is the model's (then at most a tenth of the run)."""
-        if flags["optimizer"] is None:
-            flags["optimizer"] = "momentum" if flags["reference"] else "adam"
-        return {"warmup_defaulted": "warmup" in filled}
+        optimizer = flags["optimizer"] or ("momentum" if flags["reference"] else "adam")
+        return {"optimizer": optimizer, "warmup_defaulted": "warmup" in filled}
 
     @property
-    def model_lr(self) -> float:
+    def learning_rate(self) -> float:
         """--lr, else the model's default rate."""
         return self.lr if self.lr is not None else MODEL_DEFAULTS[self.model][1]["lr"]
 
@@ -182,6 +181,7 @@ class SampleConfig:
 
     @classmethod
     def of(cls, flags: dict) -> "SampleConfig":
+        """The config of parsed `flags` (nothing to derive)."""
         return cls(**flags)
 
 

@@ -31,28 +31,27 @@ def make_optimizer(cfg: TrainConfig, updates: tuple[int, int], update_size: int,
         settings["weight_decay"] = cfg.weight_decay
     if cfg.lr_schedule == "step":
         settings["decay_at"] = list(decay_at)
-    rate, momentum = _rate(cfg, updates[0], update_size, decay_at, settings)
+    rate, momentum, used = _rate(cfg, updates[0], update_size, decay_at)
+    settings.update(used)
     if cfg.mitigation is None:
         return _named(cfg, rate, momentum), False, settings
     mit = _mitigation(cfg, rate, momentum, updates[1])
     return mit.optimizer, mit.weight_stashing, settings
 
 
-def _rate(cfg: TrainConfig, updates: int, update_size: int, decay_at: tuple,
-          settings: dict) -> tuple:
-    """The learning rate (a schedule over `updates`) and momentum: the flags'
-    own, or with --reference that recipe's scaled to `update_size` (eq. 9);
-    the peak rate, momentum and reference written into `settings`."""
+def _rate(cfg: TrainConfig, updates: int, update_size: int, decay_at: tuple) -> tuple:
+    """The learning rate (a schedule over `updates`), the momentum and the
+    settings used (the peak rate, the momentum, the reference): the flags'
+    own, or with --reference that recipe's scaled to `update_size` (eq. 9)."""
     import pipejax as pj
 
     T = pj.transforms
     warmup = 0 if cfg.mitigation == "pipemare" else cfg.warmup  # PipeMare warms up its own way
     momentum = 0.0 if cfg.optimizer == "sgd" else (0.9 if cfg.momentum is None else cfg.momentum)
     if cfg.reference is None:
-        rate = T.lr_schedule(cfg.lr_schedule, cfg.model_lr, updates, decay_at=decay_at,
+        rate = T.lr_schedule(cfg.lr_schedule, cfg.learning_rate, updates, decay_at=decay_at,
                              warmup_steps=warmup)
-        settings.update(lr=cfg.model_lr, momentum=momentum)
-        return rate, momentum
+        return rate, momentum, {"lr": cfg.learning_rate, "momentum": momentum}
     if cfg.optimizer != "momentum":
         raise pj.errors.ConfigError(f"--reference scales SGD with momentum (eq. 9); --optimizer "
                                     f"{cfg.optimizer} takes --lr directly: use --optimizer "
@@ -64,10 +63,9 @@ def _rate(cfg: TrainConfig, updates: int, update_size: int, decay_at: tuple,
     reference = T.lr_schedule(cfg.lr_schedule, ref_lr, updates, decay_at=decay_at,
                               warmup_steps=warmup)
     rate, momentum = T.scale_hyperparams(reference, ref_m, int(ref_b), update_size)
-    settings.update(reference=[ref_lr, ref_m, int(ref_b)],
-                    lr=T.scale_hyperparams(ref_lr, ref_m, int(ref_b), update_size)[0],
-                    momentum=momentum)
-    return rate, momentum
+    peak = T.scale_hyperparams(ref_lr, ref_m, int(ref_b), update_size)[0]
+    return rate, momentum, {"reference": [ref_lr, ref_m, int(ref_b)], "lr": peak,
+                            "momentum": momentum}
 
 
 def _named(cfg: TrainConfig, rate, momentum: float):

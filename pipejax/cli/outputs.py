@@ -1,11 +1,13 @@
-"""What `pipejax train` leaves in --out and prints at its end: metrics,
-curve, parameters, the report page (report.py) and the summary lines."""
+"""What `pipejax train` leaves in --out and prints when it finishes:
+metrics, curve, parameters, the report page (report.py) and the summary
+lines."""
 
 from __future__ import annotations
 
 import csv
 import json
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 
@@ -60,9 +62,22 @@ def write_outputs(out: Path, rows: list[dict], summary: dict, variables, metric:
         {str(i): pure(v) for i, v in enumerate(variables)}))
 
 
-def report(cfg: TrainConfig, pipe, task, layers, variables, rows: list[dict], summary: dict,
-            memory: str) -> None:
+class Run(NamedTuple):
+    """A finished training run, as `finish` reports it."""
+
+    pipe: Any
+    task: Any
+    layers: list
+    variables: list  # one per layer, as pj.unstage gives them
+    rows: list[dict]  # the metrics, a row per logged step and evaluation
+    summary: dict
+    memory: str  # trainer.memory(), as printed
+    seconds: float  # the training loop's
+
+
+def finish(cfg: TrainConfig, run: Run) -> None:
     """The files of --out (report.html and the rest) and the run's summary, printed."""
+    pipe, task, layers, variables, rows, summary, memory, seconds = run
     sample = None
     if cfg.out:
         cfg.out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +93,7 @@ def report(cfg: TrainConfig, pipe, task, layers, variables, rows: list[dict], su
     chunks = pipe.plan.placement.virtual
     rate = summary[f"{task.unit}_per_s"]
     lines = task.lines(summary) + [
-        ("steps", f"{summary['steps']} in {summary['seconds']:.0f} s ({rate:.0f} {unit})"),
+        ("steps", f"{summary['steps']} in {seconds:.0f} s ({rate:.0f} {unit})"),
         ("stages", f"{cfg.stages} x {pipe.plan.split} layers"
                    f"{f' in {chunks} chunks a device' if chunks > 1 else ''}, "
                    f"{cfg.schedule}, {cfg.microbatches} micro-batches, mitigation "

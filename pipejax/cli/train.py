@@ -16,7 +16,7 @@ import jax
 
 from pipejax.cli.config import TrainConfig
 from pipejax.cli.optimizer import describe_optimizer, make_optimizer
-from pipejax.cli.outputs import report
+from pipejax.cli.outputs import Run, finish
 from pipejax.cli.run import save_run
 from pipejax.cli.schedule_flag import synchronous as is_synchronous
 from pipejax.cli.setup import make_pipeline, setup_devices
@@ -224,5 +224,5 @@ def train(cfg: TrainConfig) -> int:
     if save_dir:
         save_run(save_dir, cfg, trainer, state)
     if jax.process_index() == 0:
-        report(cfg, pipe, task, layers, variables, rows, summary, memory)
+        finish(cfg, Run(pipe, task, layers, variables, rows, summary, memory, seconds))
     return 0

@@ -73,8 +73,8 @@ class StageOptimizers:
                 f"stage {forecasting.index(True)}'s optimizer ends in weight_forecast, but "
                 f"schedule {schedule.name!r} is synchronous: every backward sees the weights its "
                 "forward used, so there is nothing to forecast; use an asynchronous schedule "
-                f"({', '.join(repr(n) for n, f in FAMILIES.items() if f.asynchronous)}) or drop "
-                "the forecast")
+                f"({', '.join(sorted(repr(n) for n, f in FAMILIES.items() if f.asynchronous))}) "
+                "or drop the forecast")
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(build.K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1], build.code.share)
         return cls(transforms, params, Packing.of(states), groups, outer)

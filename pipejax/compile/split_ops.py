@@ -8,7 +8,11 @@ stage's branches as those do.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pipejax.compile import messages
+from pipejax.compile.layout import Layout
+from pipejax.compile.stages import StageCode
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.table_state import Ops
 from pipejax.schedules import Op
@@ -17,6 +21,13 @@ from pipejax.schedules import Op
 class SplitBackwardOps:
     """The B and W ops of `table._Tick` (a mixin: the tick's code, layout,
     branches, `_run` and `_inputs` are its own)."""
+
+    code: StageCode
+    layout: Layout
+    branches: dict[Op, Callable]
+    per_chunk: bool  # a synchronous table over v > 1 chunks: W adds into its chunk's slots
+    _run: Callable  # run_if, or the op itself when every op runs at every tick
+    _inputs: Callable  # (g, j) -> (x_m, y_m, key, first layer of j)
 
     def _input_grad(self, task: TickTask, ops: Ops, read: tuple) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input

@@ -34,7 +34,7 @@ from jax import lax
 from pipejax.compile import branches, messages
 from pipejax.compile.build import Build
 from pipejax.compile.gradients import GradientPolicy
-from pipejax.compile.lanes import Counters, TickTask, compiled_lanes, lane_rows, read_task
+from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import run_if, stage_index

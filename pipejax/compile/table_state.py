@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState
 from pipejax.compile.state import Rings
 from pipejax.packing import Buffers

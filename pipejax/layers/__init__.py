@@ -113,7 +113,8 @@ def layer_variables(layer: Layer, x: Any, key: jax.Array, index: int) -> Variabl
     def layer_init(key: jax.Array, i: jax.Array) -> Variables:
         return layer.init(layer_key(key, i), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), x))
 
-    return remembered(memories.INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))(key, index)
+    init = remembered(memories.INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))
+    return init(key, index)
 
 
 def layer_key(key: jax.Array, index: int) -> jax.Array:

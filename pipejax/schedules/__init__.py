@@ -9,7 +9,7 @@ from pipejax.placement import Placement
 from pipejax.schedules.asynchronous import pb, pipedream
 from pipejax.schedules.bubbles import bubble_fraction, table_bubble_fraction
 from pipejax.schedules.capacities import Capacities, in_flight, ring_capacities
-from pipejax.schedules.families import FAMILIES, Family, family, names, register
+from pipejax.schedules.families import FAMILIES, Family, family, names, register, unregister
 from pipejax.schedules.interleaved import gpipe_virtual, interleaved
 from pipejax.schedules.pictures import plot, render
 from pipejax.schedules.schedule import Schedule, StageInfo
@@ -64,4 +64,4 @@ __all__ = ["FAMILIES", "NONE", "Capacities", "Family", "Op", "Schedule", "Task",
            "Timeline", "bubble_fraction", "dualpipev", "family", "gpipe", "gpipe_virtual",
            "in_flight", "interleaved", "make_schedule", "names", "one_f_one_b", "pb", "pipedream",
            "placement_for", "plot", "register", "render", "ring_capacities",
-           "table_bubble_fraction", "zb_h1", "zb_h2", "zb_v"]
+           "table_bubble_fraction", "unregister", "zb_h1", "zb_h2", "zb_v"]

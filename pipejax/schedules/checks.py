@@ -18,6 +18,10 @@ from pipejax.placement import Placement
 from pipejax.schedules.tasks import BACKWARD, NONE, WEIGHTS, Op
 from pipejax.schedules.timeline import Timeline
 
+# Why an asynchronous table runs one chunk per device.
+ONE_CHUNK = ("each stage updates its weights after every backward, and with v chunks a device "
+             "would hold v optimizer stages with delays of their own, while the per-stage "
+             "optimizers are one per device")
 
 def check_tasks(name: str, table: np.ndarray, placement: Placement, asynchronous: bool) -> None:
     """Reject unknown ops, a cell with two ops of one kind, negative chunks,
@@ -50,9 +54,7 @@ def check_tasks(name: str, table: np.ndarray, placement: Placement, asynchronous
     if asynchronous and (local != 0).any():
         raise ScheduleError(
             f"schedule {name!r}: an asynchronous table with virtual stages is not run: "
-            "each stage updates its weights after every backward, and with v chunks a device "
-            "would hold v optimizer stages with delays of their own, while the per-stage "
-            "optimizers are one per device; use virtual=1 for an asynchronous table")
+            f"{ONE_CHUNK}; use virtual=1 for an asynchronous table")
     if placement.stages != table.shape[1]:
         raise ScheduleError(f"schedule {name!r}: the table has {table.shape[1]} stages "
                             f"but its placement {placement.stages}; give "

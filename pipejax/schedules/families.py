@@ -18,11 +18,13 @@ adds a user's own:
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import types
+from typing import Callable, Mapping
 
 from pipejax.errors import ConfigError, ScheduleError
 from pipejax.schedules.asynchronous import pb, pipedream
 from pipejax.schedules.bubbles import fill_drain, fills_once, pb_fill, zero_bubble_fill
+from pipejax.schedules.checks import ONE_CHUNK
 from pipejax.schedules.interleaved import gpipe_virtual, interleaved
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.synchronous import gpipe, one_f_one_b
@@ -38,8 +40,8 @@ class Family:
     """A schedule family: its name, how its tables are built, and what it is.
 
     Attributes:
-      name: what `pj.pipeline(schedule=...)`, the CLI and checkpoints call it;
-        its tables carry it.
+      name: what `pj.pipeline(schedule=...)` and the CLI call it; its tables
+        carry it, and checkpoints store it.
       build: `(K, M, v) -> Schedule` for K devices, M micro-batches and v
         chunks per device (one of `virtuals`).
       placement: "loop" (chunk c of device k is virtual stage c·K + k) or "v"
@@ -49,8 +51,10 @@ class Family:
       refusal: why it does not run the others (said in the error).
       asynchronous: its tables never drain and each stage updates after
         every backward (schedule.py); the build must agree.
-      searched: `pj.search` tries it unless told which to try.
-      search_virtual: the chunks per device `pj.search` builds it with.
+      searched: `pj.search` tries it unless told which to try (a copy made
+        with `dataclasses.replace` keeps its original's).
+      search_virtual: the chunks per device `pj.search` builds it with
+        (default `virtual`).
       bubble: the closed form of its tables' bubble over n steps
         (schedules/bubbles.py), which `pipejax bench` checks them against;
         None where none is stated.
@@ -64,8 +68,23 @@ class Family:
     refusal: str = ""
     asynchronous: bool = False
     searched: bool = True
-    search_virtual: int = 1
+    search_virtual: int | None = None
     bubble: ClosedForm | None = None
+
+    def __post_init__(self):
+        if self.search_virtual is None:
+            object.__setattr__(self, "search_virtual", self.virtual)
+        if not self.name or self.name.endswith(".csv") or "," in self.name:
+            raise ConfigError(f"family name {self.name!r}: give a name that is not empty, has "
+                              "no comma and does not end in .csv (the CLI reads those as a "
+                              "list or a table's file)")
+        if self.placement not in ("loop", "v"):
+            raise ConfigError(f"family {self.name!r}: placement {self.placement!r}; use 'loop' "
+                              "or 'v'")
+        for what, v in (("virtual", self.virtual), ("search_virtual", self.search_virtual)):
+            if self.virtuals is not None and v not in self.virtuals:
+                raise ConfigError(f"family {self.name!r}: {what}={v} is not one of the "
+                                  f"virtuals it runs, {self.virtuals}")
 
     def runs(self) -> str:
         """The placement it runs on, as the pipeline's arguments say it."""
@@ -79,7 +98,8 @@ class Family:
             others = sorted(n for n, f in FAMILIES.items()
                             if f.virtuals is None and f.placement == self.placement)
             raise ConfigError(f"schedule {self.name!r} does not run virtual={v}: "
-                              f"{self.refusal}; use virtual={self.virtual}, or one of {others}")
+                              f"{self.refusal}; use virtual={self.virtual}"
+                              + (f", or one of {others}" if others else ""))
         table = self.build(K, M, v)
         if table.asynchronous != self.asynchronous:
             raise ScheduleError(f"schedule family {self.name!r} says asynchronous="
@@ -93,11 +113,7 @@ def _one_layout(build: Callable[[int, int], Schedule]) -> Builder:
     return lambda K, M, v: build(K, M)
 
 
-_ONE_CHUNK = ("asynchronous tables run one chunk per device: each stage updates its weights "
-              "after every backward, and with v chunks a device would hold v optimizer stages "
-              "with delays of their own, while the per-stage optimizers are one per device")
-
-FAMILIES: dict[str, Family] = {family.name: family for family in (  # every schedule by name
+_BUILT_IN = (
     Family("gpipe", lambda K, M, v: gpipe(K, M) if v == 1 else gpipe_virtual(K, M, v),
            bubble=fill_drain),
     Family("1f1b", _one_layout(one_f_one_b), virtuals=(1,),
@@ -107,26 +123,35 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (  # every sche
     Family("zb-h1", zb_h1, bubble=zero_bubble_fill),
     Family("zb-h2", zb_h2, searched=False, bubble=zero_bubble_fill),
     Family("zb-v", _one_layout(zb_v), placement="v", virtual=2, virtuals=(2,),
-           refusal="the V places two chunks per device", searched=False, search_virtual=2),
+           refusal="the V places two chunks per device", searched=False),
     Family("dualpipev", _one_layout(dualpipev), placement="v", virtual=2, virtuals=(2,),
-           refusal="the V places two chunks per device", searched=False, search_virtual=2),
-    Family("pipedream", _one_layout(pipedream), virtuals=(1,), refusal=_ONE_CHUNK,
+           refusal="the V places two chunks per device", searched=False),
+    Family("pipedream", _one_layout(pipedream), virtuals=(1,),
+           refusal=f"asynchronous tables run one chunk per device: {ONE_CHUNK}",
            asynchronous=True, bubble=fills_once),
     Family("pb", _one_layout(pb), virtuals=(1,),
-           refusal="asynchronous tables run one chunk per device (see 'pipedream')",
-           asynchronous=True, bubble=pb_fill))}
+           refusal=f"asynchronous tables run one chunk per device: {ONE_CHUNK}",
+           asynchronous=True, bubble=pb_fill))
+_REGISTRY: dict[str, Family] = {family.name: family for family in _BUILT_IN}
+FAMILIES: Mapping[str, Family] = types.MappingProxyType(_REGISTRY)  # every schedule by name
 
 
-def register(family: Family) -> Family:
-    """Add `family` to `FAMILIES` (a user's own, or one replaced by its name)."""
+def register(family: Family, *, replace: bool = False) -> Family:
+    """Add `family` to `FAMILIES`; `replace=True` puts it in the place of
+    the family of its name (a built-in one too)."""
     if not isinstance(family, Family):
         raise ConfigError(f"register takes a pj.schedules.Family, not {type(family).__name__}; "
                           "build one with dataclasses.replace(FAMILIES['gpipe'], name=...)")
-    if family.placement not in ("loop", "v"):
-        raise ConfigError(f"family {family.name!r}: placement {family.placement!r}; use 'loop' "
-                          "or 'v'")
-    FAMILIES[family.name] = family
+    if family.name in _REGISTRY and not replace:
+        raise ConfigError(f"a family named {family.name!r} is registered; give another name, "
+                          "or register(family, replace=True) to replace it")
+    _REGISTRY[family.name] = family
     return family
+
+
+def unregister(name: str) -> Family:
+    """Remove the family called `name` from `FAMILIES`, and return it."""
+    return _REGISTRY.pop(family(name).name)
 
 
 def names() -> list[str]:

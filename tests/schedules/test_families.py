@@ -20,7 +20,7 @@ def mine():
     """GPipe registered again as "mine", removed afterwards."""
     family = pj.schedules.register(dataclasses.replace(FAMILIES["gpipe"], name="mine"))
     yield family
-    del FAMILIES["mine"]
+    pj.schedules.unregister("mine")
 
 
 def _pipe(schedule, K=2):
@@ -52,6 +52,8 @@ def test_a_registered_family_trains_by_its_name_as_the_one_it_copies(tmp_path, m
     pj.save(tmp_path, trainer, state)
     again = pj.restore(tmp_path, trainer)
     jax.tree.map(np.testing.assert_array_equal, pj.unstage(again), pj.unstage(state))
+    meta, _ = pj.checkpoint_files.read(tmp_path, None)
+    assert meta["schedule"] == "mine"  # the name it was saved under
     plan = pj.planner.search(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros(40),
                              devices=2, batch=8, schedules=["mine"], stages=[2])
     assert {c.schedule for c in plan} == {"mine"}
@@ -68,6 +70,13 @@ def test_a_family_is_refused_what_it_does_not_run():
         _pipe("nope")
     with pytest.raises(pj.errors.ConfigError, match="register takes a pj.schedules.Family"):
         pj.schedules.register("gpipe")
+    with pytest.raises(pj.errors.ConfigError, match="a family named 'gpipe' is registered"):
+        pj.schedules.register(FAMILIES["gpipe"])
+    with pytest.raises(pj.errors.ConfigError, match=r"virtual=2 is not one of the virtuals it "
+                                                    r"runs, \(1,\)"):
+        dataclasses.replace(FAMILIES["1f1b"], name="bad", virtual=2)
+    with pytest.raises(pj.errors.ConfigError, match="does not end in .csv"):
+        dataclasses.replace(FAMILIES["gpipe"], name="table.csv")
 
 
 def test_a_family_whose_build_disagrees_with_it_is_an_error():
