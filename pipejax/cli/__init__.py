@@ -134,7 +134,7 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--resume", type=Path, default=None, metavar="DIR",
                        help="checkpoint directory: continue from its latest checkpoint if it "
-                            "holds one (any --stages for gpipe/1f1b), and save there")
+                            "holds one (any --stages for a synchronous schedule), and save there")
     train.add_argument("--save-every", type=int, default=0, metavar="N",
                        help="steps between checkpoints in --resume DIR (also saved at the end)")
     train.add_argument("--clip", type=float, default=None,
