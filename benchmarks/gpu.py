@@ -57,8 +57,8 @@ def _setting(section: dict, env: dict) -> str:
         f"context {model['context']}, vocabulary {model['vocab']} (bytes; "
         f"{model['parameters'] / 1e6:.1f} M parameters); a step is M = {model['M']} "
         f"micro-batches of {model['micro']} sequences "
-        f"({model['M'] * model['micro'] * model['context']} tokens), AdamW; {section['flops_per_step'] / 1e12:.2f} TFLOP a step (forward + "
-        f"backward, `pj.trace`'s count); dense peaks {peaks or 'unknown for this device'}; "
+        f"({model['M'] * model['micro'] * model['context']} tokens), AdamW; "
+        f"{section['flops_per_step'] / 1e12:.2f} TFLOP a step (forward + backward, `pj.trace`'s count); dense peaks {peaks or 'unknown for this device'}; "
         f"median of up to {model['repeats']} alternated rounds (`{env['command']}`, "
         f"{section['seconds']:.0f} s).")
 

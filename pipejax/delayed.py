@@ -23,7 +23,7 @@ import optax
 from jax import lax
 
 from pipejax.errors import ConfigError
-from pipejax.layers import Layer, abstract, apply_layers, layer_list, layer_variables
+from pipejax.layers import Layer, apply_layers, initial_variables, layer_list
 from pipejax.placement import Placement
 from pipejax.partition.balance import check_split
 from pipejax.schedules import Schedule, StageInfo, make_schedule
@@ -100,12 +100,7 @@ class Simulation:
         """Initial variables of every layer for inputs shaped like `example`
         (one micro-batch): layer i is initialized with fold_in(key, i), the
         values `pj.unstage(pipe.init(key))` gives for the same layers."""
-        out, h = [], abstract(example)
-        for i, layer in enumerate(self.layers):
-            out.append(layer_variables(layer, h, key, i))
-            h = jax.eval_shape(lambda v, x, layer=layer: layer.apply(v, x, None, train=False),
-                               out[-1], h)
-        return out
+        return initial_variables(self.layers, example, key)
 
     def init(self, variables: Sequence[dict], key: jax.Array | None = None) -> SimState:
         """The state before micro-batch 0: one variables dict per layer (as

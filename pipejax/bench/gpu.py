@@ -161,7 +161,6 @@ def _pipelined(step: Step, size: Size, dtype: Any, opt: optax.GradientTransforma
     x, y = _tokens(size, M)
     pipe = pj.pipeline(size.layers(), loss=pj.losses.next_token, example=x[:size.micro],
                        targets=y[:size.micro], stages=step.K, microbatches=M,
-                       mesh=pj.make_mesh(step.K, devices=jax.devices()[:step.K]),
                        compute_dtype=dtype, **step.pipeline)
     trainer = pipe.trainer(opt)
     state = [trainer.init(pipe.init(jax.random.key(0)))]
@@ -191,27 +190,20 @@ def _plain(step: Step, size: Size, dtype: Any, variables: list,
     return Row(step, size.M, run, compiled, seconds)
 
 
-def _variables(size: Size) -> list:
-    """The GPT's initial variables, as a 1-stage pipeline initializes them."""
-    x, y = _tokens(size, 1)
-    return pj.unstage(pj.pipeline(size.layers(), loss=pj.losses.next_token, example=x,
-                                  targets=y, stages=1, microbatches=1).init(jax.random.key(0)))
-
-
-def _group(size: Size, dtype: Any, opt: optax.GradientTransformation, compile_by: float,
-           deadline: float, strict: bool) -> list[dict]:
+def _group(size: Size, dtype: Any, opt: optax.GradientTransformation, variables: list,
+           compile_by: float, deadline: float, strict: bool) -> list[dict]:
     """Compile the rows while time is left before `compile_by`, time them
-    alternated until `deadline`. A row that fails to build or run records
-    its error and the others go on, unless `strict` (the smoke run: a
-    failure there is a bug, raised)."""
-    built, failed, variables = {}, [], None
+    alternated until `deadline`; the plain jits start from `variables`, the
+    pipelines' own init. A row that fails to build or run records its error
+    and the others go on, unless `strict` (the smoke run: a failure there is
+    a bug, raised)."""
+    built, failed = {}, []
     for name, step in steps(len(jax.devices()), size).items():
         if time.perf_counter() > compile_by:
             failed.append({"step": name, "error": "left out: the section's budget ran out"})
             continue
         try:
             if step.pipeline is None:
-                variables = variables or _variables(size)
                 row = _plain(step, size, dtype, variables, opt)
             else:
                 row = _pipelined(step, size, dtype, opt)
@@ -271,8 +263,10 @@ def gpu(smoke: bool = False, budget: float = BUDGET) -> dict:
     result = {"model": {**dataclasses.asdict(size), "parameters": parameters},
               "flops_per_step": size.M * flops, "device_kind": kind,
               "peaks": {d: peak_flops(kind, d) for d in ("bfloat16", "float32")}}
+    variables = pj.layers.initial_variables(size.layers(), _tokens(size, 1)[0],
+                                            jax.random.key(0))
     share = budget / len(size.dtypes)
     for i, dtype in enumerate(size.dtypes):
-        result[dtype] = _group(size, jnp.dtype(dtype), opt, start + (i + 0.8) * share,
-                               start + (i + 1) * share, strict=smoke)
+        result[dtype] = _group(size, jnp.dtype(dtype), opt, variables,
+                               start + (i + 0.8) * share, start + (i + 1) * share, strict=smoke)
     return {**result, "seconds": round(time.perf_counter() - start, 1)}

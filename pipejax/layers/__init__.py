@@ -117,6 +117,18 @@ def layer_variables(layer: Layer, x: Any, key: jax.Array, index: int) -> Variabl
     return init(key, index)
 
 
+def initial_variables(layers: Sequence[Layer], example: Any, key: jax.Array) -> list[Variables]:
+    """Every layer's initial variables for inputs shaped like `example` (one
+    micro-batch), each as `layer_variables` makes it: the values
+    `pj.unstage(pipe.init(key))` gives, without building a pipeline."""
+    out, h = [], abstract(example)
+    for i, layer in enumerate(layer_list(layers)):
+        out.append(layer_variables(layer, h, key, i))
+        h = jax.eval_shape(lambda v, x, layer=layer: layer.apply(v, x, None, train=False),
+                           out[-1], h)
+    return out
+
+
 def layer_key(key: jax.Array, index: int) -> jax.Array:
     """The key of layer `index` (global position in the list) for one micro-batch."""
     return jax.random.fold_in(key, index)
@@ -134,4 +146,5 @@ def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
 
 
 __all__ = ["FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables", "abstract",
-           "apply_layers", "layer_key", "layer_list", "layer_variables", "nnx", "shapes"]
+           "apply_layers", "initial_variables", "layer_key", "layer_list", "layer_variables",
+           "nnx", "shapes"]

@@ -113,6 +113,9 @@ def _one_layout(build: Callable[[int, int], Schedule]) -> Builder:
     return lambda K, M, v: build(K, M)
 
 
+_ASYNCHRONOUS = f"asynchronous tables run one chunk per device: {ONE_CHUNK}"
+
+
 _BUILT_IN = (
     Family("gpipe", lambda K, M, v: gpipe(K, M) if v == 1 else gpipe_virtual(K, M, v),
            bubble=fill_drain),
@@ -127,10 +130,10 @@ _BUILT_IN = (
     Family("dualpipev", _one_layout(dualpipev), placement="v", virtual=2, virtuals=(2,),
            refusal="the V places two chunks per device", searched=False),
     Family("pipedream", _one_layout(pipedream), virtuals=(1,),
-           refusal=f"asynchronous tables run one chunk per device: {ONE_CHUNK}",
+           refusal=_ASYNCHRONOUS,
            asynchronous=True, bubble=fills_once),
     Family("pb", _one_layout(pb), virtuals=(1,),
-           refusal=f"asynchronous tables run one chunk per device: {ONE_CHUNK}",
+           refusal=_ASYNCHRONOUS,
            asynchronous=True, bubble=pb_fill))
 _REGISTRY: dict[str, Family] = {family.name: family for family in _BUILT_IN}
 FAMILIES: Mapping[str, Family] = types.MappingProxyType(_REGISTRY)  # every schedule by name
