@@ -30,60 +30,30 @@ import jax.numpy as jnp
 import numpy as np
 
 import pipejax as pj
+from pipejax.bench import hlo
 import lm_table as L
 import optax
 from common import save, table
 
 COPY = re.compile(r"= (\w+)\[([\d,]*)\]\S* copy\(")
-BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "pred": 1, "s8": 1, "u8": 1}
-HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$")
-CALLED = re.compile(r"(?:body|condition|to_apply|calls|true_computation|false_computation)="
-                    r"%([\w.\-]+)|branch_computations=\{([^}]*)\}")
 
 
 def copies(text: str) -> list[int]:
     """The bytes of every `copy` instruction of an HLO text, largest first."""
-    return sorted((_bytes(dtype, dims) for dtype, dims in COPY.findall(text) if dims),
+    return sorted((hlo.nbytes(dtype, dims) for dtype, dims in COPY.findall(text) if dims),
                   reverse=True)
-
-
-def _bytes(dtype: str, dims: str) -> int:
-    return int(np.prod([int(d) for d in dims.split(",")])) * BYTES.get(dtype, 4)
-
-
-def _computations(text: str) -> dict[str, str]:
-    """Each computation of an HLO text: name -> its instructions."""
-    out, name = {}, None
-    for line in text.splitlines():
-        header = HEADER.match(line)
-        if header:
-            name, out[header.group(1)] = header.group(1), ""
-        elif line == "}":
-            name = None
-        elif name:
-            out[name] += line + "\n"
-    return out
 
 
 def tick_copies(text: str, ticks: int, shapes: set[str]) -> dict[str, list[int]]:
     """The bytes of the copies of `shapes` (e.g. "f32[512,512]") in the
     body of the scan over `ticks` ticks ("tick": they run at every tick)
     and in the computations it calls ("loops")."""
-    comps = _computations(text)
-    scan = next(line for body in comps.values() for line in body.splitlines()
-                if " while(" in line and f'"known_trip_count":{{"n":"{ticks}"}}' in line)
-    body = re.search(r"body=%([\w.\-]+)", scan).group(1)
-    seen, todo = set(), [body]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in comps:
-            continue
-        seen.add(name)
-        for one, many in CALLED.findall(comps[name]):
-            todo += [one] if one else [n.strip().lstrip("%") for n in many.split(",")]
-    sized = lambda name: [_bytes(d, dims) for d, dims in COPY.findall(comps[name])
+    comps = hlo.computations(text)
+    body = hlo.tick_body(comps, ticks)
+    sized = lambda name: [hlo.nbytes(d, dims) for d, dims in COPY.findall(comps[name])
                           if f"{d}[{dims}]" in shapes]
-    return {"tick": sized(body), "loops": [b for n in seen - {body} for b in sized(n)]}
+    return {"tick": sized(body),
+            "loops": [b for n in hlo.reachable(comps, body) - {body} for b in sized(n)]}
 
 
 def asynchronous() -> list[dict]:

@@ -28,20 +28,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from pipejax.compile.pieces import parts, split
 from pipejax.compile.state import Staged, TrainState, host_array, unstage
 from pipejax import checkpoint_files as files
 from pipejax.checkpoint_files import latest
 from pipejax.errors import CheckpointError
 from pipejax.trainer import Trainer
-
-def _split(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
-    """A stage's optax state as (treedef, its parts, which parts are shaped
-    like the stage's parameters: the per-parameter states; the others are leaves)."""
-    like = jax.tree.structure(params)
-    is_slot = lambda x: jax.tree.structure(x) == like
-    parts, treedef = jax.tree.flatten(state, is_leaf=is_slot)
-    return treedef, parts, [is_slot(p) for p in parts]
-
 
 def _layout(trainer: Trainer) -> dict:
     """What must be equal for the layout-bound parts to restore as saved."""
@@ -49,7 +41,8 @@ def _layout(trainer: Trainer) -> dict:
     return {"ranges": [[r.start, r.stop] for r in plan.ranges],
             "virtual": plan.placement.virtual, "placement": plan.placement.kind,
             "schedule": schedule.name,
-            "microbatches": schedule.microbatches, "replicas": trainer.replicas}
+            "microbatches": schedule.microbatches, "replicas": trainer.replicas,
+            "fsdp": trainer.build.F}
 
 
 def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
@@ -70,10 +63,10 @@ def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
     for i, layer in enumerate(zip(*[unstage(state.params, replica=r) for r in range(R)])):
         tree.update(files.flat(f"layer{i}.", jax.tree.map(stack, *layer)))
     for k in range(K):
-        split = [_split(opts[r][k], replicas[r][k]) for r in range(R)]
+        split = [parts(opts[r][k], replicas[r][k]) for r in range(R)]
         is_slot = split[0][2]
-        slots = [[p for p, slot in zip(parts, is_slot) if slot] for _, parts, _ in split]
-        others = [[p for p, slot in zip(parts, is_slot) if not slot] for _, parts, _ in split]
+        slots = [[p for p, slot in zip(flat, is_slot) if slot] for _, flat, _ in split]
+        others = [[p for p, slot in zip(flat, is_slot) if not slot] for _, flat, _ in split]
         for j in range(sum(is_slot)):
             for n, i in enumerate(plan.device_layers(k)):
                 tree.update(files.flat(f"opt{j}.layer{i}.", jax.tree.map(
@@ -138,19 +131,20 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     abstract state) from a checkpoint's entries."""
     params_packing, opt_packing = trainer.packings
     specs, plan = trainer.specs, trainer.plan
-    K, R, saved_R = plan.stages, trainer.replicas, meta["replicas"]
+    K, R, saved_R, F = plan.stages, trainer.replicas, meta["replicas"], trainer.build.F
     if saved_R not in (1, R):
         raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
                               f"{R}; restore into {saved_R} replicas (or save one replica)")
     rep = lambda a, r: a[r if saved_R > 1 else 0]
-    # Checkpoints written before virtual stages hold one chunk per device, in a loop.
-    older = {"virtual": 1, "placement": "loop"}
+    # Older checkpoints hold one chunk per device, in a loop, on unsharded stages.
+    older = {"virtual": 1, "placement": "loop", "fsdp": 1}
     same_layout = {k: meta.get(k, older.get(k)) for k in _layout(trainer)} == _layout(trainer)
     if not (same_layout or meta["flushed"]):
         raise CheckpointError(
             f"the checkpoint holds micro-batches in flight for another layout (layer ranges "
             f"{meta['ranges']}, {meta['schedule']}, M={meta['microbatches']}, {saved_R} "
-            "replicas); flush the trainer before saving to restore into other stages")
+            f"replicas, fsdp={meta.get('fsdp', 1)}); flush the trainer before saving to restore "
+            "into other stages")
 
     leaves = lambda prefix, template, r: files.entries(tree, prefix, template, lambda a: rep(a, r))
     others = _stage_others(meta, tree, K)
@@ -158,11 +152,12 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     for r in range(R):
         for k in range(K):
             layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in plan.device_layers(k)]
-            treedef, parts, is_slot = _split(opt_packing.abstract_tree(k),
-                                             params_packing.abstract_tree(k))
+            whole = jax.eval_shape(trainer.optimizers.transforms[k].init,
+                                   params_packing.abstract_tree(k))
+            treedef, flat, is_slot = parts(whole, params_packing.abstract_tree(k))
             values = iter(rep(a, r) for a in others(k, is_slot.count(False)))
             filled, j = [], 0
-            for part, per_parameter in zip(parts, is_slot):
+            for part, per_parameter in zip(flat, is_slot):
                 if per_parameter:  # the j-th: one entry per layer of the stage
                     filled.append([leaves(f"opt{j}.layer{i}.", part[n], r)
                                    for n, i in enumerate(plan.device_layers(k))])
@@ -170,7 +165,9 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
                 else:
                     filled.append(next(values))
             params.append(params_packing.pack(k, layers))
-            states.append(opt_packing.pack(k, jax.tree.unflatten(treedef, filled)))
+            # a row per device: a sharded stage's F pieces (compile/pieces.py)
+            states += [opt_packing.pack(k, piece) for piece in
+                       split(jax.tree.unflatten(treedef, filled), params_packing, k, F)]
     shardings = trainer.shardings
     stacked = lambda rows: tuple(np.stack([np.asarray(b) for b in slot]) for slot in zip(*rows))
     p = Staged(tuple(_put(b, shardings.params) for b in stacked(params)), params_packing)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -14,6 +15,7 @@ from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
 REMATS = ("none", "stage")
+GATHERS = ("tick", "step")  # where a sharded stage gathers its weights (compile/fsdp.py)
 # What a stage keeps for its backward: "stage" (its input: the forward runs
 # again), "none" (every residual) or a `jax.checkpoint` policy.
 Remat = Literal["none", "stage"] | Callable[..., bool]
@@ -77,3 +79,25 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
             f"remat={remat!r} keeps residuals computed with the forward's weights, but the "
             f"backward of {schedule.name!r} uses the current weights (the exact vjp at "
             "(backward weights, stashed input)); use remat='stage' or weight_stashing=True")
+
+
+def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:
+    """One device's part (`example`, `targets`) of a micro-batch split over
+    a stage's F devices, after checking `fsdp_gather` and that it splits."""
+    if gather not in GATHERS:
+        raise ConfigError(f"fsdp_gather={gather!r}; use 'tick' (gather a sharded stage's weights "
+                          "at each tick that uses them) or 'step' (once per step)")
+    if gather == "step" and schedule.asynchronous:
+        raise ConfigError(f"fsdp_gather='step' gathers the weights once per step, but "
+                          f"{schedule.name!r} updates them after every backward; use 'tick'")
+    if F == 1:
+        return example, targets
+    for name, tree in (("example", example), ("targets", targets)):
+        for leaf in jax.tree.leaves(tree):
+            if not leaf.shape or leaf.shape[0] % F:
+                raise ConfigError(
+                    f"{name} {leaf.dtype}{list(leaf.shape)}: a micro-batch of "
+                    f"{leaf.shape[0] if leaf.shape else 0} examples does not split over the "
+                    f"mesh's fsdp={F} devices of a stage; use a micro-batch size divisible by {F}")
+    part = lambda leaf: jax.ShapeDtypeStruct((leaf.shape[0] // F, *leaf.shape[1:]), leaf.dtype)
+    return jax.tree.map(part, example), jax.tree.map(part, targets)

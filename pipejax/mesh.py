@@ -1,11 +1,15 @@
-"""The device mesh a pipeline runs on: axis `stage`, one device per stage,
-and optional data axes, one pipeline replica per index of them.
+"""The device mesh a pipeline runs on: axis `stage`, one index per stage,
+optional data axes, one pipeline replica per index of them, and an
+optional `fsdp` axis, the devices one stage is sharded over.
 
 A mesh ("stage",) runs one pipeline; ("data", "stage") runs one replica per
 data index; ("node", "local", "stage") groups the replicas for hierarchical
-rules (H-ADPSGD). `AXES` says what each axis name means; a mesh with any
-other name is an error (pipejax would otherwise have to guess what it is
-for). The replicas are numbered row-major over the data axes, in mesh order.
+rules (H-ADPSGD); ("stage", "fsdp") splits each stage's parameters,
+gradients and optimizer state over F devices, and each micro-batch with
+them (ZeRO-3; compile/fsdp.py). `AXES` says what each axis name means; a
+mesh with any other name is an error (pipejax would otherwise have to guess
+what it is for). The replicas are numbered row-major over the data axes,
+in mesh order.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from jax.sharding import Mesh
 from pipejax.errors import ConfigError, DeviceError
 
 AXIS = "stage"
+FSDP = "fsdp"
 # Every axis name a pipeline's mesh may have, and what it means.
-AXES = {AXIS: "the pipeline's stages, one device each",
+AXES = {AXIS: "the pipeline's stages",
         "data": "pipeline replicas (data parallelism)",
         "node": "groups of replicas (hierarchical rules: H-ADPSGD, elastic over nodes)",
-        "local": "the replicas within a node"}
+        "local": "the replicas within a node",
+        FSDP: "the devices of one stage: its parameters, gradients and optimizer state split "
+              "over them, each micro-batch too (ZeRO-3)"}
 DATA_AXES = ("data", "node", "local")  # the axes whose indices are replicas
 
 
@@ -65,9 +72,7 @@ def stage_mesh(stages: int, mesh: Mesh | None = None) -> Mesh:
         if unknown:
             known = "; ".join(f"{name!r}: {meaning}" for name, meaning in AXES.items())
             raise ConfigError(f"mesh axes {tuple(mesh.axis_names)}: pipejax does not know "
-                              f"{', '.join(map(repr, unknown))} (a stage runs on one device: "
-                              f"sharding a stage over more is not supported); its axes are "
-                              f"{known}")
+                              f"{', '.join(map(repr, unknown))}; its axes are {known}")
         if mesh.shape[AXIS] != stages:
             raise ConfigError(f"mesh axis {AXIS!r} has {mesh.shape[AXIS]} devices but "
                               f"stages={stages}; they must be equal")
@@ -78,39 +83,60 @@ def stage_mesh(stages: int, mesh: Mesh | None = None) -> Mesh:
 
 
 def make_mesh(stages: int, data: int = 1, nodes: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A mesh of data × stages devices (default: `jax.devices()`, those of
-    every process): axes ("stage",) for data = 1, ("data", "stage"), or
-    ("node", "local", "stage") with `nodes` groups of data / nodes replicas
-    (hierarchical rules). Each replica's stages are consecutive devices, the
-    stage axis the fastest."""
-    for name, n in (("stages", stages), ("data", data), ("nodes", nodes)):
+              devices: Sequence[jax.Device] | None = None, *, fsdp: int = 1) -> Mesh:
+    """A mesh of data × stages × fsdp devices (default: `jax.devices()`,
+    those of every process): axes ("stage",) for data = 1, ("data",
+    "stage"), or ("node", "local", "stage") with `nodes` groups of data /
+    nodes replicas (hierarchical rules), then ("fsdp",) when fsdp > 1: each
+    stage sharded over that many devices. The axes vary slowest to fastest
+    in that order: a stage's fsdp devices are neighbours (they gather its
+    weights at every tick that uses them), then a replica's stages."""
+    for name, n in (("stages", stages), ("data", data), ("nodes", nodes), ("fsdp", fsdp)):
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise ConfigError(f"{name}={n!r}; use a positive integer")
     if data % nodes:
         raise ConfigError(f"data={data} replicas do not split into nodes={nodes} equal groups; "
                           f"use a multiple of {nodes}")
-    devices, need = list(devices or jax.devices()), data * stages
+    devices, need = list(devices or jax.devices()), data * stages * fsdp
     if len(devices) < need:
         where = (f"{jax.process_count()} processes with {jax.local_device_count()} each"
                  if jax.process_count() > 1 else devices[0].platform)
-        what = f"{data} replicas x {stages} stages need" if data > 1 else f"stages={stages} needs"
+        parts = [f"{n} {name}" for n, name in ((data, "replicas"), (stages, "stages"),
+                                               (fsdp, "fsdp")) if n > 1 or name == "stages"]
+        what = (" x ".join(parts) + " need") if len(parts) > 1 else f"stages={stages} needs"
         raise DeviceError(
             f"{what} {need} devices but JAX sees {len(devices)} ({where}); on CPU simulate them with "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={need} set before importing jax "
             f"(or pj.simulate_devices({need}) before any JAX computation), or use fewer stages "
             "or replicas")
-    grid = np.array(devices[:need])
-    if nodes > 1:
-        return Mesh(grid.reshape(nodes, data // nodes, stages), ("node", "local", AXIS))
-    if data > 1:
-        return Mesh(grid.reshape(data, stages), ("data", AXIS))
-    return Mesh(grid, (AXIS,))
+    names = ("node", "local") if nodes > 1 else ("data",) if data > 1 else ()
+    sizes = (nodes, data // nodes) if nodes > 1 else (data,) if data > 1 else ()
+    names, sizes = (*names, AXIS), (*sizes, stages)
+    if fsdp > 1:
+        names, sizes = (*names, FSDP), (*sizes, fsdp)
+    return Mesh(np.array(devices[:need]).reshape(sizes), names)
 
 
 def data_axes(mesh: Mesh) -> tuple[str, ...]:
     """The mesh's data axes (`DATA_AXES`), in mesh order."""
     return tuple(a for a in mesh.axis_names if a in DATA_AXES)
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes a batch is split over: the data axes, then `fsdp` when a
+    stage spans several devices (each runs its part of every micro-batch)."""
+    return data_axes(mesh) + ((FSDP,) if shards(mesh) > 1 else ())
+
+
+def model_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The axes whose devices hold different parts of one model: `stage`,
+    and `fsdp` when a stage spans several devices."""
+    return (AXIS, FSDP) if shards(mesh) > 1 else (AXIS,)
+
+
+def shards(mesh: Mesh) -> int:
+    """F, the devices each stage is sharded over (1 without an `fsdp` axis)."""
+    return int(mesh.shape.get(FSDP, 1))
 
 
 def replicas(mesh: Mesh) -> int:

@@ -16,6 +16,11 @@ state twice, 6 % more bytes than plain jit on the MLP). `pack(k, tree)` and
 `unpack(k, buffers)` are the static reshapes that stage k's `lax.switch`
 branch does. One mechanism serves parameters, gradients, optimizer state,
 boundary activations and kept residuals.
+
+A stage sharded over F devices (FSDP) packs every leaf flat, each slot
+padded to a multiple of F, so that device f holds the f-th of F equal
+pieces of every slot (`shard`): one slot holds one leaf of a stage, so
+a piece is part of one leaf, and a per-leaf optimizer runs on pieces.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from pipejax.errors import ConfigError
 
 Buffers = tuple  # one array per slot; its trailing axes are the slot's shape
 
@@ -53,9 +60,11 @@ class Packing:
     order: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None) -> "Packing":
+    def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None,
+           shards: int = 1) -> "Packing":
         """Build from one tree of arrays or `ShapeDtypeStruct`s per stage
-        (`order`: see the field)."""
+        (`order`: see the field); with `shards` > 1 every slot flat, its
+        length a multiple of `shards` (see `shard`)."""
         flats, treedefs = zip(*(jax.tree.flatten(t) for t in trees)) if trees else ((), ())
         ranked: list[dict[int, tuple[str, int]]] = []  # per stage: leaf -> (dtype, rank)
         lengths: dict[tuple[str, int], int] = {}
@@ -78,12 +87,28 @@ class Packing:
                        for flat, stage in zip(flats, ranked))
         # One shape in every stage that uses the slot (and no stage without
         # it): keep it; else a flat buffer as long as the longest leaf.
-        kept = lambda d, r: (len(shapes[d, r]) == 1
+        kept = lambda d, r: (shards == 1 and len(shapes[d, r]) == 1
                              and all((d, r) in stage.values() for stage in ranked))
-        slots = tuple((d, next(iter(shapes[d, r])) if kept(d, r) else (lengths[d, r],))
+        flat = lambda n: (-(-n // shards) * shards,)
+        slots = tuple((d, next(iter(shapes[d, r])) if kept(d, r) else flat(lengths[d, r]))
                       for d, r in sorted(lengths))
         in_order = order is None or list(order) == sorted(order)
         return cls(tuple(treedefs), leaves, slots, None if in_order else tuple(order))
+
+    def shard(self, n: int) -> "Packing":
+        """One device's piece of every slot when each is split into `n`
+        equal pieces (a packing made with `shards=n`): the same leaves, each
+        seen as its piece, shaped (1, ..., 1, length / n) so that it keeps
+        its leaf's rank (an optimizer's mask by rank, e.g. weight decay on
+        matrices only, decides as it would on the whole leaf)."""
+        if n == 1:
+            return self
+        if any(len(shape) != 1 or shape[0] % n for _, shape in self.slots):
+            raise ConfigError(f"a packing made without shards={n} cannot be split {n} ways")
+        slots = tuple((d, (shape[0] // n,)) for d, shape in self.slots)
+        view = lambda s: _Leaf(s.slot, (1,) * (max(len(s.shape), 1) - 1) + slots[s.slot][1])
+        leaves = tuple(tuple(view(s) for s in stage) for stage in self.leaves)
+        return dataclasses.replace(self, leaves=leaves, slots=slots)
 
     @property
     def stages(self) -> int:

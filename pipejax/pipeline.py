@@ -18,12 +18,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax import checks
-from pipejax.compile.programs import (Build, Model, PipelinePrograms, Staged, build,
+from pipejax.compile.programs import (Build, Flags, Model, PipelinePrograms, Staged, build,
                                       check_params, check_table, key_or_default, pipeline_programs,
                                       stage_rows)
 from pipejax.errors import ConfigError
 from pipejax.layers import Layer, abstract, layer_list
-from pipejax.mesh import stage_mesh
+from pipejax.mesh import shards, stage_mesh
 from pipejax.partition import make_plan
 from pipejax.schedules import Schedule, capacities, make_schedule, placement_for
 from pipejax.trace import LayerSpec, trace, trace_loss
@@ -134,7 +134,8 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,
-             virtual: int | None = None, placement: str | None = None) -> Pipeline:
+             virtual: int | None = None, placement: str | None = None,
+             fsdp_gather: str = "tick") -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -158,7 +159,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
       mesh: a mesh with a "stage" axis of K devices and optional data axes,
         one pipeline replica per data index (`pj.make_mesh(K, data, nodes)`:
         ("data", "stage") or ("node", "local", "stage")); a batch then holds
-        R·M micro-batches, replica-major. Default: the first K devices.
+        R·M micro-batches, replica-major. An "fsdp" axis of F devices
+        (`pj.make_mesh(K, fsdp=F)`) shards each stage over F devices: its
+        parameters, gradients and optimizer state in F pieces, each
+        micro-batch in F parts (`example` is still the whole micro-batch).
+        Default: the first K devices.
       cost: what the partitioner balances: "flops" (XLA's estimate) or "time"
         (each layer measured).
       max_bytes: the partitioner keeps every stage's parameters with their
@@ -186,6 +191,10 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         k holds chunks k, k + K, ...) or "v" (chunks k and 2K − 1 − k: the
         first and last chunks share device 0). Default: the table's, else
         the family's, the only one it runs.
+      fsdp_gather: where a stage sharded over an "fsdp" axis gathers its
+        weights: "tick" (at every tick that uses them; ZeRO-3's memory) or
+        "step" (once per step, synchronous schedules: whole weights and
+        gradient sum on every device, one gather and one scatter a step).
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
@@ -203,11 +212,13 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     example = abstract(example)
     mb = jax.tree.leaves(example)[0].shape[0]
     targets = abstract(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
+    # A stage sharded over F devices runs one F-th of each micro-batch on each.
+    example, targets = checks.sharded(shards(mesh), fsdp_gather, table, example, targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
     in_flight = [capacities.in_flight(table, k) for k in range(stages)] if max_bytes else None
     plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
                      keeps_activations=remat == "none", max_padding=checks.padding(max_padding))
     model = Model(tuple(layers), loss, remat, example, targets, compute_dtype)
-    b = build(model, plan, table, mesh, weight_stashing, share_branches)
+    b = build(model, plan, table, mesh, Flags(weight_stashing, share_branches, fsdp_gather))
     return Pipeline(b, pipeline_programs(b))

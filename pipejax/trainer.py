@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import jax
 
 from pipejax.compile.programs import (Build, MemoryEstimate, StageOptimizers, Staged, TrainState,
-                                      check_params, key_or_default, train_programs)
+                                      check_params, key_or_default, opt_states, train_programs)
 from pipejax.errors import ConfigError
 from pipejax.packing import Packing
 from pipejax.partition import Plan
@@ -130,5 +130,6 @@ class Trainer:
 
     def opt_state(self, state: TrainState, replica: int = 0) -> list[Any]:
         """The K per-stage optax states of one replica as ordinary pytrees
-        (stage k's over its list of layer variables)."""
-        return state.opt_state.per_stage(replica)
+        (stage k's over its list of layer variables; a sharded stage's
+        joined from its devices' pieces)."""
+        return opt_states(state.opt_state, self.build.code.params, self.build.F, replica)

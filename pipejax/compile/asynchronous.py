@@ -31,7 +31,7 @@ from pipejax.compile import microbatch
 from pipejax.compile.build import Build
 from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.spmd import REPLICATED, lead, local, per_replica, replica_key, shard
+from pipejax.compile.spmd import REPLICATED, lead, local, params, per_device, replica_key, shard
 from pipejax.compile.state import InFlight, Staged, TrainState
 from pipejax.compile.metrics import finishing, metrics
 from pipejax.compile.table import run_table
@@ -39,8 +39,9 @@ from pipejax.compile.table_state import TableIn
 
 
 def init_inflight(build: Build) -> InFlight:
-    """An empty pipeline on each of the R replicas: zero rings, nothing fed."""
-    layout, n = build.layout, build.R * build.K
+    """An empty pipeline on each of the R replicas: zero rings, nothing fed
+    (a row per device: `[R·K·F, ...]`)."""
+    layout, n = build.layout, build.R * build.K * build.F
     ring = lambda s: jnp.zeros((n, layout.data_slots, *s.shape), s.dtype)
     zero = jnp.zeros((), jnp.int32)
     return InFlight(layout.rings((n,)), jax.tree.map(ring, build.example),
@@ -78,9 +79,9 @@ def _periods(build: Build, opts: StageOptimizers, n: int) -> Callable:
         return (lead(p), lead(s.stages), lead(s.rule), lead(rings), losses, done,
                 outer.consensus(p), skipped)
 
-    spec = per_replica(build.mesh)
-    return shard(body, build.mesh, ((spec,) * 3, spec, (spec,) * 2, REPLICATED, REPLICATED),
-                 (spec,) * 4 + (REPLICATED,) * 4)
+    rows, device = params(build.mesh), per_device(build.mesh)
+    return shard(body, build.mesh, ((rows, device, device), device, (device,) * 2, REPLICATED,
+                                    REPLICATED), (rows,) + (device,) * 3 + (REPLICATED,) * 4)
 
 
 def _advance(build: Build, opts: StageOptimizers, n: int) -> Callable:
@@ -105,15 +106,19 @@ def _advance(build: Build, opts: StageOptimizers, n: int) -> Callable:
 
 def train_step(build: Build, opts: StageOptimizers) -> Callable:
     """`(state, batch) -> (state, metrics)`: feed M micro-batches, run one period."""
-    M, K, slots, R = build.M, build.K, build.layout.data_slots, build.R
+    M, K, slots, R, F = build.M, build.K, build.layout.data_slots, build.R, build.F
     advance = _advance(build, opts, 1)
 
+    def every(new: jax.Array) -> jax.Array:
+        """Replica r's part `[M, mb, ...]` to the data rings of its K stages,
+        part f of each micro-batch to their device f: `[R·K·F, M, mb / F, ...]`."""
+        parts = jnp.moveaxis(new.reshape(R, M, F, -1, *new.shape[3:]), 2, 1)
+        return jnp.broadcast_to(parts[:, None], (R, K, *parts.shape[1:])).reshape(
+            R * K * F, *parts.shape[2:])
+
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, build.example, build.targets, R)
+        x, y = microbatch.split(batch, M, build.example, build.targets, R, F)
         f = state.inflight
-        # replica r's part [M, mb, ...] goes to the data rings of its K stages
-        every = lambda new: jnp.broadcast_to(new[:, None], (R, K, *new.shape[1:])).reshape(
-            R * K, *new.shape[1:])
         write = lambda ring, new: lax.dynamic_update_slice_in_dim(
             ring, every(new), f.base % slots, axis=1)
         x, y = jax.tree.map(write, f.x, x), jax.tree.map(write, f.y, y)

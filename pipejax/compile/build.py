@@ -2,8 +2,9 @@
 
 `Build` holds, side by side, the placement (which device holds each model
 chunk), the stage code (the layers of every chunk as switch branches), the
-schedule table, the buffer layout and the mesh, and checks that the code and
-the table were made for the same placement. Programs take `(build, opts)`;
+schedule table, the buffer layout, the mesh and, for a stage sharded over
+an `fsdp` axis, where its weights are gathered (compile/fsdp.py), and checks
+that the code and the table were made for the same placement. Programs take `(build, opts)`;
 a `Pipeline` holds one build, a `Trainer` one build and one `StageOptimizers`.
 """
 
@@ -17,7 +18,8 @@ from jax.sharding import Mesh
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
 from pipejax.errors import ConfigError
-from pipejax.mesh import data_axes, replicas
+from pipejax.mesh import batch_axes, data_axes, replicas, shards
+from pipejax.packing import Packing
 from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
@@ -31,6 +33,7 @@ class Build:
     schedule: Schedule
     layout: Layout
     mesh: Mesh
+    gather: str = "tick"  # where a sharded stage gathers its weights (compile/fsdp.py)
 
     def __post_init__(self):
         for what, other in (("stage code", self.code.placement),
@@ -58,6 +61,22 @@ class Build:
     def axes(self) -> tuple[str, ...]:
         """The mesh's data axes (the replicas'), () without any."""
         return data_axes(self.mesh)
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The axes a batch is split over: the data axes, and `fsdp` when F > 1."""
+        return batch_axes(self.mesh)
+
+    @property
+    def F(self) -> int:
+        """The devices each stage is sharded over (the mesh's `fsdp` axis; 1 without)."""
+        return shards(self.mesh)
+
+    @property
+    def pieces(self) -> Packing:
+        """The parameter packing of one device: its piece of every slot
+        (the whole slots when F = 1)."""
+        return self.code.params.shard(self.F)
 
     @property
     def example(self) -> Any:

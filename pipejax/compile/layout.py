@@ -37,19 +37,26 @@ class Layout:
     data_slots: int
     weight_stashing: bool
     bridge_slots: int = 0
+    shards: int = 1  # F, the devices a stage is sharded over: each holds a piece of `params`
 
     @classmethod
-    def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool) -> "Layout":
+    def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool,
+           shards: int = 1) -> "Layout":
         slots = ring_capacities(schedule)
         return cls(code.params, code.acts, code.kept, code.bridge, slots.inputs, slots.grads,
-                   slots.residuals, slots.data, weight_stashing, slots.bridge)
+                   slots.residuals, slots.data, weight_stashing, slots.bridge, shards)
+
+    @property
+    def pieces(self) -> Packing:
+        """One device's piece of the parameter slots (all of them when F = 1)."""
+        return self.params.shard(self.shards)
 
     def rings(self, lead: tuple[int, ...] = ()) -> Rings:
         """Zero ring buffers of one device (`lead=(K,)` for all devices)."""
         return Rings(grads=self.acts.zeros((*lead, self.grad_slots)),
                      kept=self.kept.zeros((*lead, self.kept_slots)),
                      inputs=self.acts.zeros((*lead, self.input_slots)),
-                     weights=self.params.zeros((*lead, self.kept_slots)) if self.weight_stashing
+                     weights=self.pieces.zeros((*lead, self.kept_slots)) if self.weight_stashing
                      else (),
                      bridge=self.bridge.zeros((*lead, self.bridge_slots)) if self.bridge_slots
                      else ())
@@ -68,16 +75,16 @@ class Layout:
     def weight_stash_bytes(self) -> int:
         """Extra memory per stage for weight stashing: one weight version per
         micro-batch between its forward and backward (0 if off)."""
-        return self.kept_slots * self.params.slot_bytes() if self.weight_stashing else 0
+        return self.kept_slots * self.pieces.slot_bytes() if self.weight_stashing else 0
 
     def __str__(self) -> str:
         real = sum(self.params.used_bytes(k) for k in range(self.params.stages))
-        rows = [("parameters", self.params.slot_bytes(), 1),
+        rows = [("parameters", self.pieces.slot_bytes(), 1),
                 ("ring: stage inputs", self.acts.slot_bytes(), self.input_slots),
                 ("ring: output gradients", self.acts.slot_bytes(), self.grad_slots),
                 ("ring: kept residuals", self.kept.slot_bytes(), self.kept_slots)]
         if self.weight_stashing:
-            rows.append(("ring: stashed weights", self.params.slot_bytes(), self.kept_slots))
+            rows.append(("ring: stashed weights", self.pieces.slot_bytes(), self.kept_slots))
         if self.bridge_slots:
             rows.append(("ring: B to W (bridge)", self.bridge.slot_bytes(), self.bridge_slots))
         width = max(len(r[0]) for r in rows)

@@ -22,7 +22,13 @@ the largest stage: SPMD buffers have one shape):
     tick, the update's result beside the values it reads (one copy; the
     forward's loop hands the weights on through an optimization barrier,
     so XLA makes no other), live at other times than the working set: the
-    larger of the two counts.
+    larger of the two counts;
+  - on a stage sharded over F devices (compile/fsdp.py) each device holds
+    its piece of the parameters, optimizer state and gradient sum and its
+    part of the batch and activations, and besides them the whole weights
+    of a tick (two copies where the forward and the backward run on
+    different weights) and a tick's whole gradient; with fsdp_gather="step"
+    the whole weights and the whole gradient sum, for the whole step.
 Which buffers XLA copies or reuses was read off the compiled MLP and ResNet
 steps (K = 4, every schedule and remat mode); `benchmarks/run_all.py`
 reports the error of the total for each.
@@ -71,25 +77,32 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def estimate(build: Build, opt_state: Packing) -> MemoryEstimate:
+def estimate(build: Build, opt_state: Packing, forecasting: bool = False) -> MemoryEstimate:
     """The `MemoryEstimate` of the training step of `build` whose optimizer
-    state is packed by `opt_state`."""
+    state is packed by `opt_state` (`forecasting`: some stage's forward runs
+    on a forecast of its weights)."""
     code, layout, schedule = build.code, build.layout, build.schedule
     micro = nbytes(build.example) + nbytes(build.targets)
-    batch = schedule.microbatches * micro  # a replica's part of the batch
+    batch = schedule.microbatches * micro  # a device's part of the batch
     working = [nbytes(code.residuals(j, "none")) for j in code.groups.first]
-
+    # A sharded stage whose forward and backward read different weights gathers both.
+    twice = layout.weight_stashing or forecasting
     def parts(used, chunk_used, act_in: int, act_out: int, work: int) -> dict[str, int]:
         """One stage's parts; `used(packing)` is its bytes of a packing per
         device, `chunk_used(packing)` the most one of its chunks uses."""
-        P, S, kept = used(code.params), used(opt_state), chunk_used(code.kept)
+        P, S, kept = used(layout.pieces), used(opt_state), chunk_used(code.kept)
         moving = layout.input_slots * act_in + layout.grad_slots * act_out
         if layout.bridge_slots:
             moving += layout.bridge_slots * chunk_used(code.bridge)
         out = {"parameters": P, "optimizer state": S, "batch": batch}
+        step = build.F > 1 and build.gather == "step"
+        if build.F > 1:
+            whole = used(code.params)
+            out["gathered weights"] = whole * (2 if twice else 1)
+            out["whole gradient"] = whole
         if schedule.synchronous:
             out.update({"weights the scan reads": P, "rings": moving + layout.kept_slots * kept,
-                        "gradient sum": P, "working set": work})
+                        "gradient sum": 0 if step else P, "working set": work})
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro

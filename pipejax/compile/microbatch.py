@@ -2,7 +2,9 @@
 
 GPipe (§2.2) splits a mini-batch into M equal micro-batches; on a mesh with
 data axes the batch first splits into R equal replica parts (replica-major,
-replica r takes rows r·M·mb to (r+1)·M·mb). The pipeline was
+replica r takes rows r·M·mb to (r+1)·M·mb); on a stage sharded over F
+devices each micro-batch splits into F equal parts, one a device, and the
+pipeline was traced with one part. The pipeline was
 traced with ONE example micro-batch of inputs and one of targets, so a batch
 must be M of them, stacked; the check runs at trace time (shapes are static),
 so a wrong batch is a clear error before anything is compiled.
@@ -38,8 +40,18 @@ def _check(name: str, batch: Any, example: Any, M: int, R: int) -> None:
                 f"{[R * M * _shape(e)[0], *_shape(e)[1:]]} and dtype {jnp.result_type(e)}")
 
 
-def split(batch: Any, M: int, example: Any, targets: Any, R: int = 1) -> tuple[Any, Any]:
-    """`(x, y)` with leading axis R·M·mb -> `(x, y)` with leading axes [R, M, mb]."""
+def whole(part: Any, F: int) -> Any:
+    """The ShapeDtypeStructs of a micro-batch of F parts shaped like `part`."""
+    return jax.tree.map(lambda e: jax.ShapeDtypeStruct((e.shape[0] * F, *e.shape[1:]), e.dtype),
+                        part)
+
+
+def split(batch: Any, M: int, example: Any, targets: Any, R: int = 1,
+          F: int = 1) -> tuple[Any, Any]:
+    """`(x, y)` with leading axis R·M·mb -> `(x, y)` with leading axes [R,
+    M, mb], for a pipeline traced with micro-batch parts `example` and
+    `targets` of mb / F examples each."""
+    example, targets = whole(example, F), whole(targets, F)
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise BatchError("a batch is a pair (x, y) of inputs and targets")
     x, y = batch

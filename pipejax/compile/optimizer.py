@@ -7,7 +7,12 @@ schedule table. Each stage's transform sees that stage's parameters only (a
 tree-wide transform such as `optax.clip_by_global_norm` in the chain acts per
 stage; `clip_norm` clips by the norm over all stages instead). Its state
 is packed like the parameters (a `Staged`), and unpacks into ordinary optax
-states. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
+states. On a stage sharded over F devices (compile/fsdp.py) each device's
+transform runs on its piece of every leaf (`Packing.shard`): exact for
+element-wise transforms (SGD, momentum, Adam, AdamW, the forecasts, spike
+compensation; a mask by a leaf's rank too), while a transform that reduces
+over a leaf or the stage's tree (optax.clip_by_global_norm in the chain, a
+trust ratio) reduces over the piece: clip with the trainer's `clip_norm`. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
 forward (and backward, given a backward horizon) on the predicted weights.
 
 This is the inner part of an update; the outer part (pipejax/compile/
@@ -32,7 +37,7 @@ from pipejax.compile.outer import Outer, all_finite
 from pipejax.packing import Buffers, Packing
 from pipejax.schedules import FAMILIES
 from pipejax.compile.sharing import StageGroups
-from pipejax.compile.spmd import STAGED, lead, local, per_replica, run_if, shard
+from pipejax.compile.spmd import lead, local, params as rows, per_device, run_if, shard
 from pipejax.compile.state import Staged
 from pipejax.errors import ConfigError
 from pipejax.transforms import forecast, forecasts_backward, has_forecast
@@ -63,7 +68,7 @@ class StageOptimizers:
 
     @classmethod
     def of(cls, optimizer: Optimizer, build: Build, outer: Outer) -> "StageOptimizers":
-        schedule, params = build.schedule, build.code.params
+        schedule, params = build.schedule, build.pieces
         transforms = per_stage(optimizer, [schedule.stage_info(k) for k in range(build.K)],
                                "pipe.trainer")
         states = [jax.eval_shape(t.init, params.abstract_tree(k)) for k, t in enumerate(transforms)]
@@ -86,7 +91,8 @@ class StageOptimizers:
 
     def init_program(self, build: Build, replicated: bool) -> Callable[[Staged], tuple]:
         """Staged params (one model when `replicated`, else R replicas) ->
-        (params, optimizer state, rule state) of R replicas, each on its device."""
+        (params, optimizer state, rule state) of R replicas, each on its
+        device (with FSDP: each device's state of its piece, `per_device`)."""
         pp, sp = self.params, self.packing
         branches = self.groups.branches(
             lambda k: lambda p: sp.pack(k, self.transforms[k].init(pp.unpack(k, p))))
@@ -96,12 +102,13 @@ class StageOptimizers:
             s = self.groups.switch(branches, p)
             return lead(p), lead(s), lead(self.outer.init(p))
 
-        spec = per_replica(build.mesh)
-        program = shard(body, build.mesh, (STAGED if replicated else spec,), (spec, spec, spec))
+        device = per_device(build.mesh)
+        program = shard(body, build.mesh, (rows(build.mesh, replicas=not replicated),),
+                        (rows(build.mesh), device, device))
 
         def run(params: Staged) -> tuple:
             p, s, rule = program(params.buffers)
-            return Staged(p, pp), Staged(s, sp), rule
+            return Staged(p, build.code.params), Staged(s, sp), rule
 
         return run
 
@@ -189,6 +196,11 @@ class StageOptimizers:
         an update whose data rule or clip acts outside the stage switch."""
         branches = self._forecast_branches(backward=False)
         return () if branches is None else self.groups.switch(branches, p, s.stages)
+
+    @functools.cached_property
+    def forecasts_backward(self) -> bool:
+        """Whether some stage's backward runs on a forecast of its own."""
+        return self._forecast_branches(backward=True) is not None
 
     def backward_weights(self, p: Buffers, s: OptState) -> Buffers:
         """Inside shard_map: the weights this stage's backward runs on: a

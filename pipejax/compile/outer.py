@@ -29,7 +29,7 @@ from pipejax.packing import Buffers
 from jax.sharding import Mesh
 
 from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.mesh import AXIS, data_axes
+from pipejax.mesh import AXIS, FSDP, data_axes, model_axes
 from pipejax.transforms.data_parallel import DataRule, consensus_distance, ssgd
 
 
@@ -39,15 +39,17 @@ def all_finite(grads: Buffers, scope: tuple[str, ...] = ()) -> jax.Array:
     return (lax.psum(bad, scope) if scope else bad) == 0
 
 
-def clip_by_global_norm(grads: Buffers, max_norm: float, ok: jax.Array | None = None) -> Buffers:
+def clip_by_global_norm(grads: Buffers, max_norm: float, ok: jax.Array | None = None,
+                        model: tuple[str, ...] = (AXIS,)) -> Buffers:
     """`optax.clip_by_global_norm` over the gradients of ALL stages: the
-    squared norm is summed over the stage axis (padding holds zeros), so the
+    squared norm is summed over the mesh axes `model` that hold the model's
+    parts (the stages; with FSDP their pieces; padding holds zeros), so the
     clip means what it means for the unpipelined model. A stage whose
     gradient the guard drops (`ok` false) adds nothing to the norm."""
     square = sum(jnp.sum(jnp.square(d.astype(jnp.float32))) for d in grads)
     if ok is not None:
         square = jnp.where(ok, square, 0.0)
-    norm = jnp.sqrt(lax.psum(square, AXIS))
+    norm = jnp.sqrt(lax.psum(square, model))
     trigger = norm < max_norm
     return tuple(lax.select(trigger, d, (d / norm.astype(d.dtype)) * max_norm) for d in grads)
 
@@ -61,6 +63,7 @@ class Outer:
     rule: DataRule | None = None
     clip_norm: float | None = None  # clip by the global norm over all stages
     skip_nonfinite: bool = False
+    model: tuple[str, ...] = (AXIS,)  # the mesh axes holding the model's parts (`model_axes`)
 
     def __post_init__(self):
         if self.clip_norm is not None and not self.clip_norm > 0:
@@ -72,7 +75,7 @@ class Outer:
            skip_nonfinite: bool = False) -> "Outer":
         """The outer pieces of a trainer on `mesh`, its rule checked against
         the mesh (default SSGD over every data axis; None without data axes)."""
-        return cls(_check_rule(rule, mesh), clip_norm, skip_nonfinite)
+        return cls(_check_rule(rule, mesh), clip_norm, skip_nonfinite, model_axes(mesh))
 
     @property
     def collective(self) -> bool:
@@ -99,14 +102,16 @@ class Outer:
         return tree, tuple(states)
 
     def clip(self, grads: Buffers, ok: jax.Array | None) -> Buffers:
-        return grads if self.clip_norm is None else clip_by_global_norm(grads, self.clip_norm, ok)
+        if self.clip_norm is None:
+            return grads
+        return clip_by_global_norm(grads, self.clip_norm, ok, self.model)
 
     def consensus(self, p: Buffers) -> jax.Array | None:
         """Inside shard_map: the spread of the replicas' weights (all stages),
         when the rule lets them differ; else None."""
         if self.rule is None or not self.rule.decentralized:
             return None
-        return consensus_distance(p, self.rule.axes, over=(AXIS,))
+        return consensus_distance(p, self.rule.axes, over=self.model)
 
 
 def _check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
@@ -119,9 +124,10 @@ def _check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
         raise ArgumentTypeError(f"rule must be a pj.transforms.DataRule (ssgd, adpsgd, hadpsgd, "
                                 f"elastic), not {type(rule).__name__}")
     for a in rule.axes:
-        if a == AXIS:
-            raise ConfigError(f"rule {rule.name!r} names the pipeline axis {AXIS!r}; a data rule "
-                              f"combines replicas over the data axes {axes}")
+        if a in (AXIS, FSDP):
+            raise ConfigError(f"rule {rule.name!r} names the mesh axis {a!r}, whose devices hold "
+                              f"parts of one model; a data rule combines replicas over the data "
+                              f"axes {axes}")
         if a not in names:
             raise ConfigError(f"rule {rule.name!r} names mesh axis {a!r}, but the mesh has axes "
                               f"{names}; build the mesh with that axis (pj.make_mesh(stages, "

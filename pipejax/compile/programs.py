@@ -25,31 +25,44 @@ from pipejax.compile.lanes import compiled_lanes
 from pipejax.compile.layout import Layout
 from pipejax.compile.memory import MemoryEstimate, estimate
 from pipejax.compile.optimizer import StageOptimizers
+from pipejax.compile.pieces import states as opt_states
 from pipejax.compile.outer import Outer
-from pipejax.compile.spmd import REPLICATED, STAGED, per_replica, sharding
+from pipejax.compile.spmd import REPLICATED, params, per_device, sharding
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.state import InFlight, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
+from pipejax.mesh import shards
 from pipejax.partition import Plan
 from pipejax.schedules import Op, Schedule
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
-__all__ = ["Build", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers", "Staged",
+__all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers", "Staged",
            "TrainPrograms", "TrainState", "build", "check_params", "check_table", "key_or_default",
-           "pipeline_programs", "stage_rows", "train_programs", "unstage"]
+           "opt_states", "pipeline_programs", "stage_rows", "train_programs", "unstage"]
 
 
-def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, weight_stashing: bool,
-          share: bool) -> Build:
+class Flags(NamedTuple):
+    """The switches of `pj.pipeline` that the compiled step reads."""
+
+    weight_stashing: bool = False  # an asynchronous backward runs on its forward's weights
+    share_branches: bool = True  # stages of one structure share a branch of the switch
+    fsdp_gather: str = "tick"  # where a sharded stage gathers its weights (compile/fsdp.py)
+
+
+def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags) -> Build:
     """The stage code of `plan`, the layout `schedule` needs and the mesh, as
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
     the mean over M micro-batches (synchronous), 1 when every micro-batch is
-    its own update; a table with W ops splits every backward into B and W."""
+    its own update; a table with W ops splits every backward into B and W;
+    a stage sharded over F devices packs its slots in F pieces."""
     seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
-    code = StageCode(model, plan, seed, share, split=bool((schedule.ops == Op.W).any()))
-    return Build(plan.placement, code, schedule, Layout.of(code, schedule, weight_stashing), mesh)
+    F = shards(mesh)
+    code = StageCode(model, plan, seed, flags.share_branches,
+                     split=bool((schedule.ops == Op.W).any()), shards=F)
+    layout = Layout.of(code, schedule, flags.weight_stashing, F)
+    return Build(plan.placement, code, schedule, layout, mesh, flags.fsdp_gather)
 
 
 def check_table(schedule: Schedule) -> None:
@@ -89,19 +102,21 @@ def initial_params(b: Build, key: jax.Array) -> Staged:
 
 
 def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
-    """Layer i's variables, `variables(i)`, packed per device and placed on
-    the stage axis, one device at a time: besides its own stage, the default
-    device holds one other device's variables and their packed copy at once.
-    A process places the rows of its own devices (every replica's)."""
-    plan, packing = b.code.plan, b.code.params
-    placed = sharding(b.mesh, STAGED)
-    where = {d: idx[0].start or 0 for d, idx in
-             placed.addressable_devices_indices_map((b.K, 1)).items()}
+    """Layer i's variables, `variables(i)`, packed per stage and placed on
+    the stage axis (a sharded stage's F pieces on its F devices), one stage
+    at a time: besides its own, the default device holds one other stage's
+    variables and their packed copy at once. A process places the rows of
+    its own devices (every replica's)."""
+    plan, packing, F = b.code.plan, b.code.params, b.F
+    placed = sharding(b.mesh, params(b.mesh, replicas=False))
+    where = {d: (idx[0].start or 0, idx[1].start or 0) for d, idx in
+             placed.addressable_devices_indices_map((b.K, F)).items()}
     shards: dict[Any, list] = {}
-    for k in sorted(set(where.values())):
-        row = [buf[None] for buf in packing.pack(k, [variables(i) for i in plan.device_layers(k)])]
-        for d in (d for d, dk in where.items() if dk == k):
-            shards[d] = [jax.device_put(buf, d) for buf in row]
+    for k in sorted({k for k, _ in where.values()}):
+        row = packing.pack(k, [variables(i) for i in plan.device_layers(k)])
+        for d, (_, f) in ((d, at) for d, at in where.items() if at[0] == k):
+            piece = lambda buf: buf.reshape(F, -1)[f] if F > 1 else buf
+            shards[d] = [jax.device_put(piece(buf)[None], d) for buf in row]
     return Staged(tuple(
         jax.make_array_from_single_device_arrays(
             (b.K, *shape), placed, [shards[d][n] for d in placed.addressable_devices])
@@ -164,15 +179,16 @@ def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
     initial = lambda replicated: _initial(b, opts, replicated)
     init = {r: guarded(jax.jit(initial(r), out_shardings=shardings), b.mesh) for r in (True, False)}
     return TrainPrograms(opts, shardings, initial, init, jitted(step, "trainer.step"),
-                         jitted(flush, "trainer.flush"), lambda: estimate(b, opts.packing))
+                         jitted(flush, "trainer.flush"), lambda: estimate(b, opts.packing, any(opts.forecasting)))
 
 
 def _shardings(b: Build) -> TrainState:
-    staged, replicated = sharding(b.mesh, per_replica(b.mesh)), sharding(b.mesh, REPLICATED)
+    rows, replicated = sharding(b.mesh, params(b.mesh)), sharding(b.mesh, REPLICATED)
+    device = sharding(b.mesh, per_device(b.mesh))
     inflight = None
     if b.schedule.asynchronous:
-        inflight = InFlight(staged, staged, staged, replicated, replicated, replicated)
-    return TrainState(staged, staged, replicated, replicated, inflight, staged)
+        inflight = InFlight(device, device, device, replicated, replicated, replicated)
+    return TrainState(rows, device, replicated, replicated, inflight, device)
 
 
 def _initial(b: Build, opts: StageOptimizers, replicated: bool) -> Callable:

@@ -28,6 +28,13 @@ class SplitBackwardOps:
     per_chunk: bool  # a synchronous table over v > 1 chunks: W adds into its chunk's slots
     _run: Callable  # run_if, or the op itself when every op runs at every tick
     _inputs: Callable  # (g, j) -> (x_m, y_m, key, first layer of j)
+    weights: Callable  # (ops) -> the weights the ops run on (gathered where sharded)
+
+    @staticmethod
+    def _with_weights(ops: Ops, w: tuple) -> Ops:
+        """`ops` after a loop that carried the weights `w` (in place): the
+        stage's own, or, where sharded, a gathered copy the loop leaves alone."""
+        return ops if ops.whole else ops._replace(p=w)
 
     def _input_grad(self, task: TickTask, ops: Ops, read: tuple) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
@@ -36,15 +43,15 @@ class SplitBackwardOps:
         bridge_slot = task.ring % self.layout.bridge_slots
 
         def input_grad(args, c):
-            p, bridge, _ = c
-            new, msg = self.code.groups.switch_at(task.j, self.branches[Op.B], p, *args)
-            return p, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
+            w, bridge, _ = c
+            new, msg = self.code.groups.switch_at(task.j, self.branches[Op.B], w, *args)
+            return w, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
 
         h, ct = read
         args = (h, ct, messages.read(ops.kept, kept_slot), self._inputs(task.g, task.j))
-        p, bridge, msg = self._run(task.real, input_grad, args,
-                                   (ops.p, ops.bridge, self.code.acts.zeros()))
-        return ops._replace(p=p, bridge=bridge), msg
+        w, bridge, msg = self._run(task.real, input_grad, args,
+                                   (self.weights(ops), ops.bridge, self.code.acts.zeros()))
+        return self._with_weights(ops, w)._replace(bridge=bridge), msg
 
     def _weight_grad(self, task: TickTask, ops: Ops, read: tuple) -> Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
@@ -54,13 +61,13 @@ class SplitBackwardOps:
         read = (*read, messages.read(ops.kept, task.ring % self.layout.kept_slots),
                 messages.read(ops.bridge, task.ring % self.layout.bridge_slots))
         def weight_grad(args, c):
-            p, grad_sum = c
+            w, grad_sum = c
             if self.per_chunk:
-                return p, self.code.groups.run(self.branches[Op.W], (p, *args), grad_sum,
+                return w, self.code.groups.run(self.branches[Op.W], (w, *args), grad_sum,
                                                at=task.j)
-            grads = self.code.groups.switch_at(task.j, self.branches[Op.W], p, *args)
-            return p, tuple(a + d for a, d in zip(grad_sum, grads))
+            grads = self.code.groups.switch_at(task.j, self.branches[Op.W], w, *args)
+            return w, tuple(a + d for a, d in zip(grad_sum, grads))
 
-        p, grad_sum = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
-                                (ops.p, ops.grad_sum))
-        return ops._replace(p=p, grad_sum=grad_sum)
+        w, grad_sum = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
+                                (self.weights(ops), ops.grad_sum))
+        return self._with_weights(ops, w)._replace(grad_sum=grad_sum)

@@ -3,10 +3,13 @@
 Inside `shard_map` each device holds its row of every stage-sharded buffer:
 a pipeline's `[K, ...]` arrays sharded over the mesh axis `stage` (one model,
 the same on every replica), or a trainer's `[R·K, ...]` arrays sharded over
-the data axes and `stage` (row r·K + k on replica r's stage k). These helpers drop
-and restore that leading axis, build the `shard_map`s and placements every
-program uses, and run a piece of work on a condition without copying the
-buffers it passes through.
+the data axes and `stage` (row r·K + k on replica r's stage k). A stage
+sharded over F devices of axis `fsdp` splits each parameter row along its
+length (`params`: device f holds the f-th piece), and keeps what differs
+per device (optimizer state, rings) in rows of their own, `[R·K·F, ...]`
+(`per_device`). These helpers drop and restore that leading axis, build
+the `shard_map`s and placements every program uses, and run a piece of
+work on a condition without copying the buffers it passes through.
 """
 
 from __future__ import annotations
@@ -19,26 +22,41 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipejax.mesh import AXIS, data_axes
+from pipejax.mesh import AXIS, FSDP, batch_axes, data_axes, shards
 
-STAGED = P(AXIS)  # a [K, ...] buffer, row k on stage k's device
+STAGED = P(AXIS)  # a [K, ...] buffer of one model, row k on stage k's device (F = 1)
 REPLICATED = P()
 
 
-def per_replica(mesh: Mesh) -> P:
-    """A `[R·K, ...]` buffer: row r·K + k on replica r's stage k (`STAGED` when R = 1)."""
-    return P((*data_axes(mesh), AXIS))
+def _fsdp(mesh: Mesh) -> tuple[str, ...]:
+    return (FSDP,) if shards(mesh) > 1 else ()
 
 
-def split_over_replicas(mesh: Mesh) -> P:
-    """A `[R, ...]` array, part r on every stage of replica r (replicated when R = 1)."""
-    return P(data_axes(mesh) or None)
+def params(mesh: Mesh, replicas: bool = True) -> P:
+    """Packed parameters (or gradients) `[R·K, length]`: row r·K + k on
+    replica r's stage k, split along its length over `fsdp` (`[K, length]`
+    when not `replicas`: one model)."""
+    rows = (*data_axes(mesh), AXIS) if replicas else AXIS
+    return P(rows, *_fsdp(mesh))
+
+
+def per_device(mesh: Mesh) -> P:
+    """A `[R·K·F, ...]` buffer, a row per device: (r·K + k)·F + f on device
+    f of replica r's stage k (`[R·K, ...]` when F = 1)."""
+    return P((*data_axes(mesh), AXIS, *_fsdp(mesh)))
+
+
+def split_batch(mesh: Mesh) -> P:
+    """A batch `[R, M, mb, ...]`: part r on every stage of replica r, each
+    micro-batch split over `fsdp` (replicated when R = F = 1)."""
+    return P(data_axes(mesh) or None, *((None, FSDP) if _fsdp(mesh) else ()))
 
 
 def replica_key(key: jax.Array, mesh: Mesh) -> jax.Array:
-    """Inside shard_map: the key of this device's replica, fold_in(key, r)
-    when the mesh holds R > 1 replicas, else `key` itself."""
-    axes = data_axes(mesh)
+    """Inside shard_map: the key of this device's part of the batch,
+    fold_in(key, i) with i its index over the batch axes (the replica r,
+    with `fsdp` r·F + f) when there are several, else `key` itself."""
+    axes = batch_axes(mesh)
     if not axes or all(mesh.shape[a] == 1 for a in axes):
         return key
     return jax.random.fold_in(key, lax.axis_index(axes))

@@ -70,18 +70,20 @@ class StageCode:
     with `split` (a table with W ops) `bridge` what B files for W, for
     micro-batches shaped like the model's example and targets. The last
     stage seeds its vjp with `seed`: 1/M when a step's loss is the mean over
-    M micro-batches, 1 when every micro-batch is its own update. Virtual
+    M micro-batches, 1 when every micro-batch is its own update. With
+    `shards` = F > 1, `params` packs every slot flat, in F pieces
+    (`Packing.of`), and the micro-batches are one device's part of F. Virtual
     stages of one structure share a branch unless `share` is false.
     """
 
     def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True,
-                 split: bool = False):
+                 split: bool = False, shards: int = 1):
         self.model, self.plan, self.seed, self.share = model, plan, seed, share
         self.placement = placement = plan.placement
         self.S = placement.chunks
         layers = [plan.device_layers(k) for k in range(placement.stages)]
         self.params = Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
-                                 order=[i for ls in layers for i in ls])
+                                 order=[i for ls in layers for i in ls], shards=shards)
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
                                      _same_structure, share)
         self.outputs = self._outputs()

@@ -26,8 +26,8 @@ from pipejax.compile import microbatch
 from pipejax.compile.build import Build
 from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.spmd import (REPLICATED, STAGED, in_place, lead, local, per_replica,
-                                  replica_key, shard, split_over_replicas)
+from pipejax.compile.spmd import (REPLICATED, in_place, lead, local, params, per_device,
+                                  replica_key, shard, split_batch)
 from pipejax.compile.state import Staged, TrainState
 from pipejax.compile.metrics import metrics
 from pipejax.compile.table import run_table
@@ -52,12 +52,12 @@ def value_and_grad(build: Build) -> Callable:
         grads = lax.pmean(out.grads, axes) if axes else out.grads
         return jnp.mean(out.losses), lead(grads)
 
-    batch = split_over_replicas(build.mesh)
-    sharded = shard(body, build.mesh, (STAGED, batch, batch, REPLICATED), (REPLICATED, STAGED))
+    batch, staged = split_batch(build.mesh), params(build.mesh, replicas=False)
+    sharded = shard(body, build.mesh, (staged, batch, batch, REPLICATED), (REPLICATED, staged))
 
-    def run(params: Staged, batch: tuple, key: jax.Array):
-        x, y = microbatch.split(batch, build.M, build.example, build.targets, build.R)
-        loss, grads = sharded(params.buffers, x, y, key)
+    def run(p: Staged, batch: tuple, key: jax.Array):
+        x, y = microbatch.split(batch, build.M, build.example, build.targets, build.R, build.F)
+        loss, grads = sharded(p.buffers, x, y, key)
         return loss, Staged(grads, build.code.params)
 
     return run
@@ -81,12 +81,12 @@ def train_step(build: Build, opts: StageOptimizers) -> Callable:
         skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
         return p, s, rule, out.losses, out.done, outer.consensus(local(p)), skipped
 
-    spec, batch = per_replica(build.mesh), split_over_replicas(build.mesh)
-    sharded = shard(body, build.mesh, (spec, spec, spec, batch, batch, REPLICATED),
-                    (spec, spec, spec) + (REPLICATED,) * 4)
+    rows, device, batch = params(build.mesh), per_device(build.mesh), split_batch(build.mesh)
+    sharded = shard(body, build.mesh, (rows, device, device, batch, batch, REPLICATED),
+                    (rows, device, device) + (REPLICATED,) * 4)
 
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, build.example, build.targets, R)
+        x, y = microbatch.split(batch, M, build.example, build.targets, R, build.F)
         key = jax.random.fold_in(state.key, state.step)
         p, s, rule, losses, done, spread, skipped = sharded(
             state.params.buffers, state.opt_state.buffers, state.rule_state, x, y, key)

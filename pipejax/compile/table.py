@@ -17,9 +17,12 @@ on a backward forecast, if it has a backward horizon. Where the table runs
 a micro-batch's forward and backward on the last stage in one tick
 (`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that keeps
 nothing, as a plain micro-batched jit does; a synchronous table whose every
-op runs at every tick runs its ops without the loops. The program does not
-grow with the number of micro-batches or ticks. Zero bubble's B and W are
-split_ops.py's; what a pass takes, carries and returns is table_state.py's.
+op runs at every tick runs its ops without the loops. A stage sharded over
+F devices (compile/fsdp.py) gathers its weights before the tick's ops (or
+once before the pass) and scatters their gradients after them. The program
+does not grow with the number of micro-batches or ticks. Zero bubble's B
+and W are split_ops.py's; what a pass takes, carries and returns is
+table_state.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pipejax.compile import branches, messages
+from pipejax.compile import branches, fsdp, messages
 from pipejax.compile.build import Build
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
@@ -40,6 +43,7 @@ from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.split_ops import SplitBackwardOps
 from pipejax.compile.table_state import Ops, TableIn, TableOut
+from pipejax.packing import Buffers
 from pipejax.mesh import AXIS
 from pipejax.schedules import NONE, Op
 from pipejax.schedules.tasks import BACKWARD
@@ -48,8 +52,12 @@ from pipejax.schedules.tasks import BACKWARD
 class _Tick(SplitBackwardOps):
     """The body of the scan: what stage k does at one tick."""
 
-    def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn):
+    def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn,
+                 whole: Buffers | None = None):
+        """`whole`: a sharded stage's weights, gathered once before the pass
+        (fsdp's "step"); None to gather them at each tick (or unsharded)."""
         self.code, self.layout, self.opts = build.code, build.layout, opts
+        self.F, self.whole = build.F, whole
         self.placement, self.sync = build.placement, build.schedule.synchronous
         self.S = self.placement.chunks
         self.lanes = compiled_lanes(build.schedule)
@@ -65,7 +73,7 @@ class _Tick(SplitBackwardOps):
                 Op.BW: functools.partial(branches.backward, into_sum=self.per_chunk),
                 Op.W: functools.partial(branches.weight_grad, into_sum=self.per_chunk)}
         self.branches = {lane.op: made[lane.op](self.code) for lane in self.lanes}
-        self.gradients = GradientPolicy(self.sync, opts, self.code.params)
+        self.gradients = GradientPolicy(self.sync, opts, self.code.params, self.F)
         # Which loops a tick runs, known from the table: the forward's and
         # the backward's (`separate`), the fused pair's (`fusion`).
         fused, forwards = build.schedule.fused, build.schedule.fwd != NONE
@@ -101,6 +109,11 @@ class _Tick(SplitBackwardOps):
         slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
                                           for op, t in tasks.items()})
         ops = Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
+        per_tick = self.F > 1 and self.sync and self.whole is None
+        if self.F > 1:
+            ops = ops._replace(whole=self._gather(runs, fused, ops))
+        if per_tick:  # this tick's gradients, whole, scattered after its ops
+            ops = ops._replace(grad_sum=self.code.params.zeros())
         sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
@@ -116,6 +129,11 @@ class _Tick(SplitBackwardOps):
         back = [sent[op] for op in BACKWARD if op in sent]  # a cell runs one of B and BW
         back = back[0] if len(back) == 1 else messages.either(*back)
         rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
+        if per_tick:
+            ran = [runs[op].real for op in (Op.BW, Op.W) if op in runs]
+            ran += [] if fused is None else [fused.real]
+            ops = ops._replace(grad_sum=fsdp.scatter_if(self._any(ran), ops.grad_sum, self.F,
+                                                        grad_sum))
         rings = messages.exchange(rings, self.layout, self.placement, self.k, sent[Op.F],
                                   back)
         f = tasks[Op.F]
@@ -126,6 +144,41 @@ class _Tick(SplitBackwardOps):
     def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
+
+    def _any(self, preds: list[jax.Array]) -> jax.Array | None:
+        """Whether any of `preds` holds; None (always) when every op runs at every tick."""
+        return None if self.busy else functools.reduce(jnp.logical_or, preds)
+
+    def _gather(self, runs: dict, fused: TickTask | None, ops: Ops) -> tuple:
+        """A sharded stage's whole weights for this tick's ops: (the
+        forward's, the backward's), gathered once each where some op of the
+        tick uses them, once for both where they are the same weights (the
+        forward's: the forecast `ahead`, or the weights; the backward's: the
+        stashed ones, a backward forecast, the weights under a forecast)."""
+        if self.whole is not None:
+            return self.whole, self.whole
+        ahead = self.opts is not None and bool(ops.s.ahead)
+        forward = ops.s.ahead if ahead else ops.p
+        backward = None
+        if Op.BW in runs and self.layout.weight_stashing:
+            backward = messages.read(ops.weights, runs[Op.BW].ring % self.layout.kept_slots)
+        elif Op.BW in runs and self.opts is not None and self.opts.forecasts_backward:
+            backward = self.opts.backward_weights(ops.p, ops.s)
+        elif Op.BW in runs and ahead:
+            backward = ops.p
+        users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
+        users += [] if fused is None else [fused.real]
+        users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
+        zeros = self.code.params.zeros()
+        first = fsdp.gather_if(self._any(users), forward, zeros)
+        if backward is None:
+            return first, first
+        return first, fsdp.gather_if(self._any([runs[Op.BW].real]), backward, zeros)
+
+    def weights(self, ops: Ops) -> Buffers:
+        """The weights the tick's forward, B and W run on: the whole ones
+        gathered (a sharded stage), else the stage's own."""
+        return ops.whole[0] if ops.whole else ops.p
 
     def _forward(self, task: TickTask, ops: Ops, read: tuple, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
@@ -146,19 +199,25 @@ class _Tick(SplitBackwardOps):
         slot = task.ring % self.layout.kept_slots
         p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
+        # A sharded stage stashes its piece of the weights, not the gathered whole.
+        piece = (s.ahead if ahead else p) if ops.whole else None
 
         def forward(args, c):
             w, kept, weights, _, _ = c
+            h, inputs, stash = args
             msg, new_kept, loss = self.code.groups.switch_at(task.j, self.branches[Op.F], w,
-                                                             *args)
+                                                             h, inputs)
             kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
-            weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w))
+            weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w if stash is None
+                                                               else stash))
             return lax.optimization_barrier(w), kept, weights, msg, loss
 
-        init = (s.ahead if ahead else p, ops.kept, ops.weights, self.code.acts.zeros(), loss)
-        w, kept, weights, msg, loss = self._run(task.real, forward,
-                                                (read[0], self._inputs(task.g, task.j)), init)
-        p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
+        first = ops.whole[0] if ops.whole else s.ahead if ahead else p
+        init = (first, ops.kept, ops.weights, self.code.acts.zeros(), loss)
+        w, kept, weights, msg, loss = self._run(
+            task.real, forward, (read[0], self._inputs(task.g, task.j), piece), init)
+        if not ops.whole:
+            p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
 
     def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops, read: tuple,
@@ -173,13 +232,15 @@ class _Tick(SplitBackwardOps):
         it, where its collectives run on every device at every tick). Returns the ops' state, the
         message back, the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
+        stashed = None
         if self.separate:  # a slot exists: the table keeps residuals
             slot = task.ring % self.layout.kept_slots
-            stashed = messages.read(ops.weights, slot) if self.layout.weight_stashing else None
+            if self.layout.weight_stashing and not ops.whole:
+                stashed = messages.read(ops.weights, slot)
 
         def backward(args, c):
             p, s, carried, msg, loss, skipped = c
-            w = stashed if stashed is not None else (
+            w = ops.whole[1] if ops.whole else stashed if stashed is not None else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
             if self.per_chunk:
                 carried, msg = self.code.groups.run(self.branches[Op.BW], (w, *args),
@@ -191,7 +252,8 @@ class _Tick(SplitBackwardOps):
 
         def both(args, c):
             p, s, carried, _, _, skipped = c
-            loss, grads, msg = branches.fused(self.code, s.ahead if ahead else p, *args)
+            w = ops.whole[0] if ops.whole else s.ahead if ahead else p
+            loss, grads, msg = branches.fused(self.code, w, *args)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
             return p, s, carried, msg, loss, skipped
 
@@ -214,18 +276,22 @@ class _Tick(SplitBackwardOps):
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:
     """Inside shard_map: one pass over the table. `opts` are the per-stage
     optimizers an asynchronous table applies; losses are averaged over the
-    mesh's data axes."""
+    mesh's batch axes (the data axes and `fsdp`)."""
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule)  # static
-    grad_sum = build.code.params.zeros() if schedule.synchronous else ()
-    tick = _Tick(build, opts, inp)
+    whole = fsdp.gather(inp.params) if build.F > 1 and build.gather == "step" else None
+    sums = build.pieces if whole is None else build.code.params  # the gradient sum's packing
+    grad_sum = sums.zeros() if schedule.synchronous else ()
+    tick = _Tick(build, opts, inp, whole)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, grad_sum), (losses, done, skipped) = lax.scan(
         tick, (inp.params, inp.opt_state, inp.rings, grad_sum), lane_rows(schedule, tick.lanes))
+    if whole is not None:
+        grad_sum = fsdp.scatter(grad_sum, build.F)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
     skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)
-    if axes:  # every replica finishes the same micro-batches
-        losses = lax.pmean(losses, axes)
+    if build.batch_axes:  # every replica (and piece) finishes the same micro-batches
+        losses = lax.pmean(losses, build.batch_axes)
     return TableOut(p, s, rings, grad_sum, losses, done, skipped)

@@ -46,3 +46,4 @@ class Ops(NamedTuple):
     kept: Buffers
     weights: Buffers
     bridge: Buffers
+    whole: tuple = ()  # a sharded stage's gathered weights (the forward's, the backward's)

@@ -7,7 +7,7 @@ import pytest
 
 import pipejax as pj
 from pipejax.compile.outer import Outer, all_finite, clip_by_global_norm
-from pipejax.compile.spmd import STAGED, lead, local, per_replica, shard
+from pipejax.compile.spmd import STAGED, lead, local, params, shard
 from pipejax.errors import ConfigError
 from pipejax.mesh import AXIS
 
@@ -27,6 +27,17 @@ def test_clip_by_global_norm_over_the_stages_equals_optax_on_the_whole_model():
     got = clip(grads)
     assert float(optax.tree.norm(grads)) > 1.5
     for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_clip_over_the_pieces_of_sharded_stages_equals_optax_on_the_whole_model():
+    mesh, grads = pj.make_mesh(2, fsdp=2), _buffers()[:1]  # a [K, 6] slot in 2 pieces a stage
+    whole = tuple(g[:2] for g in grads)
+    clip = shard(lambda g: lead(clip_by_global_norm(local(g), 1.5, model=("stage", "fsdp"))),
+                 mesh, (params(mesh, replicas=False),), params(mesh, replicas=False))
+    want, _ = optax.clip_by_global_norm(1.5).update(whole, optax.EmptyState())
+    assert float(optax.tree.norm(whole)) > 1.5
+    for a, b in zip(clip(whole), want):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
@@ -55,7 +66,7 @@ def test_all_finite_sees_one_stage_or_every_stage_by_scope():
 def test_the_rule_before_half_averages_the_replicas():
     mesh = pj.make_mesh(2, 2)  # ("data", "stage")
     outer = Outer(pj.transforms.ssgd())
-    spec = per_replica(mesh)
+    spec = params(mesh)
     grads = tuple(jnp.arange(4 * n, dtype=jnp.float32).reshape(4, n) for n in (3, 2))
 
     def body(g):

@@ -1,0 +1,93 @@
+"""Compiled per-device memory of a stage sharded over F devices (ZeRO-3).
+
+For each model, schedule and F = 1, 2, 4 (K = 2 stages, so 2·F devices):
+the compiled training step's argument bytes per device (parameters, AdamW's
+state, the batch; an asynchronous step's in-flight rings too), its temp and
+output bytes, the ratio of each to F = 1, the predicted total of
+`trainer.memory()` against the compiled argument + output + temp, and the
+all-gathers and reduce-scatters the step holds per tick and outside the
+tick loop (pipejax/bench/hlo.py). Models: the zoo GPT (depth 4, width 256,
+4 heads, context 128, vocabulary 256; micro-batch 8) and an unannotated
+heterogeneous MLP (widths 1024, 512, 1536, 256, 10 over 512 features;
+micro-batch 16), both M = 4 micro-batches.
+
+Run: python benchmarks/fsdp_memory.py
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+import pipejax as pj
+from common import markdown, save, table
+from pipejax.bench import hlo
+
+K, M = 2, 4
+
+
+def gpt():
+    mb, T = 8, 128
+    x = jax.random.randint(jax.random.key(0), (M * mb, T), 0, 256)
+    layers = pj.models.gpt(depth=4, width=256, heads=4, context=T, vocab=256)
+    return layers, pj.losses.next_token, (x, jnp.roll(x, -1, axis=1)), mb
+
+
+def mlp():
+    mb = 16
+    x = jax.random.normal(jax.random.key(0), (M * mb, 512))
+    layers = [nn.Dense(1024), nn.relu, nn.Dense(512), nn.gelu, nn.Dense(1536), nn.relu,
+              nn.LayerNorm(), nn.Dense(256), nn.relu, nn.Dense(10)]
+    return layers, pj.losses.cross_entropy, (x, jnp.zeros((M * mb,), jnp.int32)), mb
+
+
+def row(model: str, schedule: str, F: int, gather: str) -> dict:
+    layers, loss, (x, y), mb = {"gpt": gpt, "mlp": mlp}[model]()
+    pipe = pj.pipeline(layers, loss=loss, example=x[:mb], targets=y[:mb], stages=K,
+                       microbatches=M, schedule=schedule, mesh=pj.make_mesh(K, fsdp=F),
+                       fsdp_gather=gather)
+    trainer = pipe.trainer(optax.adamw(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    compiled = trainer.step.lower(state, (x, y)).compile()
+    memory, text = compiled.memory_analysis(), compiled.as_text()
+    compiled_total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                      + memory.temp_size_in_bytes)
+    gathers = hlo.per_tick(text, pipe.schedule.ticks, "all-gather")
+    scatters = hlo.per_tick(text, pipe.schedule.ticks, "reduce-scatter")
+    return {"model": model, "schedule": schedule, "fsdp": F, "gather": gather,
+            "argument_bytes": int(memory.argument_size_in_bytes),
+            "output_bytes": int(memory.output_size_in_bytes),
+            "temp_bytes": int(memory.temp_size_in_bytes),
+            "predicted_total_bytes": trainer.memory().total, "compiled_total_bytes": compiled_total,
+            "param_slots": len(pipe.layout.params.slots),
+            "gathers_per_tick": gathers["tick"], "gathers_per_step": gathers["step"],
+            "scatters_per_tick": scatters["tick"], "scatters_per_step": scatters["step"]}
+
+
+def main() -> None:
+    rows = []
+    for model in ("gpt", "mlp"):
+        for schedule, gather in (("1f1b", "tick"), ("1f1b", "step"), ("pb", "tick")):
+            base = None
+            for F in (1, 2, 4):
+                r = row(model, schedule, F, gather)
+                base = base or r
+                for part in ("argument", "temp"):
+                    r[f"{part}_over_fsdp1"] = round(r[f"{part}_bytes"] / base[f"{part}_bytes"], 3)
+                r["predicted_over_compiled"] = round(
+                    r["predicted_total_bytes"] / r["compiled_total_bytes"], 3)
+                rows.append(r)
+                print(r, flush=True)
+    print(table(rows))
+    save("fsdp_memory", {"stages": K, "microbatches": M, "optimizer": "adamw",
+                         "rows": rows, "markdown": markdown(rows)})
+
+
+if __name__ == "__main__":
+    main()

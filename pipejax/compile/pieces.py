@@ -1,0 +1,90 @@
+"""A sharded stage's optimizer state, whole from its F pieces and back.
+
+On a stage sharded over F devices (compile/fsdp.py) each device's optax
+state is the state of its piece of every leaf (`Packing.shard`), kept in a
+row of its own (`[R·K·F, ...]`). `whole` joins the F states into the one
+the optimizer would hold over the whole leaves (what `trainer.opt_state`
+returns and a checkpoint stores: the same as at F = 1), `split` cuts a
+whole state into the F pieces' states (what a checkpoint restores into).
+A part of the state shaped like the stage's parameters (momentum, Adam's
+moments) is cut as the parameters are; any other leaf (a step count) is
+the same on every device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from pipejax.compile.state import Staged, host_array
+from pipejax.errors import ArgumentTypeError
+from pipejax.packing import Packing
+
+
+def parts(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
+    """A stage's optax state as (treedef, its parts, which parts are shaped
+    like the stage's parameters: the per-parameter states; the others are leaves)."""
+    like = jax.tree.structure(params)
+    is_part = lambda x: jax.tree.structure(x) == like
+    flat, treedef = jax.tree.flatten(state, is_leaf=is_part)
+    return treedef, flat, [is_part(p) for p in flat]
+
+
+def states(opt_state: Staged, params: Packing, F: int, replica: int = 0) -> list[Any]:
+    """The K whole optax states of one replica, as host pytrees, from a
+    trainer's state rows (a row per device when F > 1)."""
+    if F == 1:
+        return opt_state.per_stage(replica)
+    K = params.stages
+    host = [host_array(b) for b in opt_state.buffers]
+    R = host[0].shape[0] // (K * F)
+    if not (isinstance(replica, (int, np.integer)) and 0 <= replica < R):
+        raise ArgumentTypeError(f"replica={replica!r}; use 0 to {R - 1}")
+    rows = [b.reshape(R, K, F, *b.shape[1:])[replica] for b in host]
+    return [whole([opt_state.packing.unpack(k, tuple(b[k, f] for b in rows)) for f in range(F)],
+                  params, k) for k in range(K)]
+
+
+def whole(pieces: list[Any], params: Packing, k: int) -> Any:
+    """Stage k's optax state over its whole leaves from the F states over
+    its pieces (device 0's first); `params` is the whole parameter packing."""
+    tree = params.abstract_tree(k)
+    shapes = [leaf.shape for leaf in jax.tree.leaves(tree)]
+    split = [parts(p, tree) for p in pieces]
+    treedef, flat, per_parameter = split[0]
+    out = []
+    for n, (part, cut) in enumerate(zip(flat, per_parameter)):
+        if not cut:
+            out.append(part)
+            continue
+        leaves = [jax.tree.leaves(s[1][n]) for s in split]  # per device, per leaf
+        joined = [np.concatenate([np.ravel(device[i]) for device in leaves])
+                  [:int(np.prod(shape, dtype=np.int64))].reshape(shape)
+                  for i, shape in enumerate(shapes)]
+        out.append(jax.tree.unflatten(jax.tree.structure(tree), joined))
+    return jax.tree.unflatten(treedef, out)
+
+
+def split(state: Any, params: Packing, k: int, F: int) -> list[Any]:
+    """Stage k's whole optax state cut into the F states over its pieces."""
+    if F == 1:
+        return [state]
+    tree = params.abstract_tree(k)
+    pieces = params.shard(F).abstract_tree(k)
+    lengths = [params.slots[s.slot][1][0] for s in params.leaves[k]]
+    shapes = [leaf.shape for leaf in jax.tree.leaves(pieces)]
+    treedef, flat, per_parameter = parts(state, tree)
+    devices = []
+    for f in range(F):
+        out = []
+        for part, cut in zip(flat, per_parameter):
+            if not cut:
+                out.append(part)
+                continue
+            cuts = [np.pad(np.ravel(leaf), (0, n - np.size(leaf))).reshape(F, -1)[f].reshape(shape)
+                    for leaf, n, shape in zip(jax.tree.leaves(part), lengths, shapes)]
+            out.append(jax.tree.unflatten(jax.tree.structure(tree), cuts))
+        devices.append(jax.tree.unflatten(treedef, out))
+    return devices
