@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 import pipejax as pj
-from common import markdown, save, table
+from common import load, markdown, save, table
 from pipejax.bench import hlo
 
 K, M = 2, 4
@@ -70,6 +70,28 @@ def row(model: str, schedule: str, F: int, gather: str) -> dict:
             "scatters_per_tick": scatters["tick"], "scatters_per_step": scatters["step"]}
 
 
+def tables() -> dict[str, str]:
+    """The sharding page's tables from fsdp_memory.json: "memory", per
+    device against F; "collectives", what a step gathers and scatters."""
+    rows = load("fsdp_memory")["rows"]
+    mb = lambda n: f"{n / 2**20:.1f}"
+    memory = [{"model": r["model"], "schedule": r["schedule"], "fsdp_gather": r["gather"],
+               "F": r["fsdp"], "arguments MB": mb(r["argument_bytes"]),
+               "× F = 1": f"{r['argument_over_fsdp1']:.3f}", "temp MB": mb(r["temp_bytes"]),
+               "temp × F = 1": f"{r['temp_over_fsdp1']:.3f}",
+               "total MB": mb(r["compiled_total_bytes"]),
+               "trainer.memory() / compiled": f"{r['predicted_over_compiled']:.2f}"}
+              for r in rows]
+    collectives = [{"model": r["model"], "schedule": r["schedule"], "fsdp_gather": r["gather"],
+                    "F": r["fsdp"], "parameter slots": r["param_slots"],
+                    "all-gathers: per tick / per step": f"{r['gathers_per_tick']} / "
+                                                        f"{r['gathers_per_step']}",
+                    "reduce-scatters: per tick / per step": f"{r['scatters_per_tick']} / "
+                                                            f"{r['scatters_per_step']}"}
+                   for r in rows if r["fsdp"] == 2]
+    return {"memory": markdown(memory), "collectives": markdown(collectives)}
+
+
 def main() -> None:
     rows = []
     for model in ("gpt", "mlp"):
@@ -85,8 +107,7 @@ def main() -> None:
                 rows.append(r)
                 print(r, flush=True)
     print(table(rows))
-    save("fsdp_memory", {"stages": K, "microbatches": M, "optimizer": "adamw",
-                         "rows": rows, "markdown": markdown(rows)})
+    save("fsdp_memory", {"stages": K, "microbatches": M, "optimizer": "adamw", "rows": rows})
 
 
 if __name__ == "__main__":

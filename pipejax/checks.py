@@ -82,16 +82,20 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
 
 
 def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:
-    """One device's part (`example`, `targets`) of a micro-batch split over
-    a stage's F devices, after checking `fsdp_gather` and that it splits."""
+    """(example, targets, fsdp_gather): one device's part of a micro-batch
+    split over a stage's F devices, after checking that it splits, and where
+    the stage gathers its weights (None: once per step for a synchronous
+    schedule, at each tick for an asynchronous one, which must)."""
+    if gather is None:
+        gather = "tick" if schedule.asynchronous else "step"
     if gather not in GATHERS:
         raise ConfigError(f"fsdp_gather={gather!r}; use 'tick' (gather a sharded stage's weights "
-                          "at each tick that uses them) or 'step' (once per step)")
+                          "at each tick that uses them), 'step' (once per step) or None")
     if gather == "step" and schedule.asynchronous:
         raise ConfigError(f"fsdp_gather='step' gathers the weights once per step, but "
                           f"{schedule.name!r} updates them after every backward; use 'tick'")
     if F == 1:
-        return example, targets
+        return example, targets, gather
     for name, tree in (("example", example), ("targets", targets)):
         for leaf in jax.tree.leaves(tree):
             if not leaf.shape or leaf.shape[0] % F:
@@ -100,4 +104,4 @@ def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any)
                     f"{leaf.shape[0] if leaf.shape else 0} examples does not split over the "
                     f"mesh's fsdp={F} devices of a stage; use a micro-batch size divisible by {F}")
     part = lambda leaf: jax.ShapeDtypeStruct((leaf.shape[0] // F, *leaf.shape[1:]), leaf.dtype)
-    return jax.tree.map(part, example), jax.tree.map(part, targets)
+    return jax.tree.map(part, example), jax.tree.map(part, targets), gather

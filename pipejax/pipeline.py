@@ -135,7 +135,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,
              virtual: int | None = None, placement: str | None = None,
-             fsdp_gather: str = "tick") -> Pipeline:
+             fsdp_gather: str | None = None) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -192,9 +192,10 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         first and last chunks share device 0). Default: the table's, else
         the family's, the only one it runs.
       fsdp_gather: where a stage sharded over an "fsdp" axis gathers its
-        weights: "tick" (at every tick that uses them; ZeRO-3's memory) or
-        "step" (once per step, synchronous schedules: whole weights and
-        gradient sum on every device, one gather and one scatter a step).
+        weights: "step" (once per step, before the pass; synchronous
+        schedules) or "tick" (at every tick that uses them; asynchronous
+        schedules update the weights at every backward, so they must).
+        Default None: "step" where the schedule allows it, else "tick".
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
@@ -213,7 +214,8 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     mb = jax.tree.leaves(example)[0].shape[0]
     targets = abstract(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     # A stage sharded over F devices runs one F-th of each micro-batch on each.
-    example, targets = checks.sharded(shards(mesh), fsdp_gather, table, example, targets)
+    example, targets, fsdp_gather = checks.sharded(shards(mesh), fsdp_gather, table, example,
+                                                   targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
     in_flight = [capacities.in_flight(table, k) for k in range(stages)] if max_bytes else None

@@ -187,6 +187,7 @@ def test_a_step_that_compiles_again_is_announced():
     (["--reference", "0.1,0.9,128", "--lr", "0.1"], "leave out --lr and --momentum"),
     (["--reference", "0.1,0.9", "--schedule", "pb"], "--reference '0.1,0.9': give 3"),
     (["--reference", "0.1,0.9,128", "--optimizer", "adam"], "use --optimizer momentum"),
+    (["--fsdp", "3"], "do not split over --fsdp 3 devices a stage"),
 ])
 def test_bad_training_flags_are_clear_errors(tmp_path, capsys, flags, message):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", *flags]) == 2
@@ -206,6 +207,16 @@ def test_train_replicas_with_a_decentralized_rule(tmp_path, capsys):
     rows = [json.loads(r) for r in (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-2]["consensus_distance"] > 0 and rows[-1]["rule"] == "adpsgd"
     assert rows[-1]["replicas"] == 2
+
+
+def test_train_on_stages_sharded_over_two_devices(tmp_path, capsys):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--fsdp", "2",
+                 "--microbatches", "2", "--batch-size", "32", "--steps", "4", "--quiet",
+                 "--out", str(tmp_path / "fsdp")]) == 0
+    assert "fsdp            2 devices a stage, weights gathered once a step" in \
+        capsys.readouterr().out
+    rows = [json.loads(r) for r in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["fsdp"] == 2 and np.isfinite(rows[-2]["loss"])
 
 
 @pytest.mark.slow

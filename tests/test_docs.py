@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 BLOCK = re.compile(r"```python\n(.*?)\n```", re.S)
 SLOW = {"planner.md", "language-models.md", "staleness.md", "data-parallel.md", "checkpoints.md",
-        "errors.md"}  # errors.md: each error is raised in tests/test_errors.py too
+        "sharding.md", "errors.md"}  # errors.md: each error is raised in tests/test_errors.py too
 
 
 def blocks(page: pathlib.Path) -> list[str]:

@@ -69,6 +69,9 @@ def _common(q: argparse.ArgumentParser) -> None:
                    help="pipeline replicas (data parallelism); --batch-size is split over them")
     q.add_argument("--nodes", type=int, default=1,
                    help="groups of replicas, mesh (node, local, stage), for --rule hadpsgd")
+    q.add_argument("--fsdp", type=int, default=1, metavar="F",
+                   help="devices each stage is sharded over (ZeRO-3): its weights, gradients "
+                        "and optimizer state in F pieces, each micro-batch in F parts")
 
 
 def _train_flags(train: argparse.ArgumentParser) -> None:
@@ -221,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config(args)
         if getattr(cfg, "processes", 1) > 1 and not distributed.launched():
-            local = distributed.devices_per_process(cfg.replicas * cfg.stages, cfg.processes)
+            local = distributed.devices_per_process(cfg.replicas * cfg.stages * cfg.fsdp,
+                                                    cfg.processes)
             return distributed.launch([sys.executable, "-m", "pipejax", *argv], cfg.processes,
                                       local, timeout=24 * 3600)
         if distributed.launched():

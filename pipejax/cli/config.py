@@ -44,6 +44,7 @@ class Common:
     max_padding: float | None
     replicas: int
     nodes: int
+    fsdp: int
 
     @classmethod
     def of(cls, flags: dict) -> "Common":

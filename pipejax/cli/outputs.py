@@ -101,6 +101,9 @@ def finish(cfg: TrainConfig, run: Run) -> None:
     if cfg.replicas > 1:
         lines.append(("replicas", f"{cfg.replicas}, rule {summary['rule']}"
                       + (f", {jax.process_count()} processes" if jax.process_count() > 1 else "")))
+    if cfg.fsdp > 1:
+        lines.append(("fsdp", f"{cfg.fsdp} devices a stage, weights gathered once a "
+                               f"{pipe.build.gather}"))
     if cfg.out:
         lines.append(("report", str(cfg.out / "report.html")))
     print("\n" + "\n".join(f"{name:<16}{value}" for name, value in lines))

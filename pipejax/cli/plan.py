@@ -20,7 +20,7 @@ def plan(cfg: PlanConfig) -> int:
         cfg = search(cfg)
         if cfg is None:
             return 0
-    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes)
+    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp)
     task = load_task(cfg.model, cfg.data, cfg.model_kwargs().get("context"), 0, 0)
     _, pipe = make_pipeline(cfg, task, mesh)
     print(pipe)

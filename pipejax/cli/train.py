@@ -148,6 +148,11 @@ def _check(cfg: TrainConfig, task) -> None:
     if cfg.batch_size % (cfg.microbatches * cfg.replicas):
         raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by --microbatches "
                           f"{cfg.microbatches} x --replicas {cfg.replicas}")
+    mb, parts = cfg.batch_size // (cfg.microbatches * cfg.replicas), cfg.microbatches * cfg.replicas
+    if mb % cfg.fsdp:
+        raise ConfigError(f"micro-batches of {mb} examples (--batch-size / (--microbatches x "
+                          f"--replicas)) do not split over --fsdp {cfg.fsdp} devices a stage; "
+                          f"use a --batch-size divisible by {parts * cfg.fsdp}")
     if cfg.save_every and cfg.resume is None:
         raise ConfigError("--save-every N writes checkpoints into --resume DIR; give the "
                           "directory")
@@ -176,7 +181,7 @@ def train(cfg: TrainConfig) -> int:
     """`pipejax train`: build, train, evaluate and report (see the module)."""
     import pipejax as pj
 
-    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes)
+    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp)
     task = load_task(cfg.model, cfg.data, cfg.model_kwargs().get("context"), cfg.eval_windows,
                      cfg.seed)
     _check(cfg, task)
@@ -218,7 +223,7 @@ def train(cfg: TrainConfig) -> int:
                "microbatches": cfg.microbatches, **settings,
                "mitigation": cfg.mitigation or "none", "form": cfg.form,
                "horizon_scale": cfg.horizon_scale, "delays": pipe.schedule.delays,
-               "replicas": cfg.replicas, "nodes": cfg.nodes,
+               "replicas": cfg.replicas, "nodes": cfg.nodes, "fsdp": cfg.fsdp,
                "rule": trainer.rule.name if trainer.rule else "none",
                "processes": jax.process_count()}
     if save_dir:

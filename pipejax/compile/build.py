@@ -33,7 +33,7 @@ class Build:
     schedule: Schedule
     layout: Layout
     mesh: Mesh
-    gather: str = "tick"  # where a sharded stage gathers its weights (compile/fsdp.py)
+    gather: str  # where a sharded stage gathers its weights: "step" or "tick" (compile/fsdp.py)
 
     def __post_init__(self):
         for what, other in (("stage code", self.code.placement),
