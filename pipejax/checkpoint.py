@@ -12,7 +12,10 @@ trainer of the same layer list: another number of stages for synchronous
 schedules, or for asynchronous ones after a flush (nothing in flight).
 
 Every array carries a leading replica axis (R pipeline replicas on a data
-mesh); a checkpoint of one replica restores into R. Writing is atomic
+mesh). It restores into any number of replicas: each its own saved one
+where the counts agree, else every replica from the saved replicas' mean
+(`pj.unstage`'s; the same weights under SSGD). A stage sharded over F
+devices saves and restores whole leaves, so any F restores it. Writing is atomic
 (orbax writes a temporary directory and renames it when complete), so a save
 killed midway leaves the previous checkpoint the latest one. The entries'
 names, reading a checkpoint back and checking its layers are
@@ -132,10 +135,7 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     params_packing, opt_packing = trainer.packings
     specs, plan = trainer.specs, trainer.plan
     K, R, saved_R, F = plan.stages, trainer.replicas, meta["replicas"], trainer.build.F
-    if saved_R not in (1, R):
-        raise CheckpointError(f"the checkpoint holds {saved_R} pipeline replicas, this trainer "
-                              f"{R}; restore into {saved_R} replicas (or save one replica)")
-    rep = lambda a, r: a[r if saved_R > 1 else 0]
+    rep = lambda a, r: _replica(a, r, saved_R, R)
     # Older checkpoints hold one chunk per device, in a loop, on unsharded stages.
     older = {"virtual": 1, "placement": "loop", "fsdp": 1}
     same_layout = {k: meta.get(k, older.get(k)) for k in _layout(trainer)} == _layout(trainer)
@@ -181,6 +181,20 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
         inflight = _layout_bound("inflight.", "the micro-batches in flight", template.inflight,
                                  tree, meta, same_layout, shardings.inflight, flushable=True)
     return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule)
+
+
+def _replica(a: np.ndarray, r: int, saved: int, replicas: int) -> np.ndarray:
+    """Replica r's value of a saved entry `a` (leading axis: the `saved`
+    replicas) for a trainer of `replicas`: its own where the counts agree,
+    the one saved replica's, else the saved replicas' mean as `pj.unstage`
+    gives it, θ_0 + mean(θ_i − θ_0) (exactly θ_0 when they agree, as under
+    SSGD; decentralized rules' replicas start again from their mean),
+    replica 0's for integers (step counts, equal on every replica)."""
+    if saved == replicas:
+        return a[r]
+    if saved == 1 or not np.issubdtype(a.dtype, np.floating):
+        return a[0]
+    return (a[0] + np.mean(a - a[0], axis=0)).astype(a.dtype)
 
 
 def _put(a: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

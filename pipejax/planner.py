@@ -1,8 +1,8 @@
 """`pj.search`: the pipeline configurations for a model, a batch and N devices, ranked.
 
-Each candidate (stages × data replicas, schedule, virtual stages,
-micro-batches, remat, compute dtype) is built as `pj.pipeline` builds it,
-so what is ranked is what will run:
+Each candidate (stages × data replicas × the devices a stage is sharded
+over, schedule, virtual stages, micro-batches, remat, compute dtype) is
+built as `pj.pipeline` builds it, so what is ranked is what will run:
 
   - memory: `Trainer.memory()` of its training step (state, in-flight
     buffers, rings, working set), per device, before compiling;
@@ -10,7 +10,10 @@ so what is ranked is what will run:
     slowest device's ops at their FLOPs over `device_flops`, plus the
     tick's two boundary messages over `link_bandwidth`, plus a fixed
     `tick_seconds`; a data-parallel mean of the gradients over the link
-    once a step (synchronous) or once a tick (asynchronous). Devices that
+    once a step (synchronous) or once a tick (asynchronous); a sharded
+    stage's gather of its weights and scatter of their gradients over the
+    link, (F − 1)/F of the stage's parameter bytes each, where the step
+    gathers (once, or at every tick: compile/fsdp.py). Devices that
     share one processor (`host_flops`: simulated CPU devices) take at
     least the FLOPs every replica's table executes over its rate;
   - staleness: the delay in effective steps, η/(1 − m)·D at the stage with
@@ -68,6 +71,7 @@ class Candidate:
     schedule: str
     stages: int  # K
     data: int  # replicas
+    fsdp: int  # F, the devices each stage is sharded over
     virtual: int  # v, chunks per device
     microbatches: int  # M per replica and step
     microbatch: int  # examples per micro-batch
@@ -86,7 +90,8 @@ class Candidate:
         return dict(stages=self.stages, microbatches=self.microbatches, schedule=self.schedule,
                     virtual=self.virtual, remat=self.remat,
                     compute_dtype=None if self.compute_dtype == "float32" else self.compute_dtype,
-                    mesh=make_mesh(self.stages, self.data) if self.data > 1 else None)
+                    mesh=(make_mesh(self.stages, self.data, fsdp=self.fsdp)
+                          if self.data * self.fsdp > 1 else None))
 
 
 def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> dict:
@@ -163,6 +168,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
            learning_rate: float | None = None, momentum: float = 0.0,
            reference: tuple[float, float, int] | None = None,
            schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
+           fsdp: Sequence[int] = (1,),
            microbatches: Sequence[int] | None = None, remat: Sequence[str] = ("stage", "none"),
            compute_dtypes: Sequence[Any] = (None,),
            optimizer: optax.GradientTransformation | None = None,
@@ -178,8 +184,9 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
       example: ONE example's inputs (no batch axis); the search splits the
         batch into micro-batches. targets: one example's targets (default: an
         integer class label).
-      devices: N = data replicas × stages; stages: the K to try (default:
-        every divisor of N up to the number of layers).
+      devices: N = data replicas × stages × fsdp; stages: the K to try
+        (default: every divisor of N up to the number of layers); fsdp: the
+        F to try, devices each stage is sharded over.
       batch: examples per step, over all replicas.
       memory: bytes per device; candidates predicted above it are left out.
       learning_rate, momentum: the asynchronous update's own rate and
@@ -203,18 +210,20 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                           f"{list(remat)}: use schedules from {', '.join(names())} and remat "
                           f"'stage' or 'none'")
     Ks = list(stages or [k for k in _divisors(devices) if k <= len(layers)])
-    for K in Ks:
-        if devices % K:
-            raise ConfigError(f"stages={K} does not divide devices={devices}; the search "
-                              f"splits them into data x stages")
-    if max(Ks) > len(jax.devices()):
-        raise DeviceError(f"stages={max(Ks)} is built on {max(Ks)} devices but JAX sees "
-                          f"{len(jax.devices())}; on CPU call pj.simulate_devices({devices}) "
-                          f"before JAX starts, or pass stages= up to {len(jax.devices())}")
+    for K, F in itertools.product(Ks, fsdp):
+        if devices % (K * F):
+            raise ConfigError(f"stages={K}{f' x fsdp={F}' if F > 1 else ''} does not divide "
+                              f"devices={devices}; the search splits them into data x stages"
+                              f"{' x fsdp' if F > 1 else ''}")
+    if max(Ks) * max(fsdp) > len(jax.devices()):
+        raise DeviceError(f"stages={max(Ks)} x fsdp={max(fsdp)} is built on "
+                          f"{max(Ks) * max(fsdp)} devices but JAX sees {len(jax.devices())}; on "
+                          f"CPU call pj.simulate_devices({devices}) before JAX starts, or pass "
+                          f"fewer stages")
     optimizer = optimizer or optax.sgd(0.1, momentum=0.9)
     out = []
-    for K in Ks:
-        R = devices // K
+    for K, F in itertools.product(Ks, fsdp):
+        R = devices // (K * F)
         if batch % R:
             continue
         per_replica = batch // R
@@ -223,7 +232,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
         searched = [n for n, f in FAMILIES.items() if f.searched]
         for M, name, rm, dtype in itertools.product(Ms, schedules or searched, remat,
                                                     compute_dtypes):
-            if per_replica % M:
+            if per_replica % (M * F):
                 continue
             v = FAMILIES[name].search_virtual
             mb = per_replica // M
@@ -232,7 +241,8 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                 pipe = pipeline(layers, loss=loss, example=jax.tree.map(stack, example),
                                 targets=None if targets is None else jax.tree.map(stack, targets),
                                 stages=K, microbatches=M, schedule=name, virtual=v, remat=rm,
-                                compute_dtype=dtype, partition=partition)
+                                compute_dtype=dtype, partition=partition,
+                                mesh=make_mesh(K, fsdp=F) if F > 1 else None)
             except ConfigError:
                 continue  # this table does not take these settings (M < K, v·K > layers, ...)
             out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
@@ -255,15 +265,18 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
     costs = op_costs(flops, rm != "none", bool(schedule.fused.any()))
     message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth if pipe.K > 1 else 0.0
-    params = pipe.layout.params.slot_bytes()
+    params, F = pipe.layout.pieces.slot_bytes(), pipe.build.F
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
-    shared = None if host_flops is None else host_flops / R  # the R replicas share it too
+    shared = None if host_flops is None else host_flops / (R * F)  # all devices share it
     step = step_seconds(schedule, costs, device_flops, message + tick_seconds, shared)
     step += allreduce * (schedule.ticks if schedule.asynchronous else 1)
+    if F > 1:  # a gather and a scatter of the whole stage, (F − 1)/F over the link
+        moved = 2 * (F - 1) * params / link_bandwidth
+        step += moved * (schedule.ticks if pipe.build.gather == "tick" else 1)
     update = mb * R  # an asynchronous update averages one micro-batch of each replica
     delay = effective_delay(schedule, update, learning_rate, momentum, reference)
     return Candidate(
-        schedule=name, stages=pipe.K, data=R, virtual=v, microbatches=M, microbatch=mb,
+        schedule=name, stages=pipe.K, data=R, fsdp=F, virtual=v, microbatches=M, microbatch=mb,
         remat=rm, compute_dtype=str(np.dtype(dtype)) if dtype is not None else "float32",
         step_seconds=step, memory_bytes=pipe.trainer(optimizer).memory().total,
         bubble=table_bubble_fraction(schedule), effective_delay=delay,
@@ -273,11 +286,11 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
 
 def render(candidates: Sequence[Candidate], limit: int = 20) -> str:
     """The ranked candidates as a table."""
-    rows = [["#", "schedule", "K x R", "v", "M x mb", "remat", "dtype", "step", "memory",
+    rows = [["#", "schedule", "K x R x F", "v", "M x mb", "remat", "dtype", "step", "memory",
              "bubble", "delay", "advice"]]
     for i, c in enumerate(candidates[:limit]):
         delay = "?" if c.effective_delay is None else f"{c.effective_delay:.3g}"
-        rows.append([str(i), c.schedule, f"{c.stages} x {c.data}", str(c.virtual),
+        rows.append([str(i), c.schedule, f"{c.stages} x {c.data} x {c.fsdp}", str(c.virtual),
                      f"{c.microbatches} x {c.microbatch}", c.remat, c.compute_dtype,
                      f"{c.step_seconds * 1e3:.3g} ms", human_bytes(c.memory_bytes),
                      f"{c.bubble:.2f}", delay, c.advice])

@@ -137,6 +137,47 @@ def test_replicas_and_a_decentralized_rule_state_resume_exactly(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _on(K, R=1, F=1, mb=MB, opt=optax.adam(1e-2), rule=None):
+    pipe = pj.pipeline(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros((mb, 40)),
+                       stages=K, microbatches=M, mesh=pj.make_mesh(K, R, fsdp=F))
+    return pipe, pipe.trainer(opt, rule)
+
+
+def _both(i):
+    """A batch of two replicas' micro-batches (2·M·MB examples)."""
+    return tuple(jnp.concatenate(parts) for parts in zip(_batch(i), _batch(i + 100)))
+
+
+@pytest.mark.parametrize("F", fast_and_slow([2, 1], fast=[2]))
+def test_a_checkpoint_of_two_replicas_restores_into_one_and_into_shards(tmp_path, F):
+    """Saved at (stage 4, data 2) under SSGD, restored at (stage 2, data 1,
+    fsdp F): the weights as saved, and the next step on the same examples
+    (the mean loss over all of them) the unbroken run's."""
+    pipe, trainer = _on(4, R=2)
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    for i in range(2):
+        state, _ = trainer.step(state, _both(i))
+    pj.save(tmp_path, trainer, state)
+    _, want = trainer.step(state, _both(2))
+    _, other = _on(2, F=F, mb=2 * MB)
+    restored = pj.restore(tmp_path, other)
+    np.testing.assert_array_equal(_flat(restored), _flat(pj.restore(tmp_path, trainer)))
+    _, got = other.step(restored, _both(2))
+    assert abs(float(got["loss"]) - float(want["loss"])) <= 1e-5 * abs(float(want["loss"]))
+
+
+def test_differing_replicas_restore_into_one_as_their_mean(tmp_path):
+    pipe, trainer = _on(2, R=2, opt=optax.sgd(0.1), rule=pj.transforms.adpsgd())
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    for i in range(3):
+        state, _ = trainer.step(state, _both(i))
+    pj.save(tmp_path, trainer, state)
+    replica = lambda r: np.concatenate([np.ravel(a) for a in jax.tree.leaves(pj.unstage(state, r))])
+    assert np.abs(replica(0) - replica(1)).max() > 1e-4  # gossip: the replicas differ
+    _, one = _on(2, opt=optax.sgd(0.1))
+    np.testing.assert_allclose(_flat(pj.restore(tmp_path, one)), _flat(state), rtol=1e-6)
+
+
 SAVER = """
 import os, sys
 os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"

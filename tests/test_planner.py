@@ -110,6 +110,25 @@ def test_predicted_memory_is_the_compiled_steps(candidates):
     assert abs(best.memory_bytes / compiled - 1) < 0.25
 
 
+def test_a_stage_sharded_over_two_devices_is_a_candidate_that_builds_as_ranked():
+    found = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                           example=jnp.zeros((40,)), devices=4, batch=32, stages=[2],
+                           fsdp=[1, 2], schedules=["1f1b"], microbatches=[4], remat=["stage"],
+                           optimizer=optax.adam(1e-3))
+    assert {(c.stages, c.data, c.fsdp) for c in found} == {(2, 2, 1), (2, 1, 2)}
+    sharded = next(c for c in found if c.fsdp == 2)
+    pipe = pj.pipeline(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((sharded.microbatch, 40)), **sharded.pipeline_args())
+    assert pipe.build.F == 2 and "2 x 1 x 2" in planner.render(found)  # K x R x F
+    trainer = pipe.trainer(optax.adam(1e-3))
+    assert trainer.memory().total == sharded.memory_bytes
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    n = sharded.microbatches * sharded.microbatch
+    compiled = peak_bytes(trainer.step.lower(state, (jnp.zeros((n, 40)), jnp.zeros(
+        (n,), jnp.int32))).compile())
+    assert abs(sharded.memory_bytes / compiled - 1) < 0.25
+
+
 def test_on_one_shared_processor_every_split_does_the_same_work():
     """At 1 kFLOP/s shared by the 4 devices, arithmetic is all that counts:
     4 stages or 2 stages × 2 replicas run the batch's FLOPs in the same time

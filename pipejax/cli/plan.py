@@ -56,7 +56,7 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
     ranked = planner.search(
         layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
         targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
-        devices=cfg.devices, batch=cfg.batch_size,
+        devices=cfg.devices, batch=cfg.batch_size, fsdp=(cfg.fsdp,),
         memory=None if cfg.memory is None else parse_bytes(cfg.memory),
         learning_rate=cfg.lr, momentum=cfg.momentum,
         schedules=cfg.schedules and cfg.schedules.split(","),
@@ -71,6 +71,7 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
     c = ranked[cfg.pick]
     print(f"\ncandidate {cfg.pick}: {c.advice}\n")
     return dataclasses.replace(
-        cfg, stages=c.stages, replicas=c.data, microbatches=c.microbatches, schedule=c.schedule,
+        cfg, stages=c.stages, replicas=c.data, fsdp=c.fsdp, microbatches=c.microbatches,
+        schedule=c.schedule,
         virtual=c.virtual, remat=c.remat,
         compute_dtype=None if c.compute_dtype == "float32" else c.compute_dtype)

@@ -103,17 +103,23 @@ def initial_params(b: Build, key: jax.Array) -> Staged:
 
 def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
     """Layer i's variables, `variables(i)`, packed per stage and placed on
-    the stage axis (a sharded stage's F pieces on its F devices), one stage
-    at a time: besides its own, the default device holds one other stage's
-    variables and their packed copy at once. A process places the rows of
-    its own devices (every replica's)."""
+    the stage axis, one stage at a time: besides its own, the default device
+    holds one other stage's variables and their packed copy at once. A
+    sharded stage is packed in host memory and only its F pieces go to its F
+    devices: no device holds a whole stage it does not run. A process places
+    the rows of its own devices (every replica's)."""
     plan, packing, F = b.code.plan, b.code.params, b.F
     placed = sharding(b.mesh, params(b.mesh, replicas=False))
     where = {d: (idx[0].start or 0, idx[1].start or 0) for d, idx in
              placed.addressable_devices_indices_map((b.K, F)).items()}
     shards: dict[Any, list] = {}
     for k in sorted({k for k, _ in where.values()}):
-        row = packing.pack(k, [variables(i) for i in plan.device_layers(k)])
+        layers = [variables(i) for i in plan.device_layers(k)]
+        if F > 1:
+            with jax.default_device(_host()):
+                row = packing.pack(k, jax.device_get(layers))
+        else:
+            row = packing.pack(k, layers)
         for d, (_, f) in ((d, at) for d, at in where.items() if at[0] == k):
             piece = lambda buf: buf.reshape(F, -1)[f] if F > 1 else buf
             shards[d] = [jax.device_put(piece(buf)[None], d) for buf in row]
@@ -121,6 +127,14 @@ def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
         jax.make_array_from_single_device_arrays(
             (b.K, *shape), placed, [shards[d][n] for d in placed.addressable_devices])
         for n, (_, shape) in enumerate(packing.slots)), packing)
+
+
+def _host() -> jax.Device | None:
+    """This process's CPU device, where JAX has the CPU backend (None: the default device)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
 
 
 def check_params(b: Build, params: Any, where: str, replicated: bool = True) -> None:

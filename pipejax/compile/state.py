@@ -46,6 +46,8 @@ class Staged:
         """The K stage trees of one replica (or of the replicas' mean with
         replica="mean") as ordinary pytrees of arrays, copied to the host."""
         R, K = self.replicas, self.packing.stages
+        if not self.buffers:  # a stateless optimizer's: nothing tells the replicas apart
+            return [self.packing.unpack(k, ()) for k in range(K)]
         host = [host_array(b).reshape(R, K, *np.shape(b)[1:]) for b in self.buffers]
         if replica == "mean":
             # θ_0 + mean(θ_r − θ_0): exactly θ_0 when the replicas agree (SSGD).

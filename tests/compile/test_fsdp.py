@@ -37,9 +37,10 @@ def _sequential():
     return sequential_value_and_grad(LAYERS, M)
 
 
-CASES = [(2, 2, "1f1b", "tick"), (4, 2, "1f1b", "tick"), (2, 4, "gpipe", "tick"),
-         (2, 2, "1f1b", "step"), (2, 2, "zb-h1", "tick"), (2, 2, "interleaved", "tick"),
-         (2, 2, "dualpipev", "tick"), (4, 2, "zb-v", "step")]
+CASES = [(2, 2, "1f1b", None), (2, 2, "1f1b", "tick"), (4, 2, "1f1b", "tick"),
+         (2, 4, "gpipe", "tick"), (2, 2, "zb-h1", "tick"), (2, 2, "interleaved", "tick"),
+         (2, 2, "dualpipev", "tick"), (4, 2, "zb-v", "step"), (1, 4, "1f1b", None),
+         (1, 2, "gpipe", "tick")]
 
 
 @pytest.mark.parametrize("K, F, schedule, gather", fast_and_slow(CASES, fast=[CASES[0]]))
@@ -143,9 +144,9 @@ def test_a_device_holds_a_quarter_of_the_arguments_at_fsdp_4():
     assert ratio <= 0.30, ratio
 
 
-@pytest.mark.parametrize("schedule, gather, forecast", [
-    ("1f1b", "tick", False), ("1f1b", "step", False), ("pb", "tick", False),
-    pytest.param("pb", "tick", True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("schedule, gather, forecast", fast_and_slow(
+    [("1f1b", "step", False), ("pb", "tick", False), ("1f1b", "tick", False),
+     ("pb", "tick", True)], fast=[("1f1b", "step", False), ("pb", "tick", False)]))
 def test_the_step_gathers_each_slot_once_per_tick_or_once_per_step(schedule, gather, forecast):
     pipe = _pipe(2, 2, schedule, fsdp_gather=gather)
     opt = (lambda s: optax.chain(optax.sgd(0.05, momentum=0.9),
@@ -162,6 +163,7 @@ def test_the_step_gathers_each_slot_once_per_tick_or_once_per_step(schedule, gat
         assert scatters == {"tick": slots, "step": 0}
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_sharded_stages_restores_onto_whole_ones(tmp_path):
     a, b = _pipe(2, 2), _pipe(4, 1)
     ta, tb = a.trainer(ADAMW), b.trainer(ADAMW)
