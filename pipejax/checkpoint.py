@@ -149,12 +149,13 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     leaves = lambda prefix, template, r: files.entries(tree, prefix, template, lambda a: rep(a, r))
     others = _stage_others(meta, tree, K)
     params, states = [], []
+    wholes = [parts(jax.eval_shape(t.init, params_packing.abstract_tree(k)),
+                    params_packing.abstract_tree(k))
+              for k, t in enumerate(trainer.optimizers.transforms)]  # each stage's whole state
     for r in range(R):
         for k in range(K):
             layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in plan.device_layers(k)]
-            whole = jax.eval_shape(trainer.optimizers.transforms[k].init,
-                                   params_packing.abstract_tree(k))
-            treedef, flat, is_slot = parts(whole, params_packing.abstract_tree(k))
+            treedef, flat, is_slot = wholes[k]
             values = iter(rep(a, r) for a in others(k, is_slot.count(False)))
             filled, j = [], 0
             for part, per_parameter in zip(flat, is_slot):
@@ -252,8 +253,9 @@ def _layout_bound(prefix: str, what: str, template: Any, tree: dict, meta: dict,
         values = values._replace(base=base, start=base, fed=base)
     else:
         raise CheckpointError(f"the checkpoint holds {what} of another layout (layer ranges "
-                              f"{meta['ranges']}, {meta['replicas']} replicas); restore into the "
-                              "same stages and replicas")
+                              f"{meta['ranges']}, {meta['replicas']} replicas, fsdp="
+                              f"{meta.get('fsdp', 1)}); restore into the same stages, replicas "
+                              "and fsdp")
     return jax.tree.map(_put, values, _broadcast(sharding, values))
 
 

@@ -100,7 +100,8 @@ class Packing:
         equal pieces (a packing made with `shards=n`): the same leaves, each
         seen as its piece, shaped (1, ..., 1, length / n) so that it keeps
         its leaf's rank (an optimizer's mask by rank, e.g. weight decay on
-        matrices only, decides as it would on the whole leaf)."""
+        matrices only, decides as it would on the whole leaf); a scalar
+        leaf is seen as a vector, its piece."""
         if n == 1:
             return self
         if any(len(shape) != 1 or shape[0] % n for _, shape in self.slots):

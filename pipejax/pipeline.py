@@ -168,7 +168,10 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         (each layer measured).
       max_bytes: the partitioner keeps every stage's parameters with their
         gradient and two optimizer moments, plus the activations it stashes for
-        its micro-batches in flight (the schedule's count), within this many bytes.
+        its micro-batches in flight (the schedule's count), within this many bytes
+        (on stages sharded over F devices: still the whole stage's
+        parameters, gradient and moments, what a device holds while it runs
+        the stage's ops is at most that).
       max_padding: keep the packed parameters' padding (every device holds the
         largest stage's slots) within this fraction of their bytes, e.g.
         0.25, giving up as little cost balance as the partitioner can.

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from pipejax.bench.op_costs import busy_ticks, critical_path, executed
 from pipejax.errors import ConfigError, DeviceError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
@@ -112,8 +113,6 @@ def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick:
     device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
     at least every op of the table over `host_flops` when the devices share
     one processor, plus `per_tick` a tick (messages and its fixed cost)."""
-    from pipejax.bench.op_costs import critical_path, executed
-
     compute = critical_path(schedule, costs) / device_flops
     if host_flops is not None:
         compute = max(compute, executed(schedule, costs) / host_flops)
@@ -210,19 +209,20 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                           f"{list(remat)}: use schedules from {', '.join(names())} and remat "
                           f"'stage' or 'none'")
     Ks = list(stages or [k for k in _divisors(devices) if k <= len(layers)])
-    for K, F in itertools.product(Ks, fsdp):
-        if devices % (K * F):
-            raise ConfigError(f"stages={K}{f' x fsdp={F}' if F > 1 else ''} does not divide "
-                              f"devices={devices}; the search splits them into data x stages"
-                              f"{' x fsdp' if F > 1 else ''}")
-    if max(Ks) * max(fsdp) > len(jax.devices()):
-        raise DeviceError(f"stages={max(Ks)} x fsdp={max(fsdp)} is built on "
-                          f"{max(Ks) * max(fsdp)} devices but JAX sees {len(jax.devices())}; on "
+    pairs = [(K, F) for K in Ks for F in fsdp if devices % (K * F) == 0]
+    for K in Ks if stages else ():  # a stage count given must fit the devices with some F
+        if all(k != K for k, _ in pairs):
+            over = f" x fsdp in {list(fsdp)}" if list(fsdp) != [1] else ""
+            raise ConfigError(f"stages={K}{over} does not divide devices={devices}; the search "
+                              f"splits them into data x stages{' x fsdp' if over else ''}")
+    most = max((K * F for K, F in pairs), default=0)
+    if most > len(jax.devices()):
+        raise DeviceError(f"stages x fsdp = {most} devices but JAX sees {len(jax.devices())}; on "
                           f"CPU call pj.simulate_devices({devices}) before JAX starts, or pass "
-                          f"fewer stages")
+                          "fewer stages")
     optimizer = optimizer or optax.sgd(0.1, momentum=0.9)
     out = []
-    for K, F in itertools.product(Ks, fsdp):
+    for K, F in pairs:
         R = devices // (K * F)
         if batch % R:
             continue
@@ -270,9 +270,11 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     shared = None if host_flops is None else host_flops / (R * F)  # all devices share it
     step = step_seconds(schedule, costs, device_flops, message + tick_seconds, shared)
     step += allreduce * (schedule.ticks if schedule.asynchronous else 1)
-    if F > 1:  # a gather and a scatter of the whole stage, (F − 1)/F over the link
-        moved = 2 * (F - 1) * params / link_bandwidth
-        step += moved * (schedule.ticks if pipe.build.gather == "tick" else 1)
+    if F > 1:  # gathers and scatters of the whole stage, (F − 1)/F of it over the link each
+        once = (F - 1) * params / link_bandwidth
+        ticks = busy_ticks(schedule, (Op.F, Op.B, Op.W, Op.BW)) + busy_ticks(
+            schedule, (Op.BW, Op.W)) if pipe.build.gather == "tick" else 2
+        step += once * ticks
     update = mb * R  # an asynchronous update averages one micro-batch of each replica
     delay = effective_delay(schedule, update, learning_rate, momentum, reference)
     return Candidate(

@@ -5,7 +5,9 @@ op of every virtual stage (F, the fused backward BW, zero bubble's B and W)
 is compiled alone on abstract inputs, and the table says how often each
 runs. `executed` sums them over the table's tasks; `critical_path` sums,
 per tick, the most any device runs (the ticks run in lock step: a tick's
-messages wait for its slowest op).
+messages wait for its slowest op); `busy_ticks` counts the ticks a device
+runs some of the given ops at (a sharded stage gathers its weights at each
+tick with an op, scatters a gradient at each with a weight gradient).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import numpy as np
 
 from pipejax.compile.stages import StageCode
 from pipejax.schedules import Op, Schedule
@@ -61,3 +64,8 @@ def executed(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
 def critical_path(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
     """FLOPs along the lock-step ticks: per tick the most one device runs."""
     return float(sum(max(row) for row in _task_costs(schedule, costs)))
+
+
+def busy_ticks(schedule: Schedule, ops: tuple[Op, ...]) -> int:
+    """The most ticks any device runs one of `ops` at."""
+    return int(np.isin(schedule.ops, ops).any(axis=2).sum(axis=0).max())

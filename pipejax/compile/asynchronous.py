@@ -9,7 +9,8 @@ Ops on ids not fed yet (the first fill) or before `start` are masked, so the
 fill, the steady state and the drain are one compiled program, the same from
 the first step on. `flush` runs periods with no new input until nothing is in
 flight. Dropout keys: micro-batch g uses fold_in(state.key, g) at its forward
-and at its backward (with R > 1 replicas: fold_in(fold_in(state.key, r), g)).
+and at its backward (with R > 1 replicas: fold_in(fold_in(state.key, r), g);
+on stages sharded over F devices, r·F + f for device f's part).
 
 On a mesh with data axes every replica runs its own pipeline on its part of
 each batch, in step: the same micro-batch ids at the same ticks, so after

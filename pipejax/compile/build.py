@@ -19,7 +19,6 @@ from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
 from pipejax.errors import ConfigError
 from pipejax.mesh import batch_axes, data_axes, replicas, shards
-from pipejax.packing import Packing
 from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
@@ -73,17 +72,12 @@ class Build:
         return shards(self.mesh)
 
     @property
-    def pieces(self) -> Packing:
-        """The parameter packing of one device: its piece of every slot
-        (the whole slots when F = 1)."""
-        return self.code.params.shard(self.F)
-
-    @property
     def example(self) -> Any:
-        """ShapeDtypeStructs of one micro-batch of inputs."""
+        """ShapeDtypeStructs of one micro-batch of inputs (one device's part
+        of it, mb / F examples, on a stage sharded over F devices)."""
         return self.code.model.example
 
     @property
     def targets(self) -> Any:
-        """ShapeDtypeStructs of one micro-batch of targets."""
+        """ShapeDtypeStructs of one micro-batch of targets (one device's part)."""
         return self.code.model.targets

@@ -58,5 +58,6 @@ class GradientPolicy:
     def after(self, p: Buffers, s: OptState, grads: Buffers, real: jax.Array) -> tuple:
         """After the loop, on every device (`after_loop` only): (p, s, skipped)."""
         if self.shards > 1:
-            grads = fsdp.scatter_if(real, grads, self.shards, self.params.shard(self.shards).zeros())
+            pieces = self.params.shard(self.shards).zeros()
+            grads = fsdp.scatter_if(real, grads, self.shards, pieces)
         return self.update(p, grads, s, real)

@@ -7,13 +7,19 @@ schedule table. Each stage's transform sees that stage's parameters only (a
 tree-wide transform such as `optax.clip_by_global_norm` in the chain acts per
 stage; `clip_norm` clips by the norm over all stages instead). Its state
 is packed like the parameters (a `Staged`), and unpacks into ordinary optax
-states. On a stage sharded over F devices (compile/fsdp.py) each device's
+states. A stage whose chain ends in `pj.transforms.weight_forecast` runs
+its forward (and backward, given a backward horizon) on the predicted
+weights.
+
+On a stage sharded over F devices (compile/fsdp.py) each device's
 transform runs on its piece of every leaf (`Packing.shard`): exact for
 element-wise transforms (SGD, momentum, Adam, AdamW, the forecasts, spike
-compensation; a mask by a leaf's rank too), while a transform that reduces
-over a leaf or the stage's tree (optax.clip_by_global_norm in the chain, a
-trust ratio) reduces over the piece: clip with the trainer's `clip_norm`. A stage whose chain ends in `pj.transforms.weight_forecast` runs its
-forward (and backward, given a backward horizon) on the predicted weights.
+compensation; a mask by a matrix's rank too), while a transform that
+reduces over a leaf or the stage's tree (optax.clip_by_global_norm in the
+chain, a trust ratio) reduces over the piece: clip with the trainer's
+`clip_norm`. A transform whose state is not shaped like the leaves it
+updates (Adafactor's factored moments) is refused: its state on a piece is
+not a piece of its state.
 
 This is the inner part of an update; the outer part (pipejax/compile/
 outer.py: the data rule between replicas, the global-norm clip, the
@@ -33,6 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from pipejax.compile.build import Build
+from pipejax.compile import pieces
 from pipejax.compile.outer import Outer, all_finite
 from pipejax.packing import Buffers, Packing
 from pipejax.schedules import FAMILIES
@@ -68,9 +75,12 @@ class StageOptimizers:
 
     @classmethod
     def of(cls, optimizer: Optimizer, build: Build, outer: Outer) -> "StageOptimizers":
-        schedule, params = build.schedule, build.pieces
+        schedule, params = build.schedule, build.layout.pieces
         transforms = per_stage(optimizer, [schedule.stage_info(k) for k in range(build.K)],
                                "pipe.trainer")
+        if build.F > 1:
+            for k, t in enumerate(transforms):
+                pieces.check(t.init, build.code.params, k, build.F)
         states = [jax.eval_shape(t.init, params.abstract_tree(k)) for k, t in enumerate(transforms)]
         forecasting = [has_forecast(s) for s in states]
         if schedule.synchronous and any(forecasting):

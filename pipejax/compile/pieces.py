@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from pipejax.compile.state import Staged, host_array
-from pipejax.errors import ArgumentTypeError
+from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.packing import Packing
 
 
@@ -32,12 +32,33 @@ def parts(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     return treedef, flat, [is_part(p) for p in flat]
 
 
+def check(init: Any, params: Packing, k: int, F: int) -> None:
+    """Raise unless the optax state `init` makes over stage k's pieces is
+    the pieces of the state it makes over the whole leaves: per-parameter
+    parts shaped like the leaves they follow, other leaves alike."""
+    tree, pieces = params.abstract_tree(k), params.shard(F).abstract_tree(k)
+    (wdef, whole, wflags), (pdef, piece, pflags) = (
+        parts(jax.eval_shape(init, t), t) for t in (tree, pieces))
+    like = lambda part, t: [a.shape for a in jax.tree.leaves(part)] == [
+        a.shape for a in jax.tree.leaves(t)]
+    ok = wdef == pdef and wflags == pflags and all(
+        like(w, tree) and like(p, pieces) if cut else np.shape(w) == np.shape(p)
+        for w, p, cut in zip(whole, piece, wflags))
+    if not ok:
+        raise ConfigError(
+            f"stage {k}'s optimizer keeps state not shaped like the parameters it updates "
+            f"(Adafactor's factored moments, say): on a stage sharded over fsdp={F} devices each "
+            "device's optimizer runs on its piece of every leaf, and such a state on a piece is "
+            "not a piece of the whole leaf's; use an element-wise optimizer (SGD, momentum, "
+            "Adam, AdamW, Lion) or fsdp=1")
+
+
 def states(opt_state: Staged, params: Packing, F: int, replica: int = 0) -> list[Any]:
     """The K whole optax states of one replica, as host pytrees, from a
     trainer's state rows (a row per device when F > 1)."""
-    if F == 1:
-        return opt_state.per_stage(replica)
     K = params.stages
+    if F == 1 or not opt_state.buffers:  # no buffers: a stateless optimizer's
+        return opt_state.per_stage(replica)
     host = [host_array(b) for b in opt_state.buffers]
     R = host[0].shape[0] // (K * F)
     if not (isinstance(replica, (int, np.integer)) and 0 <= replica < R):

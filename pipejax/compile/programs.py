@@ -38,8 +38,8 @@ from pipejax.schedules import Op, Schedule
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
-__all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers", "Staged",
-           "TrainPrograms", "TrainState", "build", "check_params", "check_table", "key_or_default",
+__all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers",
+           "Staged", "TrainPrograms", "TrainState", "build", "check_params", "check_table", "key_or_default",
            "opt_states", "pipeline_programs", "stage_rows", "train_programs", "unstage"]
 
 
@@ -193,7 +193,8 @@ def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
     initial = lambda replicated: _initial(b, opts, replicated)
     init = {r: guarded(jax.jit(initial(r), out_shardings=shardings), b.mesh) for r in (True, False)}
     return TrainPrograms(opts, shardings, initial, init, jitted(step, "trainer.step"),
-                         jitted(flush, "trainer.flush"), lambda: estimate(b, opts.packing, any(opts.forecasting)))
+                         jitted(flush, "trainer.flush"),
+                         lambda: estimate(b, opts.packing, any(opts.forecasting)))
 
 
 def _shardings(b: Build) -> TrainState:

@@ -24,7 +24,6 @@ from jax.sharding import PartitionSpec as P
 
 from pipejax.mesh import AXIS, FSDP, batch_axes, data_axes, shards
 
-STAGED = P(AXIS)  # a [K, ...] buffer of one model, row k on stage k's device (F = 1)
 REPLICATED = P()
 
 
@@ -68,7 +67,7 @@ def local(tree: Any) -> Any:
 
 
 def lead(tree: Any) -> Any:
-    """Inside shard_map: add the leading stage axis back for `STAGED` outputs."""
+    """Inside shard_map: add the leading stage axis back for stage-sharded outputs."""
     return jax.tree.map(lambda b: b[None], tree)
 
 

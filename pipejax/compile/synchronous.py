@@ -11,7 +11,8 @@ On a mesh with data axes each replica runs the table on its part of the
 batch (`[R·M·mb]` split replica-major); `value_and_grad` averages the
 gradients over the replicas (the whole batch's gradient), a trainer hands
 them to its data rule. With R > 1 replicas, replica r draws its dropout
-keys from fold_in(step key, r).
+keys from fold_in(step key, r); on stages sharded over F devices, device f
+of replica r from fold_in(step key, r·F + f).
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ class _Tick(SplitBackwardOps):
         p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
         # A sharded stage stashes its piece of the weights, not the gathered whole.
-        piece = (s.ahead if ahead else p) if ops.whole else None
+        piece = (s.ahead if ahead else p) if ops.whole and self.layout.weight_stashing else None
 
         def forward(args, c):
             w, kept, weights, _, _ = c
@@ -280,7 +280,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule)  # static
     whole = fsdp.gather(inp.params) if build.F > 1 and build.gather == "step" else None
-    sums = build.pieces if whole is None else build.code.params  # the gradient sum's packing
+    sums = build.layout.pieces if whole is None else build.code.params  # the sum's packing
     grad_sum = sums.zeros() if schedule.synchronous else ()
     tick = _Tick(build, opts, inp, whole)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);

@@ -95,6 +95,18 @@ def test_a_sharded_trainer_equals_the_same_schedule_on_whole_stages(name):
     assert rel_err(sharded_trainer.opt_state(sharded), trainer.opt_state(whole)) < 1e-5
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("settings, tolerance", [({"remat": "none"}, 1e-5),
+                                                 ({"compute_dtype": jnp.bfloat16}, 2e-2)])
+def test_remat_and_bf16_run_on_sharded_stages_as_on_whole_ones(settings, tolerance):
+    """bf16: the tolerance of tests/compile/test_precision.py (8 significant
+    bits; the halves of a micro-batch accumulate in another order)."""
+    opt = optax.sgd(0.05, momentum=0.9)
+    (a, whole, _), (b, sharded, _) = (_train(_pipe(2, F, **settings), opt) for F in (1, 2))
+    assert rel_err(b, a) < tolerance / 10
+    assert rel_err(pj.unstage(sharded), pj.unstage(whole)) < tolerance
+
+
 def _gpt(K, F, schedule):
     layers = pj.models.gpt(depth=2, width=32, heads=2, context=16, vocab=64)
     x = jax.random.randint(jax.random.key(3), (M * MB, 16), 0, 64)
@@ -191,3 +203,13 @@ def test_settings_a_sharded_stage_cannot_take_are_named():
         pj.make_mesh(2, fsdp=0)
     with pytest.raises(ConfigError, match=r"rule 'adpsgd' names the mesh axis 'fsdp'"):
         _pipe(2, 2, R=2).trainer(ADAMW, rule=T.adpsgd("fsdp"))
+    with pytest.raises(ConfigError, match=r"stage 0's optimizer keeps state not shaped like the "
+                                          r"parameters .* fsdp=2 .* or fsdp=1"):
+        _pipe(2, 2).trainer(optax.adafactor(1e-3, min_dim_size_to_factor=4))
+
+
+def test_a_stateless_optimizer_on_sharded_stages_has_an_empty_state():
+    pipe = _pipe(2, 2)
+    trainer = pipe.trainer(optax.sgd(0.1))
+    states = trainer.opt_state(trainer.init(pipe.init(jax.random.key(0))))
+    assert len(states) == 2 and not jax.tree.leaves(states)

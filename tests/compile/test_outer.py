@@ -4,14 +4,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import pipejax as pj
 from pipejax.compile.outer import Outer, all_finite, clip_by_global_norm
-from pipejax.compile.spmd import STAGED, lead, local, params, shard
+from pipejax.compile.spmd import lead, local, params, shard
 from pipejax.errors import ConfigError
 from pipejax.mesh import AXIS
 
 K = 4
+
+
+STAGED = P(AXIS)  # a [K, ...] buffer, row k on stage k
 
 
 def _buffers(seed=0):
