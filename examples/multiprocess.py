@@ -3,6 +3,7 @@ processes (jax.distributed; CPU collectives through gloo), one jitted step.
 
 Run: python examples/multiprocess.py                  # 2 processes x 2 CPU devices, 4 stages
      python examples/multiprocess.py --processes 4    # 4 processes x 1 device
+     python examples/multiprocess.py --fsdp 2         # 2 stages, each over 2 devices
 
 With --processes N it starts N copies of itself on this machine
 (`pj.distributed.launch`); each joins the job (`pj.distributed.initialize`),
@@ -25,10 +26,10 @@ import pipejax as pj
 STAGES, MICROBATCHES, BATCH = 4, 4, 64
 
 
-def train(steps: int, devices=None) -> tuple[list[float], list]:
+def train(steps: int, devices=None, fsdp: int = 1) -> tuple[list[float], list]:
     """`steps` GPipe steps of an MLP on MNIST-1D over the first 4 devices of
-    the job (`devices` to pick others); returns the losses and, per layer, the
-    final variables."""
+    the job (`devices` to pick others), 4 / `fsdp` stages each sharded over
+    `fsdp` of them; returns the losses and, per layer, the final variables."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -37,8 +38,8 @@ def train(steps: int, devices=None) -> tuple[list[float], list]:
     layers = pj.models.mlp(depth=4, width=64, classes=data.classes)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                        example=jnp.zeros((BATCH // MICROBATCHES, data.x_train.shape[1])),
-                       stages=STAGES, microbatches=MICROBATCHES,
-                       mesh=pj.make_mesh(STAGES, devices=devices))
+                       stages=STAGES // fsdp, microbatches=MICROBATCHES,
+                       mesh=pj.make_mesh(STAGES // fsdp, devices=devices, fsdp=fsdp))
     trainer = pipe.trainer(optax.adam(1e-3))
     state = trainer.init(pipe.init(jax.random.key(0)))
     losses = []
@@ -53,6 +54,8 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default=None, help="write losses and parameters to this .npz")
+    parser.add_argument("--fsdp", type=int, default=1, choices=[1, 2, 4],
+                        help="devices each stage is sharded over (of the 4)")
     args = parser.parse_args()
     if not pj.distributed.launched():
         local = pj.distributed.devices_per_process(STAGES, args.processes)
@@ -62,7 +65,7 @@ def main() -> int:
     import jax
     import numpy as np
 
-    losses, variables = train(args.steps)
+    losses, variables = train(args.steps, fsdp=args.fsdp)
     if jax.process_index() == 0:
         print(f"{jax.process_count()} processes, devices {jax.devices()}")
         print("losses " + " ".join(f"{v:.6f}" for v in losses))

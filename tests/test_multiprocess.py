@@ -1,6 +1,7 @@
 """Several processes form one mesh: 2 local processes of 2 CPU devices each
 run a 4-stage pipeline whose stages cross between them (jax.distributed,
-gloo), and train exactly as one process with 4 devices does. The launcher
+gloo), 4 processes of one device 2 stages each sharded over 2 of them, and
+train exactly as one process with 4 devices does. The launcher
 never leaves a process behind."""
 
 import importlib.util
@@ -29,15 +30,17 @@ def _example():
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
+@pytest.mark.parametrize("processes, fsdp", [(2, 1), (4, 2)])  # (4, 2): gathers cross them
+def test_several_processes_train_like_one(tmp_path, processes, fsdp):
     out = tmp_path / "two.npz"
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "multiprocess.py"),
-                           "--processes", "2", "--steps", "5", "--out", str(out)],
+                           "--processes", str(processes), "--steps", "5", "--out", str(out),
+                           "--fsdp", str(fsdp)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 processes" in done.stdout
+    assert f"{processes} processes" in done.stdout
     two = np.load(out)
-    losses, variables = _example().train(5, devices=jax.devices()[:4])
+    losses, variables = _example().train(5, devices=jax.devices()[:4], fsdp=fsdp)
     np.testing.assert_allclose(two["losses"], losses, rtol=1e-6)
     leaves = jax.tree.leaves(variables)
     assert len(leaves) == len(two.files) - 1
