@@ -5,8 +5,8 @@ the compiled training step's argument bytes per device (parameters, AdamW's
 state, the batch; an asynchronous step's in-flight rings too), its temp and
 output bytes, the ratio of each to F = 1, the predicted total of
 `trainer.memory()` against the compiled argument + output + temp, and the
-all-gathers and reduce-scatters the step holds per tick and outside the
-tick loop (pipejax/bench/hlo.py). Models: the zoo GPT (depth 4, width 256,
+all-gather and reduce-scatter instructions the step holds in the loop over
+ticks (each runs at most once a tick) and outside it (pipejax/bench/hlo.py). Models: the zoo GPT (depth 4, width 256,
 4 heads, context 128, vocabulary 256; micro-batch 8) and an unannotated
 heterogeneous MLP (widths 1024, 512, 1536, 256, 10 over 512 features;
 micro-batch 16), both M = 4 micro-batches.
@@ -84,10 +84,10 @@ def tables() -> dict[str, str]:
               for r in rows]
     collectives = [{"model": r["model"], "schedule": r["schedule"], "fsdp_gather": r["gather"],
                     "F": r["fsdp"], "parameter slots": r["param_slots"],
-                    "all-gathers: per tick / per step": f"{r['gathers_per_tick']} / "
-                                                        f"{r['gathers_per_step']}",
-                    "reduce-scatters: per tick / per step": f"{r['scatters_per_tick']} / "
-                                                            f"{r['scatters_per_step']}"}
+                    "all-gathers: in the tick loop / outside": f"{r['gathers_per_tick']} / "
+                                                               f"{r['gathers_per_step']}",
+                    "reduce-scatters: in the tick loop / outside": f"{r['scatters_per_tick']} / "
+                                                                   f"{r['scatters_per_step']}"}
                    for r in rows if r["fsdp"] == 2]
     return {"memory": markdown(memory), "collectives": markdown(collectives)}
 

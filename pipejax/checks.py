@@ -84,10 +84,9 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
 def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:
     """(example, targets, fsdp_gather): one device's part of a micro-batch
     split over a stage's F devices, after checking that it splits, and where
-    the stage gathers its weights (None: once per step for a synchronous
-    schedule, at each tick for an asynchronous one, which must)."""
+    the stage gathers its weights (None: at each tick that uses them)."""
     if gather is None:
-        gather = "tick" if schedule.asynchronous else "step"
+        gather = "tick"
     if gather not in GATHERS:
         raise ConfigError(f"fsdp_gather={gather!r}; use 'tick' (gather a sharded stage's weights "
                           "at each tick that uses them), 'step' (once per step) or None")

@@ -195,10 +195,11 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         first and last chunks share device 0). Default: the table's, else
         the family's, the only one it runs.
       fsdp_gather: where a stage sharded over an "fsdp" axis gathers its
-        weights: "step" (once per step, before the pass; synchronous
-        schedules) or "tick" (at every tick that uses them; asynchronous
-        schedules update the weights at every backward, so they must).
-        Default None: "step" where the schedule allows it, else "tick".
+        weights: "tick" (at every tick that uses them, its gradients
+        scattered to the pieces op by op: the least memory) or "step" (once
+        per step, before the pass, and the gradient sum scattered once after
+        it: one gather a step, the whole weights and gradient sum held for
+        it; synchronous schedules). Default None: "tick".
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,

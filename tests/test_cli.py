@@ -213,7 +213,7 @@ def test_train_on_stages_sharded_over_two_devices(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--fsdp", "2",
                  "--microbatches", "2", "--batch-size", "32", "--steps", "4", "--quiet",
                  "--out", str(tmp_path / "fsdp")]) == 0
-    assert "fsdp            2 devices a stage, weights gathered once a step" in \
+    assert "fsdp            2 devices a stage, weights gathered once a tick" in \
         capsys.readouterr().out
     rows = [json.loads(r) for r in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["fsdp"] == 2 and np.isfinite(rows[-2]["loss"])

@@ -13,29 +13,29 @@ is the micro-batch's.
 
 Where the gathers sit (`pj.pipeline(..., fsdp_gather=)`):
 
-- "step" (synchronous tables, their default; MaxText's
-  `pipeline_fsdp_ag_once`): once per step, before the scan, the weights
-  whole on every device for the whole pass, and the gradient sum whole
-  until it is scattered once after the pass.
-- "tick" (asynchronous tables, which update the weights at every
-  backward): at every tick whose ops use the weights, once, before the
-  ops, for all of them (1F1B's forward and backward of one tick read one
-  gather), and the tick's weight gradients scattered once after them. A
-  stage that forecasts its weights for the forward (or stashes them)
-  gathers the forward's weights and the backward's apart: two gathers at
-  a tick that runs both. The gather and the scatter run in a loop of 0 or
-  1 trips on the tick's task: every device of one stage takes the same
-  trip, so the collective over `fsdp` meets (XLA CPU's rendezvous hangs
-  only where a collective's devices take different trips; measured on 8
-  simulated devices).
+- "tick" (the default; the only choice for asynchronous tables, which
+  update the weights at every backward): at every tick whose ops use the
+  weights, once, before the ops, for all of them (1F1B's forward and
+  backward of one tick read one gather); a backward's whole weight
+  gradient is scattered to the pieces in the op's own loop, so the sum
+  holds pieces and no whole gradient outlives the op. A stage that
+  forecasts its weights for the forward (or stashes them) gathers the
+  forward's weights and the backward's apart: two gathers at a tick that
+  runs both. The gathers and scatters run in loops of 0 or 1 trips on the
+  tick's task: every device of one stage takes the same trip, so the
+  collective over `fsdp` meets (XLA CPU's rendezvous hangs only where a
+  collective's devices take different trips; measured on 8 simulated
+  devices).
+- "step" (synchronous tables; MaxText's `pipeline_fsdp_ag_once`): once per
+  step, before the scan, the weights whole on every device for the whole
+  pass, and the gradient sum whole until it is scattered once after the
+  pass: one gather and one scatter a step instead of one a busy tick, for
+  a whole gradient sum held through the step.
 
-Both hold a stage's whole weights and a whole gradient while the ops run;
-"tick" adds the pieces' gradient sum, so on a synchronous table it takes
-more memory and a gather per busy tick for nothing (AdamW, K = 2, F = 2:
-the zoo GPT's compiled temp 55.3 MB against 52.1 MB, an MLP's 19.8 MB
-against 17.3 MB; `benchmarks/fsdp_memory.py`). What shrinks by F is
-everything a step keeps: parameters, optimizer state, batch (argument
-bytes 0.251 of F = 1 at F = 4), activations and rings.
+Measured (AdamW, K = 2, `benchmarks/fsdp_memory.py`): the compiled temp
+memory of the zoo GPT's 1F1B step at F = 4 is 28.3 MB under "tick" and
+33.1 MB under "step", an MLP's 13.4 MB and 17.2 MB; what the step keeps
+(parameters, optimizer state, batch) is 0.251 of F = 1's under both.
 """
 
 from __future__ import annotations
@@ -66,9 +66,3 @@ def gather_if(pred: jax.Array | None, pieces: Buffers, whole: Buffers) -> Buffer
     if pred is None:
         return gather(pieces)
     return run_if(pred, lambda ops, _: gather(ops), pieces, whole)
-
-
-def scatter_if(pred: jax.Array | None, grads: Buffers, shards: int, pieces: Buffers) -> Buffers:
-    """`pieces` plus `scatter(grads)` where `pred` (None: always)."""
-    add = lambda g, c: tuple(a + b for a, b in zip(c, scatter(g, shards)))
-    return add(grads, pieces) if pred is None else run_if(pred, add, grads, pieces)

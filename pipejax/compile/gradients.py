@@ -6,11 +6,12 @@ asynchronous table updates the stage after every backward (PipeDream,
 pipelined backpropagation): at once, inside the backward's loop, or, when
 the update runs collectives (a data rule, the clip by the global norm), right
 after the loop, on every device at every tick (collectives never sit in a
-loop that only some devices run). A stage sharded over F devices updates
-after the loop too: the whole gradient is scattered to the pieces first
-(compile/fsdp.py), in a loop every device of the stage runs alike. The
-table interpreter (table.py) asks this policy and does not know which one
-it runs.
+loop that only some devices run). A stage sharded over F devices whose
+weights are gathered at each tick scatters a backward's whole gradient to
+its pieces inside the loop (compile/fsdp.py: every device of one stage runs
+that loop alike), so the sum, the update and the state hold pieces and no
+whole gradient outlives the op. The table interpreter (table.py) asks this
+policy and does not know which one it runs.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ from pipejax.packing import Buffers, Packing
 class GradientPolicy:
     """Sum (synchronous), update inside the loop, or update after it."""
 
-    def __init__(self, synchronous: bool, opts: StageOptimizers | None, params: Packing,
-                 shards: int = 1):
-        """`params`: the whole parameter packing a backward's gradient comes
-        in; `shards`: the F devices each stage is sharded over."""
-        self.synchronous, self.params, self.shards = synchronous, params, shards
+    def __init__(self, synchronous: bool, opts: StageOptimizers | None, pieces: Packing,
+                 scatter: int = 1):
+        """`pieces`: the packing the sum and the update hold (the whole
+        parameters, or a device's pieces); `scatter`: F where a backward's
+        whole gradient is scattered to F pieces in its loop, else 1."""
+        self.synchronous, self.params, self.scatter = synchronous, pieces, scatter
         # The guard decides for a stage's F pieces alike.
-        self.update = None if synchronous else opts.updater(scope=(FSDP,) if shards > 1 else ())
-        self.after_loop = not synchronous and (opts.outer.collective or shards > 1)
+        self.update = None if synchronous else opts.updater(scope=(FSDP,) if scatter > 1 else ())
+        self.after_loop = not synchronous and opts.outer.collective
 
     def carried(self, grad_sum: Any) -> Any:
         """What a backward's loop carries for the gradient: the step's running
@@ -49,15 +51,20 @@ class GradientPolicy:
              skipped: jax.Array) -> tuple:
         """Inside the loop: (p, s, carried, skipped) after a backward's `grads`."""
         if self.synchronous:
-            return p, s, tuple(a + b for a, b in zip(carried, grads)), skipped
+            return p, s, self.summed(carried, grads), skipped
+        if self.scatter > 1:
+            grads = fsdp.scatter(grads, self.scatter)
         if self.after_loop:
             return p, s, grads, skipped
         p, s, skipped = self.update(p, grads, s)
         return p, s, carried, skipped
 
+    def summed(self, total: Buffers, grads: Buffers) -> Buffers:
+        """Inside the loop: a synchronous sum after a backward's `grads`."""
+        if self.scatter > 1:
+            grads = fsdp.scatter(grads, self.scatter)
+        return tuple(a + b for a, b in zip(total, grads))
+
     def after(self, p: Buffers, s: OptState, grads: Buffers, real: jax.Array) -> tuple:
         """After the loop, on every device (`after_loop` only): (p, s, skipped)."""
-        if self.shards > 1:
-            pieces = self.params.shard(self.shards).zeros()
-            grads = fsdp.scatter_if(real, grads, self.shards, pieces)
         return self.update(p, grads, s, real)

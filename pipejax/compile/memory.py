@@ -27,8 +27,9 @@ the largest stage: SPMD buffers have one shape):
     its piece of the parameters, optimizer state and gradient sum and its
     part of the batch and activations, and besides them the whole weights
     of a tick (two copies where the forward and the backward run on
-    different weights) and a tick's whole gradient; with fsdp_gather="step"
-    the whole weights and the whole gradient sum, for the whole step.
+    different weights; a backward's whole gradient is scattered in its op,
+    within the working set); with fsdp_gather="step" the whole weights and
+    the whole gradient sum, for the whole step.
 Which buffers XLA copies or reuses was read off the compiled MLP and ResNet
 steps (K = 4, every schedule and remat mode); `benchmarks/run_all.py`
 reports the error of the total for each.
@@ -99,10 +100,9 @@ def estimate(build: Build, opt_state: Packing, forecasting: bool = False) -> Mem
         if build.F > 1:
             whole = used(code.params)
             out["gathered weights"] = whole * (2 if twice else 1)
-            out["whole gradient"] = whole
         if schedule.synchronous:
             out.update({"weights the scan reads": P, "rings": moving + layout.kept_slots * kept,
-                        "gradient sum": 0 if step else P, "working set": work})
+                        "gradient sum": whole if step else P, "working set": work})
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro

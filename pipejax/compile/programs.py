@@ -48,7 +48,7 @@ class Flags(NamedTuple):
 
     weight_stashing: bool = False  # an asynchronous backward runs on its forward's weights
     share_branches: bool = True  # stages of one structure share a branch of the switch
-    fsdp_gather: str = "step"  # where a sharded stage gathers its weights (compile/fsdp.py)
+    fsdp_gather: str = "tick"  # where a sharded stage gathers its weights (compile/fsdp.py)
 
 
 def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags) -> Build:

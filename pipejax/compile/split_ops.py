@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pipejax.compile import messages
+from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
 from pipejax.compile.lanes import TickTask
@@ -29,6 +30,7 @@ class SplitBackwardOps:
     _run: Callable  # run_if, or the op itself when every op runs at every tick
     _inputs: Callable  # (g, j) -> (x_m, y_m, key, first layer of j)
     weights: Callable  # (ops) -> the weights the ops run on (gathered where sharded)
+    gradients: GradientPolicy  # how a weight gradient joins the sum
 
     @staticmethod
     def _with_weights(ops: Ops, w: tuple) -> Ops:
@@ -66,7 +68,7 @@ class SplitBackwardOps:
                 return w, self.code.groups.run(self.branches[Op.W], (w, *args), grad_sum,
                                                at=task.j)
             grads = self.code.groups.switch_at(task.j, self.branches[Op.W], w, *args)
-            return w, tuple(a + d for a, d in zip(grad_sum, grads))
+            return w, self.gradients.summed(grad_sum, grads)
 
         w, grad_sum = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
                                 (self.weights(ops), ops.grad_sum))

@@ -18,8 +18,8 @@ a micro-batch's forward and backward on the last stage in one tick
 (`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that keeps
 nothing, as a plain micro-batched jit does; a synchronous table whose every
 op runs at every tick runs its ops without the loops. A stage sharded over
-F devices (compile/fsdp.py) gathers its weights before the tick's ops (or
-once before the pass) and scatters their gradients after them. The program
+F devices (compile/fsdp.py) gathers its weights before the tick's ops and
+scatters each backward's gradient in its op (or both once a pass). The program
 does not grow with the number of micro-batches or ticks. Zero bubble's B
 and W are split_ops.py's; what a pass takes, carries and returns is
 table_state.py's.
@@ -68,12 +68,16 @@ class _Tick(SplitBackwardOps):
         # With v chunks a device, a synchronous backward adds its chunk's
         # gradients into the sum's own slots, in place (`StageGroups.run`),
         # instead of a whole device's gradient, zero but for one chunk.
-        self.per_chunk = self.sync and self.placement.virtual > 1
+        # A sharded stage gathered at each tick scatters a backward's whole
+        # gradient to its pieces first: no chunk's slots to add into.
+        scatter = self.F if self.F > 1 and whole is None else 1
+        self.per_chunk = self.sync and self.placement.virtual > 1 and scatter == 1
         made = {Op.F: branches.forward, Op.B: branches.input_grad,
                 Op.BW: functools.partial(branches.backward, into_sum=self.per_chunk),
                 Op.W: functools.partial(branches.weight_grad, into_sum=self.per_chunk)}
         self.branches = {lane.op: made[lane.op](self.code) for lane in self.lanes}
-        self.gradients = GradientPolicy(self.sync, opts, self.code.params, self.F)
+        self.gradients = GradientPolicy(self.sync, opts, self.layout.pieces if scatter > 1
+                                        else self.code.params, scatter)
         # Which loops a tick runs, known from the table: the forward's and
         # the backward's (`separate`), the fused pair's (`fusion`).
         fused, forwards = build.schedule.fused, build.schedule.fwd != NONE
@@ -109,11 +113,8 @@ class _Tick(SplitBackwardOps):
         slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
                                           for op, t in tasks.items()})
         ops = Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
-        per_tick = self.F > 1 and self.sync and self.whole is None
         if self.F > 1:
             ops = ops._replace(whole=self._gather(runs, fused, ops))
-        if per_tick:  # this tick's gradients, whole, scattered after its ops
-            ops = ops._replace(grad_sum=self.code.params.zeros())
         sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
@@ -129,11 +130,6 @@ class _Tick(SplitBackwardOps):
         back = [sent[op] for op in BACKWARD if op in sent]  # a cell runs one of B and BW
         back = back[0] if len(back) == 1 else messages.either(*back)
         rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
-        if per_tick:
-            ran = [runs[op].real for op in (Op.BW, Op.W) if op in runs]
-            ran += [] if fused is None else [fused.real]
-            ops = ops._replace(grad_sum=fsdp.scatter_if(self._any(ran), ops.grad_sum, self.F,
-                                                        grad_sum))
         rings = messages.exchange(rings, self.layout, self.placement, self.k, sent[Op.F],
                                   back)
         f = tasks[Op.F]

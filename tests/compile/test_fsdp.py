@@ -170,9 +170,10 @@ def test_the_step_gathers_each_slot_once_per_tick_or_once_per_step(schedule, gat
     if gather == "step":
         assert gathers == {"tick": 0, "step": slots} and scatters == {"tick": 0, "step": slots}
     else:  # the forward's weights, and a forecasting stage's backward's apart (XLA may
-        # merge a slot's two gathers where it proves them equal)
+        # merge a slot's two gathers where it proves them equal); a gradient scattered in
+        # the loop of the op that made it: the backward's, or the last stage's fused pair's
         assert gathers["step"] == 0 and slots <= gathers["tick"] <= slots * (1 + forecast)
-        assert scatters == {"tick": slots, "step": 0}
+        assert scatters["step"] == 0 and slots <= scatters["tick"] <= 2 * slots
 
 
 @pytest.mark.slow
