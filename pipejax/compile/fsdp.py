@@ -32,6 +32,8 @@ Where the gathers sit (`pj.pipeline(..., fsdp_gather=)`):
   pass: one gather and one scatter a step instead of one a busy tick, for
   a whole gradient sum held through the step.
 
+`ShardedWeights` places the gathers in the table interpreter's tick.
+
 Measured (AdamW, K = 2, `benchmarks/fsdp_memory.py`): the compiled temp
 memory of the zoo GPT's 1F1B step at F = 4 is 28.3 MB under "tick" and
 33.1 MB under "step", an MLP's 13.4 MB and 17.2 MB; what the step keeps
@@ -40,12 +42,22 @@ memory of the zoo GPT's 1F1B step at F = 4 is 28.3 MB under "tick" and
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
 from jax import lax
 
+from pipejax.compile import messages
+from pipejax.compile.lanes import TickTask
+from pipejax.compile.layout import Layout
+from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import run_if
+from pipejax.compile.stages import StageCode
+from pipejax.compile.table_state import Ops
 from pipejax.mesh import FSDP
 from pipejax.packing import Buffers
+from pipejax.schedules import Op
 
 
 def gather(pieces: Buffers) -> Buffers:
@@ -61,8 +73,68 @@ def scatter(grads: Buffers, shards: int) -> Buffers:
 
 
 def gather_if(pred: jax.Array | None, pieces: Buffers, whole: Buffers) -> Buffers:
-    """`gather(pieces)` where `pred` (None: always), else `whole` (zeros of
-    the whole slots' shapes) untouched."""
+    """`gather(pieces)` where `pred` (None: always), else `whole` (buffers of
+    the whole slots' shapes: the last tick's gather) untouched."""
     if pred is None:
         return gather(pieces)
     return run_if(pred, lambda ops, _: gather(ops), pieces, whole)
+
+
+class ShardedWeights:
+    """How the table interpreter's tick (table.py) reads a sharded stage's
+    weights: the gathers before its ops (a mixin: the tick's code, layout,
+    optimizers, F and `busy` are its own)."""
+
+    code: StageCode
+    layout: Layout
+    opts: StageOptimizers | None
+    F: int
+    whole: Buffers | None  # "step": the weights gathered once before the pass
+    busy: bool  # every op runs at every tick: no loops
+
+    def _any(self, preds: list[jax.Array]) -> jax.Array | None:
+        """Whether any of `preds` holds; None (always) when every op runs at every tick."""
+        return None if self.busy else functools.reduce(jnp.logical_or, preds)
+
+    def _gather(self, runs: dict, fused: TickTask | None, ops: Ops, held: tuple) -> tuple:
+        """A sharded stage's whole weights for this tick's ops: (the
+        forward's, the backward's), gathered once each where some op of the
+        tick uses them, once for both where they are the same weights (the
+        forward's: the forecast `ahead`, or the weights; the backward's: the
+        stashed ones, a backward forecast, the weights under a forecast)."""
+        if self.whole is not None:
+            return self.whole, self.whole
+        ahead = self.opts is not None and bool(ops.s.ahead)
+        forward = ops.s.ahead if ahead else ops.p
+        backward = None
+        if Op.BW in runs and self.layout.weight_stashing:
+            backward = messages.read(ops.weights, runs[Op.BW].ring % self.layout.kept_slots)
+        elif Op.BW in runs and self.opts is not None and self.opts.forecasts_backward:
+            backward = self.opts.backward_weights(ops.p, ops.s)
+        elif Op.BW in runs and ahead:
+            backward = ops.p
+        users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
+        users += [] if fused is None else [fused.real]
+        users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
+        first = gather_if(self._any(users), forward, held[0])
+        if backward is None:
+            return first, first
+        return first, gather_if(self._any([runs[Op.BW].real]), backward, held[1])
+
+    def held(self) -> tuple:
+        """What the scan carries for a stage gathered at each tick: the
+        buffers its gathers write, the forward's (and the backward's, where
+        it gathers them apart), so that a tick that gathers nothing keeps
+        the last ones. With zeros as the gathers' default instead, XLA
+        filled a whole stage at every tick (1F1B, zoo GPT depth 4 width 128,
+        K = 2, F = 2: 21 copies, 1.25 MB a tick; none carried)."""
+        if self.F == 1 or self.whole is not None:
+            return ()
+        two = self.layout.weight_stashing or (self.opts is not None and (
+            any(self.opts.forecasting) or self.opts.forecasts_backward))
+        return (self.code.params.zeros(),) * (2 if two else 1)
+
+    def weights(self, ops: Ops) -> Buffers:
+        """The weights the tick's forward, B and W run on: the whole ones
+        gathered (a sharded stage), else the stage's own."""
+        return ops.whole[0] if ops.whole else ops.p

@@ -36,6 +36,7 @@ from jax import lax
 
 from pipejax.compile import branches, fsdp, messages
 from pipejax.compile.build import Build
+from pipejax.compile.fsdp import ShardedWeights
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
@@ -49,7 +50,7 @@ from pipejax.schedules import NONE, Op
 from pipejax.schedules.tasks import BACKWARD
 
 
-class _Tick(SplitBackwardOps):
+class _Tick(SplitBackwardOps, ShardedWeights):
     """The body of the scan: what stage k does at one tick."""
 
     def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn,
@@ -96,7 +97,7 @@ class _Tick(SplitBackwardOps):
         return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g), first
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
-        p, s, rings, grad_sum = carry
+        p, s, rings, grad_sum, held = carry
         tasks = {lane.op: read_task(row[lane.index], lane.op, self.k, self.placement,
                                     self.counters) for lane in self.lanes}
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
@@ -114,7 +115,7 @@ class _Tick(SplitBackwardOps):
                                           for op, t in tasks.items()})
         ops = Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
         if self.F > 1:
-            ops = ops._replace(whole=self._gather(runs, fused, ops))
+            ops = ops._replace(whole=self._gather(runs, fused, ops, held))
         sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
@@ -134,47 +135,13 @@ class _Tick(SplitBackwardOps):
                                   back)
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
-        return ((ops.p, ops.s, rings, ops.grad_sum),
+        held = ops.whole[:len(held)] if held else ()
+        return ((ops.p, ops.s, rings, ops.grad_sum, held),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
     def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
-
-    def _any(self, preds: list[jax.Array]) -> jax.Array | None:
-        """Whether any of `preds` holds; None (always) when every op runs at every tick."""
-        return None if self.busy else functools.reduce(jnp.logical_or, preds)
-
-    def _gather(self, runs: dict, fused: TickTask | None, ops: Ops) -> tuple:
-        """A sharded stage's whole weights for this tick's ops: (the
-        forward's, the backward's), gathered once each where some op of the
-        tick uses them, once for both where they are the same weights (the
-        forward's: the forecast `ahead`, or the weights; the backward's: the
-        stashed ones, a backward forecast, the weights under a forecast)."""
-        if self.whole is not None:
-            return self.whole, self.whole
-        ahead = self.opts is not None and bool(ops.s.ahead)
-        forward = ops.s.ahead if ahead else ops.p
-        backward = None
-        if Op.BW in runs and self.layout.weight_stashing:
-            backward = messages.read(ops.weights, runs[Op.BW].ring % self.layout.kept_slots)
-        elif Op.BW in runs and self.opts is not None and self.opts.forecasts_backward:
-            backward = self.opts.backward_weights(ops.p, ops.s)
-        elif Op.BW in runs and ahead:
-            backward = ops.p
-        users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
-        users += [] if fused is None else [fused.real]
-        users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
-        zeros = self.code.params.zeros()
-        first = fsdp.gather_if(self._any(users), forward, zeros)
-        if backward is None:
-            return first, first
-        return first, fsdp.gather_if(self._any([runs[Op.BW].real]), backward, zeros)
-
-    def weights(self, ops: Ops) -> Buffers:
-        """The weights the tick's forward, B and W run on: the whole ones
-        gathered (a sharded stage), else the stage's own."""
-        return ops.whole[0] if ops.whole else ops.p
 
     def _forward(self, task: TickTask, ops: Ops, read: tuple, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
@@ -281,8 +248,9 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     tick = _Tick(build, opts, inp, whole)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
-    (p, s, rings, grad_sum), (losses, done, skipped) = lax.scan(
-        tick, (inp.params, inp.opt_state, inp.rings, grad_sum), lane_rows(schedule, tick.lanes))
+    (p, s, rings, grad_sum, _), (losses, done, skipped) = lax.scan(
+        tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held()),
+        lane_rows(schedule, tick.lanes))
     if whole is not None:
         grad_sum = fsdp.scatter(grad_sum, build.F)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
