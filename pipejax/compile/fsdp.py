@@ -104,15 +104,15 @@ class ShardedWeights:
         stashed ones, a backward forecast, the weights under a forecast)."""
         if self.whole is not None:
             return self.whole, self.whole
-        ahead = self.opts is not None and bool(ops.s.ahead)
-        forward = ops.s.ahead if ahead else ops.p
+        forward = ops.s.ahead if self.opts is not None and ops.s.ahead else ops.p
         backward = None
-        if Op.BW in runs and self.layout.weight_stashing:
-            backward = messages.read(ops.weights, runs[Op.BW].ring % self.layout.kept_slots)
-        elif Op.BW in runs and self.opts is not None and self.opts.forecasts_backward:
-            backward = self.opts.backward_weights(ops.p, ops.s)
-        elif Op.BW in runs and ahead:
-            backward = ops.p
+        if Op.BW in runs and self.apart:
+            if self.layout.weight_stashing:
+                backward = messages.read(ops.weights, runs[Op.BW].ring % self.layout.kept_slots)
+            elif self.opts.forecasts_backward:
+                backward = self.opts.backward_weights(ops.p, ops.s)
+            else:  # the forward runs on a forecast, the backward on the weights
+                backward = ops.p
         users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
         users += [] if fused is None else [fused.real]
         users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
@@ -130,9 +130,14 @@ class ShardedWeights:
         K = 2, F = 2: 21 copies, 1.25 MB a tick; none carried)."""
         if self.F == 1 or self.whole is not None:
             return ()
-        two = self.layout.weight_stashing or (self.opts is not None and (
+        return (self.code.params.zeros(),) * (2 if self.apart else 1)
+
+    @functools.cached_property
+    def apart(self) -> bool:
+        """Whether the backward runs on other weights than the forward: the
+        stashed ones, or where some stage forecasts its weights."""
+        return self.layout.weight_stashing or (self.opts is not None and (
             any(self.opts.forecasting) or self.opts.forecasts_backward))
-        return (self.code.params.zeros(),) * (2 if two else 1)
 
     def weights(self, ops: Ops) -> Buffers:
         """The weights the tick's forward, B and W run on: the whole ones

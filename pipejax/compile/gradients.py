@@ -52,8 +52,7 @@ class GradientPolicy:
         """Inside the loop: (p, s, carried, skipped) after a backward's `grads`."""
         if self.synchronous:
             return p, s, self.summed(carried, grads), skipped
-        if self.scatter > 1:
-            grads = fsdp.scatter(grads, self.scatter)
+        grads = self._pieces(grads)
         if self.after_loop:
             return p, s, grads, skipped
         p, s, skipped = self.update(p, grads, s)
@@ -61,9 +60,11 @@ class GradientPolicy:
 
     def summed(self, total: Buffers, grads: Buffers) -> Buffers:
         """Inside the loop: a synchronous sum after a backward's `grads`."""
-        if self.scatter > 1:
-            grads = fsdp.scatter(grads, self.scatter)
-        return tuple(a + b for a, b in zip(total, grads))
+        return tuple(a + b for a, b in zip(total, self._pieces(grads)))
+
+    def _pieces(self, grads: Buffers) -> Buffers:
+        """A backward's gradient as the sum and the update hold it."""
+        return fsdp.scatter(grads, self.scatter) if self.scatter > 1 else grads
 
     def after(self, p: Buffers, s: OptState, grads: Buffers, real: jax.Array) -> tuple:
         """After the loop, on every device (`after_loop` only): (p, s, skipped)."""

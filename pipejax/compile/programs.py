@@ -39,8 +39,9 @@ from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
 __all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers",
-           "Staged", "TrainPrograms", "TrainState", "build", "check_params", "check_table", "key_or_default",
-           "opt_states", "pipeline_programs", "stage_rows", "train_programs", "unstage"]
+           "Staged", "TrainPrograms", "TrainState", "build", "check_params", "check_table",
+           "key_or_default", "opt_states", "pipeline_programs", "stage_rows", "train_programs",
+           "unstage"]
 
 
 class Flags(NamedTuple):
