@@ -171,8 +171,8 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
                        split(jax.tree.unflatten(treedef, filled), params_packing, k, F)]
     shardings = trainer.shardings
     stacked = lambda rows: tuple(np.stack([np.asarray(b) for b in slot]) for slot in zip(*rows))
-    p = Staged(tuple(_put(b, shardings.params) for b in stacked(params)), params_packing)
-    s = Staged(tuple(_put(b, shardings.opt_state) for b in stacked(states)), opt_packing)
+    p = Staged(tuple(map(_put, stacked(params), shardings.params.buffers)), params_packing)
+    s = Staged(tuple(map(_put, stacked(states), shardings.opt_state.buffers)), opt_packing)
     key = jax.random.wrap_key_data(_put(tree["key"], shardings.key), impl=meta["key_impl"])
     template = trainer.abstract_state(p, key)
     rule = _layout_bound("rule.", "the data rule's state", template.rule_state, tree, meta,

@@ -1,12 +1,15 @@
 """The device mesh a pipeline runs on: axis `stage`, one index per stage,
-optional data axes, one pipeline replica per index of them, and an
-optional `fsdp` axis, the devices one stage is sharded over.
+optional data axes, one pipeline replica per index of them, an optional
+`fsdp` axis, the devices one stage is sharded over, and an optional
+`tensor` axis, the devices each annotated layer is split over.
 
 A mesh ("stage",) runs one pipeline; ("data", "stage") runs one replica per
 data index; ("node", "local", "stage") groups the replicas for hierarchical
 rules (H-ADPSGD); ("stage", "fsdp") splits each stage's parameters,
 gradients and optimizer state over F devices, and each micro-batch with
-them (ZeRO-3; compile/fsdp.py). `AXES` says what each axis name means; a
+them (ZeRO-3; compile/fsdp.py); ("stage", "tensor") splits each parameter
+whose Flax annotation names "tensor" over T devices, which run every
+micro-batch together (Megatron's tensor parallelism, compile/tensor.py). `AXES` says what each axis name means; a
 mesh with any other name is an error (pipejax would otherwise have to guess
 what it is for). The replicas are numbered row-major over the data axes,
 in mesh order.
@@ -16,23 +19,26 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from pipejax.errors import ConfigError, DeviceError
 
 AXIS = "stage"
 FSDP = "fsdp"
+TENSOR = "tensor"
 # Every axis name a pipeline's mesh may have, and what it means.
 AXES = {AXIS: "the pipeline's stages",
         "data": "pipeline replicas (data parallelism)",
         "node": "groups of replicas (hierarchical rules: H-ADPSGD, elastic over nodes)",
         "local": "the replicas within a node",
         FSDP: "the devices of one stage: its parameters, gradients and optimizer state split "
-              "over them, each micro-batch too (ZeRO-3)"}
+              "over them, each micro-batch too (ZeRO-3)",
+        TENSOR: "the devices each parameter annotated with this name is split over (tensor "
+                "parallelism: every micro-batch runs on all of them)"}
 DATA_AXES = ("data", "node", "local")  # the axes whose indices are replicas
 
 
@@ -83,26 +89,32 @@ def stage_mesh(stages: int, mesh: Mesh | None = None) -> Mesh:
 
 
 def make_mesh(stages: int, data: int = 1, nodes: int = 1,
-              devices: Sequence[jax.Device] | None = None, *, fsdp: int = 1) -> Mesh:
-    """A mesh of data × stages × fsdp devices (default: `jax.devices()`,
-    those of every process): axes ("stage",) for data = 1, ("data",
-    "stage"), or ("node", "local", "stage") with `nodes` groups of data /
-    nodes replicas (hierarchical rules), then ("fsdp",) when fsdp > 1: each
-    stage sharded over that many devices. The axes vary slowest to fastest
-    in that order: a stage's fsdp devices are neighbours (they gather its
-    weights at every tick that uses them), then a replica's stages."""
-    for name, n in (("stages", stages), ("data", data), ("nodes", nodes), ("fsdp", fsdp)):
+              devices: Sequence[jax.Device] | None = None, *, fsdp: int = 1,
+              tensor: int = 1) -> Mesh:
+    """A mesh of data × stages × fsdp × tensor devices (default:
+    `jax.devices()`, those of every process): axes ("stage",) for data = 1,
+    ("data", "stage"), or ("node", "local", "stage") with `nodes` groups of
+    data / nodes replicas (hierarchical rules), then ("fsdp",) when fsdp > 1:
+    each stage sharded over that many devices, then ("tensor",) when
+    tensor > 1: each annotated parameter split over that many. The axes
+    vary slowest to fastest in that order: a layer's tensor devices are
+    neighbours (they reduce activations in every layer, as in MaxText and
+    Megatron), then a stage's fsdp devices (they gather its weights at every
+    tick that uses them), then a replica's stages."""
+    for name, n in (("stages", stages), ("data", data), ("nodes", nodes), ("fsdp", fsdp),
+                    ("tensor", tensor)):
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise ConfigError(f"{name}={n!r}; use a positive integer")
     if data % nodes:
         raise ConfigError(f"data={data} replicas do not split into nodes={nodes} equal groups; "
                           f"use a multiple of {nodes}")
-    devices, need = list(devices or jax.devices()), data * stages * fsdp
+    devices, need = list(devices or jax.devices()), data * stages * fsdp * tensor
     if len(devices) < need:
         where = (f"{jax.process_count()} processes with {jax.local_device_count()} each"
                  if jax.process_count() > 1 else devices[0].platform)
         parts = [f"{n} {name}" for n, name in ((data, "replicas"), (stages, "stages"),
-                                               (fsdp, "fsdp")) if n > 1 or name == "stages"]
+                                               (fsdp, "fsdp"), (tensor, "tensor"))
+                 if n > 1 or name == "stages"]
         what = (" x ".join(parts) + " need") if len(parts) > 1 else f"stages={stages} needs"
         raise DeviceError(
             f"{what} {need} devices but JAX sees {len(devices)} ({where}); on CPU simulate them with "
@@ -112,8 +124,9 @@ def make_mesh(stages: int, data: int = 1, nodes: int = 1,
     names = ("node", "local") if nodes > 1 else ("data",) if data > 1 else ()
     sizes = (nodes, data // nodes) if nodes > 1 else (data,) if data > 1 else ()
     names, sizes = (*names, AXIS), (*sizes, stages)
-    if fsdp > 1:
-        names, sizes = (*names, FSDP), (*sizes, fsdp)
+    for name, n in ((FSDP, fsdp), (TENSOR, tensor)):
+        if n > 1:
+            names, sizes = (*names, name), (*sizes, n)
     return Mesh(np.array(devices[:need]).reshape(sizes), names)
 
 
@@ -137,6 +150,38 @@ def model_axes(mesh: Mesh) -> tuple[str, ...]:
 def shards(mesh: Mesh) -> int:
     """F, the devices each stage is sharded over (1 without an `fsdp` axis)."""
     return int(mesh.shape.get(FSDP, 1))
+
+
+def tensor_parts(mesh: Mesh) -> int:
+    """T, the devices each annotated parameter is split over (1 without a `tensor` axis)."""
+    return int(mesh.shape.get(TENSOR, 1))
+
+
+def constrain(x: Any, axis: int | None) -> Any:
+    """`x` split over `tensor` along `axis` (None: whole on every tensor
+    device) where a program partitions that axis itself (inside the
+    pipeline's `shard_map`, where it is the one axis left to XLA); `x`
+    unchanged elsewhere (host arrays, no such axis). Pinned at every unpack
+    and pack of a split parameter (propagation alone may choose to
+    replicate a loop's carry) and on what a stage receives and sends."""
+    if not isinstance(x, jax.core.Tracer):
+        return x
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get(TENSOR, 1) == 1 or TENSOR not in mesh.auto_axes:
+        return x
+    spec = [None] * x.ndim
+    if axis is not None:
+        spec[axis] = TENSOR
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
+def manual_axes(mesh: Mesh) -> frozenset[str] | None:
+    """The axes the pipeline's programs place by hand (`shard_map`): every
+    one but `tensor`, which XLA partitions from the annotations (None:
+    all of them, a mesh without tensor parallelism)."""
+    if tensor_parts(mesh) == 1:
+        return None
+    return frozenset(a for a in mesh.axis_names if a != TENSOR)
 
 
 def replicas(mesh: Mesh) -> int:

@@ -21,11 +21,22 @@ A stage sharded over F devices (FSDP) packs every leaf flat, each slot
 padded to a multiple of F, so that device f holds the f-th of F equal
 pieces of every slot (`shard`): one slot holds one leaf of a stage, so
 a piece is part of one leaf, and a per-leaf optimizer runs on pieces.
+
+A leaf split over T tensor devices (its axis d, layers/sharding.py) lives
+in a slot of its own kind, `(m, T)`: column t holds the t-th of the T
+blocks of axis d, flattened (the part device t computes with), so the slot
+is split over `tensor` along its last axis, and over `fsdp` along its
+first. Such leaves of every stage rank by size as the others do, so a
+heterogeneous stage list packs them with the same padding; unpacking is a
+slice, a reshape and a move of the T axis next to d, which XLA partitions
+without communication (the T axis stays the major part of the merged
+axis). Leaves no annotation splits are whole on every tensor device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -33,18 +44,35 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.errors import ConfigError
+from pipejax.mesh import constrain
 
 Buffers = tuple  # one array per slot; its trailing axes are the slot's shape
+
+
+def _pad_rows(b: Any, rows: int) -> Any:
+    """`b` with zero rows appended up to `rows`."""
+    extra = rows - b.shape[0]
+    return b if extra == 0 else _xp(b).pad(b, ((0, extra),) + ((0, 0),) * (b.ndim - 1))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
     slot: int
     shape: tuple[int, ...]
+    split: int | None = None  # the axis split over `tensor` (its slot is (m, T)); None: whole
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def block(self, parts: int) -> tuple[int, ...]:
+        """The shape of one tensor device's block of the leaf."""
+        return tuple(n // parts if i == self.split else n for i, n in enumerate(self.shape))
+
+
+def _xp(x: Any) -> Any:
+    """numpy for host arrays (checkpoints, `per_stage`), jax.numpy for the rest."""
+    return np if isinstance(x, np.ndarray) else jnp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,42 +86,49 @@ class Packing:
     # index of each item, stage after stage, where they are not in layer
     # order (virtual stages); None when they are.
     order: tuple[int, ...] | None = None
+    parts: int = 1  # T, the tensor devices a split leaf's slot (m, T) is split over
 
     @classmethod
     def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None,
-           shards: int = 1) -> "Packing":
+           shards: int = 1, splits: Sequence[Sequence[int | None]] | None = None,
+           parts: int = 1) -> "Packing":
         """Build from one tree of arrays or `ShapeDtypeStruct`s per stage
         (`order`: see the field); with `shards` > 1 every slot flat, its
-        length a multiple of `shards` (see `shard`)."""
+        length a multiple of `shards` (see `shard`); with `parts` = T > 1,
+        `splits` gives each stage's leaves' axes split over `tensor` (None:
+        whole), and those leaves get slots (m, T)."""
         flats, treedefs = zip(*(jax.tree.flatten(t) for t in trees)) if trees else ((), ())
-        ranked: list[dict[int, tuple[str, int]]] = []  # per stage: leaf -> (dtype, rank)
-        lengths: dict[tuple[str, int], int] = {}
-        shapes: dict[tuple[str, int], set] = {}
-        for flat in flats:
-            by_dtype: dict[str, list[int]] = {}
+        if parts == 1 or splits is None:
+            splits = [[None] * len(flat) for flat in flats]
+        ranked: list[dict[int, tuple[str, bool, int]]] = []  # leaf -> (dtype, split?, rank)
+        lengths: dict[tuple[str, bool, int], int] = {}
+        shapes: dict[tuple[str, bool, int], set] = {}
+        for flat, split in zip(flats, splits):
+            kinds: dict[tuple[str, bool], list[int]] = {}
             for i, x in enumerate(flat):
-                by_dtype.setdefault(str(np.dtype(x.dtype)), []).append(i)
+                kinds.setdefault((str(np.dtype(x.dtype)), split[i] is not None), []).append(i)
             stage = {}
-            for dtype, idx in by_dtype.items():
+            for (dtype, over), idx in kinds.items():
                 idx.sort(key=lambda i: -int(np.prod(flat[i].shape, dtype=np.int64)))
                 for rank, i in enumerate(idx):
-                    stage[i] = (dtype, rank)
-                    size = int(np.prod(flat[i].shape, dtype=np.int64))
-                    lengths[dtype, rank] = max(lengths.get((dtype, rank), 0), size)
-                    shapes.setdefault((dtype, rank), set()).add(tuple(flat[i].shape))
+                    key = stage[i] = (dtype, over, rank)
+                    size = int(np.prod(flat[i].shape, dtype=np.int64)) // (parts if over else 1)
+                    lengths[key] = max(lengths.get(key, 0), size)
+                    shapes.setdefault(key, set()).add(tuple(flat[i].shape))
             ranked.append(stage)
         index = {s: j for j, s in enumerate(sorted(lengths))}
-        leaves = tuple(tuple(_Leaf(index[stage[i]], tuple(x.shape)) for i, x in enumerate(flat))
-                       for flat, stage in zip(flats, ranked))
+        leaves = tuple(tuple(_Leaf(index[stage[i]], tuple(x.shape), split[i])
+                             for i, x in enumerate(flat))
+                       for flat, split, stage in zip(flats, splits, ranked))
         # One shape in every stage that uses the slot (and no stage without
         # it): keep it; else a flat buffer as long as the longest leaf.
-        kept = lambda d, r: (shards == 1 and len(shapes[d, r]) == 1
-                             and all((d, r) in stage.values() for stage in ranked))
-        flat = lambda n: (-(-n // shards) * shards,)
-        slots = tuple((d, next(iter(shapes[d, r])) if kept(d, r) else flat(lengths[d, r]))
-                      for d, r in sorted(lengths))
+        kept = lambda key: (shards == 1 and not key[1] and len(shapes[key]) == 1
+                            and all(key in stage.values() for stage in ranked))
+        flat = lambda n, over: (-(-n // shards) * shards, *((parts,) if over else ()))
+        slots = tuple((key[0], next(iter(shapes[key])) if kept(key) else flat(n, key[1]))
+                      for key, n in sorted(lengths.items()))
         in_order = order is None or list(order) == sorted(order)
-        return cls(tuple(treedefs), leaves, slots, None if in_order else tuple(order))
+        return cls(tuple(treedefs), leaves, slots, None if in_order else tuple(order), parts)
 
     def shard(self, n: int) -> "Packing":
         """One device's piece of every slot when each is split into `n`
@@ -104,16 +139,30 @@ class Packing:
         leaf is seen as a vector, its piece."""
         if n == 1:
             return self
-        if any(len(shape) != 1 or shape[0] % n for _, shape in self.slots):
+        if any(len(shape) != 1 + self.tensor_slots[j] or shape[0] % n
+               for j, (_, shape) in enumerate(self.slots)):
             raise ConfigError(f"a packing made without shards={n} cannot be split {n} ways")
-        slots = tuple((d, (shape[0] // n,)) for d, shape in self.slots)
-        view = lambda s: _Leaf(s.slot, (1,) * (max(len(s.shape), 1) - 1) + slots[s.slot][1])
+        slots = tuple((d, (shape[0] // n, *shape[1:])) for d, shape in self.slots)
+
+        def view(s: _Leaf) -> _Leaf:
+            # A split leaf's piece: (1, ..., 1, T·c), split over `tensor` on its last axis.
+            rank = max(len(s.shape), 1)
+            length = int(np.prod(slots[s.slot][1], dtype=np.int64))
+            return _Leaf(s.slot, (1,) * (rank - 1) + (length,),
+                         None if s.split is None else rank - 1)
+
         leaves = tuple(tuple(view(s) for s in stage) for stage in self.leaves)
         return dataclasses.replace(self, leaves=leaves, slots=slots)
 
     @property
     def stages(self) -> int:
         return len(self.treedefs)
+
+    @functools.cached_property
+    def tensor_slots(self) -> tuple[bool, ...]:
+        """Whether each slot holds leaves split over `tensor` (its shape is (m, T))."""
+        split = {s.slot for stage in self.leaves for s in stage if s.split is not None}
+        return tuple(j in split for j in range(len(self.slots)))
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -134,6 +183,11 @@ class Packing:
         out: list[Any] = [None] * len(self.slots)
         for spec, x in zip(self.leaves[k], jax.tree.leaves(tree)):
             dtype, shape = self.slots[spec.slot]
+            if spec.split is not None:
+                b = self._columns(spec, x).astype(dtype)
+                out[spec.slot] = _pad_rows(b, shape[0])
+                continue
+            x = self._whole(x)
             if spec.shape == shape:
                 out[spec.slot] = jnp.asarray(x).astype(dtype)
                 continue
@@ -150,9 +204,14 @@ class Packing:
         out = list(buffers)
         for spec, x in zip(self.leaves[k][first:], jax.tree.leaves(tree)):
             dtype, shape = self.slots[spec.slot]
-            x = jnp.asarray(x).astype(dtype)
+            x = jnp.asarray(x if spec.split is not None else self._whole(x)).astype(dtype)
             b = out[spec.slot]
-            out[spec.slot] = b + x if spec.shape == shape else b.at[:spec.size].add(jnp.ravel(x))
+            if spec.split is not None:
+                cols = self._columns(spec, x)
+                out[spec.slot] = constrain(constrain(b, 1).at[:cols.shape[0]].add(cols), 1)
+            else:
+                out[spec.slot] = (b + x if spec.shape == shape
+                                  else b.at[:spec.size].add(jnp.ravel(x)))
         return tuple(out)
 
     def unpack(self, k: int, buffers: Buffers) -> Any:
@@ -160,10 +219,38 @@ class Packing:
         flat = []
         for s in self.leaves[k]:
             b, shape = buffers[s.slot], self.slots[s.slot][1]
+            if s.split is not None:
+                flat.append(self._leaf(s, b))
+                continue
             if s.shape != shape:
                 b = (b if s.size == shape[0] else b[:s.size]).reshape(s.shape)
-            flat.append(b)
+            flat.append(self._whole(b))
         return jax.tree.unflatten(self.treedefs[k], flat)
+
+    def _whole(self, x: Any) -> Any:
+        """A leaf no annotation splits, whole on every tensor device before
+        it is packed: XLA may have computed it split (the gradient of a
+        bias after a split matrix), and padding a split axis moves data
+        between devices (a collective-permute, which hangs on CPU inside a
+        stage's branch: it waits for every stage's devices)."""
+        return constrain(x, None) if self.parts > 1 else x
+
+    def _columns(self, s: _Leaf, x: Any) -> Any:
+        """A split leaf as (size / T, T): column t its t-th block along axis
+        `s.split`, flattened (the inverse of `_leaf`)."""
+        xp, d, T = _xp(x), s.split, self.parts
+        blocks = xp.reshape(x, (*s.shape[:d], T, s.shape[d] // T, *s.shape[d + 1:]))
+        return constrain(xp.moveaxis(blocks, d, -1).reshape(-1, T), 1)
+
+    def _leaf(self, s: _Leaf, b: Any) -> Any:
+        """A split leaf from its slot (m, T): the first size / T rows, each
+        column a block, moved back next to axis `s.split`."""
+        xp, block = _xp(b), s.block(self.parts)
+        rows = int(np.prod(block, dtype=np.int64))
+        b = constrain(b, 1)
+        b = b if rows == b.shape[0] else b[:rows]
+        return constrain(xp.moveaxis(b.reshape(*block, self.parts), -1, s.split)
+                         .reshape(s.shape), s.split)
 
     def structure(self, k: int) -> tuple:
         """Stage k's tree structure and slots, comparable with == (equal for

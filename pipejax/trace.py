@@ -77,7 +77,10 @@ def _analyse(layer: Layer, h: Any, key_struct: Any, key: jax.Array) -> tuple:
     Raises:
       _KeepsState: saying what the layer keeps.
     """
-    variables = jax.eval_shape(layer.init, key_struct, h)
+    # Without the shardings that values made under a mesh carry (an NNX
+    # module built in `jax.set_mesh`): the pipeline places them itself.
+    variables = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                             jax.eval_shape(layer.init, key_struct, h))
     # the state check first: linen's BatchNorm fails to apply without its statistics
     kept = layer.kept_state(variables, h, key_struct)
     if kept is not None:

@@ -22,6 +22,7 @@ def write_outputs(out: Path, rows: list[dict], summary: dict, variables, metric:
     import flax.serialization
     import matplotlib
     from flax import nnx
+    from flax.core import meta
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -57,7 +58,8 @@ def write_outputs(out: Path, rows: list[dict], summary: dict, variables, metric:
     fig.tight_layout()
     fig.savefig(out / "curve.png", dpi=100)
     plt.close(fig)
-    pure = lambda v: nnx.to_pure_dict(v) if isinstance(v, nnx.State) else v  # NNX layers' States
+    # NNX layers' States as dicts; linen's annotated leaves without their boxes
+    pure = lambda v: nnx.to_pure_dict(v) if isinstance(v, nnx.State) else meta.unbox(v)
     (out / "params.msgpack").write_bytes(flax.serialization.msgpack_serialize(
         {str(i): pure(v) for i, v in enumerate(variables)}))
 

@@ -55,29 +55,32 @@ from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import run_if
 from pipejax.compile.stages import StageCode
 from pipejax.compile.table_state import Ops
+from pipejax.compile.tensor import per_column
 from pipejax.mesh import FSDP
-from pipejax.packing import Buffers
+from pipejax.packing import Buffers, Packing
 from pipejax.schedules import Op
 
 
-def gather(pieces: Buffers) -> Buffers:
-    """Inside shard_map: every slot whole from this stage's F pieces."""
-    return tuple(lax.all_gather(b, FSDP, axis=0, tiled=True) for b in pieces)
+def gather(pieces: Buffers, packing: Packing) -> Buffers:
+    """Inside shard_map: every slot of `packing` whole from this stage's F
+    pieces (a slot split over `tensor`: each tensor device's column)."""
+    return per_column(lambda b: lax.all_gather(b, FSDP, axis=0, tiled=True), pieces, packing)
 
 
-def scatter(grads: Buffers, shards: int) -> Buffers:
+def scatter(grads: Buffers, shards: int, packing: Packing) -> Buffers:
     """Inside shard_map: this device's piece of the mean over the stage's F
-    devices of the whole gradients `grads`."""
-    return tuple(lax.psum_scatter(g, FSDP, scatter_dimension=0, tiled=True) / shards
-                 for g in grads)
+    devices of the whole gradients `grads` (slots of `packing`)."""
+    return per_column(lambda g: lax.psum_scatter(g, FSDP, scatter_dimension=0, tiled=True)
+                      / shards, grads, packing)
 
 
-def gather_if(pred: jax.Array | None, pieces: Buffers, whole: Buffers) -> Buffers:
+def gather_if(pred: jax.Array | None, pieces: Buffers, whole: Buffers,
+              packing: Packing) -> Buffers:
     """`gather(pieces)` where `pred` (None: always), else `whole` (buffers of
     the whole slots' shapes: the last tick's gather) untouched."""
     if pred is None:
-        return gather(pieces)
-    return run_if(pred, lambda ops, _: gather(ops), pieces, whole)
+        return gather(pieces, packing)
+    return run_if(pred, lambda ops, _: gather(ops, packing), pieces, whole)
 
 
 class ShardedWeights:
@@ -116,10 +119,11 @@ class ShardedWeights:
         users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
         users += [] if fused is None else [fused.real]
         users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
-        first = gather_if(self._any(users), forward, held[0])
+        packing = self.code.params
+        first = gather_if(self._any(users), forward, held[0], packing)
         if backward is None:
             return first, first
-        return first, gather_if(self._any([runs[Op.BW].real]), backward, held[1])
+        return first, gather_if(self._any([runs[Op.BW].real]), backward, held[1], packing)
 
     def held(self) -> tuple:
         """What the scan carries for a stage gathered at each tick: the

@@ -64,7 +64,7 @@ class GradientPolicy:
 
     def _pieces(self, grads: Buffers) -> Buffers:
         """A backward's gradient as the sum and the update hold it."""
-        return fsdp.scatter(grads, self.scatter) if self.scatter > 1 else grads
+        return fsdp.scatter(grads, self.scatter, self.params) if self.scatter > 1 else grads
 
     def after(self, p: Buffers, s: OptState, grads: Buffers, real: jax.Array) -> tuple:
         """After the loop, on every device (`after_loop` only): (p, s, skipped)."""

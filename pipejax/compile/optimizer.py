@@ -92,7 +92,9 @@ class StageOptimizers:
                 "or drop the forecast")
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(build.K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1], build.code.share)
-        return cls(transforms, params, Packing.of(states), groups, outer)
+        axes = [pieces.splits(s, params, k) for k, s in enumerate(states)]
+        return cls(transforms, params, Packing.of(states, splits=axes, parts=params.parts),
+                   groups, outer)
 
     @functools.cached_property
     def forecasting(self) -> tuple[bool, ...]:

@@ -29,7 +29,7 @@ from pipejax.packing import Buffers
 from jax.sharding import Mesh
 
 from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.mesh import AXIS, FSDP, data_axes, model_axes
+from pipejax.mesh import AXIS, FSDP, TENSOR, data_axes, model_axes
 from pipejax.transforms.data_parallel import DataRule, consensus_distance, ssgd
 
 
@@ -124,7 +124,7 @@ def _check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
         raise ArgumentTypeError(f"rule must be a pj.transforms.DataRule (ssgd, adpsgd, hadpsgd, "
                                 f"elastic), not {type(rule).__name__}")
     for a in rule.axes:
-        if a in (AXIS, FSDP):
+        if a in (AXIS, FSDP, TENSOR):
             raise ConfigError(f"rule {rule.name!r} names the mesh axis {a!r}, whose devices hold "
                               f"parts of one model; a data rule combines replicas over the data "
                               f"axes {axes}")

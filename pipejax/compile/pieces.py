@@ -32,6 +32,17 @@ def parts(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     return treedef, flat, [is_part(p) for p in flat]
 
 
+def splits(state: Any, params: Packing, k: int) -> list:
+    """The axis each leaf of stage k's optax `state` splits over `tensor`:
+    a per-parameter part's leaves as the parameters they follow, the others
+    (step counts) none."""
+    tree = params.abstract_tree(k)
+    _, flat, per_parameter = parts(state, tree)
+    axes = [s.split for s in params.leaves[k]]
+    return [a for part, cut in zip(flat, per_parameter)
+            for a in (axes if cut else [None] * len(jax.tree.leaves(part)))]
+
+
 def check(init: Any, params: Packing, k: int, F: int) -> None:
     """Raise unless the optax state `init` makes over stage k's pieces is
     the pieces of the state it makes over the whole leaves: per-parameter
@@ -71,8 +82,7 @@ def states(opt_state: Staged, params: Packing, F: int, replica: int = 0) -> list
 def whole(pieces: list[Any], params: Packing, k: int) -> Any:
     """Stage k's optax state over its whole leaves from the F states over
     its pieces (device 0's first); `params` is the whole parameter packing."""
-    tree = params.abstract_tree(k)
-    shapes = [leaf.shape for leaf in jax.tree.leaves(tree)]
+    tree, view = params.abstract_tree(k), params.shard(len(pieces))
     split = [parts(p, tree) for p in pieces]
     treedef, flat, per_parameter = split[0]
     out = []
@@ -80,11 +90,10 @@ def whole(pieces: list[Any], params: Packing, k: int) -> Any:
         if not cut:
             out.append(part)
             continue
-        leaves = [jax.tree.leaves(s[1][n]) for s in split]  # per device, per leaf
-        joined = [np.concatenate([np.ravel(device[i]) for device in leaves])
-                  [:int(np.prod(shape, dtype=np.int64))].reshape(shape)
-                  for i, shape in enumerate(shapes)]
-        out.append(jax.tree.unflatten(jax.tree.structure(tree), joined))
+        rows = [view.pack(k, s[1][n]) for s in split]  # per device, its slot pieces
+        joined = tuple(np.concatenate([np.asarray(r[j]) for r in rows])
+                       for j in range(len(params.slots)))
+        out.append(jax.tree.map(np.asarray, params.unpack(k, joined)))
     return jax.tree.unflatten(treedef, out)
 
 
@@ -92,20 +101,13 @@ def split(state: Any, params: Packing, k: int, F: int) -> list[Any]:
     """Stage k's whole optax state cut into the F states over its pieces."""
     if F == 1:
         return [state]
-    tree = params.abstract_tree(k)
-    pieces = params.shard(F).abstract_tree(k)
-    lengths = [params.slots[s.slot][1][0] for s in params.leaves[k]]
-    shapes = [leaf.shape for leaf in jax.tree.leaves(pieces)]
-    treedef, flat, per_parameter = parts(state, tree)
+    treedef, flat, per_parameter = parts(state, params.abstract_tree(k))
+    view = params.shard(F)
+    packed = [[np.asarray(b) for b in params.pack(k, part)] if cut else None
+              for part, cut in zip(flat, per_parameter)]
     devices = []
     for f in range(F):
-        out = []
-        for part, cut in zip(flat, per_parameter):
-            if not cut:
-                out.append(part)
-                continue
-            cuts = [np.pad(np.ravel(leaf), (0, n - np.size(leaf))).reshape(F, -1)[f].reshape(shape)
-                    for leaf, n, shape in zip(jax.tree.leaves(part), lengths, shapes)]
-            out.append(jax.tree.unflatten(jax.tree.structure(tree), cuts))
-        devices.append(jax.tree.unflatten(treedef, out))
+        out = [view.unpack(k, tuple(np.split(b, F)[f] for b in rows)) if cut else part
+               for part, cut, rows in zip(flat, per_parameter, packed)]
+        devices.append(jax.tree.unflatten(treedef, [jax.tree.map(np.asarray, o) for o in out]))
     return devices

@@ -29,10 +29,11 @@ from pipejax.compile.pieces import states as opt_states
 from pipejax.compile.outer import Outer
 from pipejax.compile.spmd import REPLICATED, params, per_device, sharding
 from pipejax.compile.stages import Model, StageCode
+from pipejax.compile.tensor import slot_shardings
 from pipejax.compile.state import InFlight, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
-from pipejax.mesh import shards
+from pipejax.mesh import shards, tensor_parts
 from pipejax.partition import Plan
 from pipejax.schedules import Op, Schedule
 from pipejax.transforms.data_parallel import DataRule
@@ -61,7 +62,14 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags
     seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
     F = shards(mesh)
     code = StageCode(model, plan, seed, flags.share_branches,
-                     split=bool((schedule.ops == Op.W).any()), shards=F)
+                     split=bool((schedule.ops == Op.W).any()), degrees=(F, tensor_parts(mesh)))
+    if code.params.parts > 1 and not any(code.params.tensor_slots):
+        raise ConfigError(
+            f"the mesh splits each stage over tensor={code.params.parts} devices, but no layer "
+            "annotates a parameter axis with 'tensor': every tensor device would hold and "
+            "compute the same; annotate the layers (e.g. nn.Dense(kernel_init="
+            "nn.with_partitioning(init, (None, 'tensor')))), or use those devices for fsdp or "
+            "data replicas")
     layout = Layout.of(code, schedule, flags.weight_stashing, F)
     return Build(plan.placement, code, schedule, layout, mesh, flags.fsdp_gather)
 
@@ -106,28 +114,30 @@ def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
     """Layer i's variables, `variables(i)`, packed per stage and placed on
     the stage axis, one stage at a time: besides its own, the default device
     holds one other stage's variables and their packed copy at once. A
-    sharded stage is packed in host memory and only its F pieces go to its F
-    devices: no device holds a whole stage it does not run. A process places
-    the rows of its own devices (every replica's)."""
-    plan, packing, F = b.code.plan, b.code.params, b.F
-    placed = sharding(b.mesh, params(b.mesh, replicas=False))
-    where = {d: (idx[0].start or 0, idx[1].start or 0) for d, idx in
-             placed.addressable_devices_indices_map((b.K, F)).items()}
-    shards: dict[Any, list] = {}
-    for k in sorted({k for k, _ in where.values()}):
+    sharded stage (over `fsdp` or `tensor`) is packed in host memory and
+    each device gets only its piece: no device holds a whole stage it does
+    not run. A process places the rows of its own devices (every replica's)."""
+    plan, packing = b.code.plan, b.code.params
+    placed = slot_shardings(b.mesh, params(b.mesh, replicas=False), packing, 1)
+    shapes = [(b.K, *shape) for _, shape in packing.slots]
+    where = [s.addressable_devices_indices_map(shape) for s, shape in zip(placed, shapes)]
+    shards: list[dict[Any, Any]] = [{} for _ in placed]
+    whole = b.F == 1 and packing.parts == 1
+    for k in sorted({idx[0].start or 0 for slot in where for idx in slot.values()}):
         layers = [variables(i) for i in plan.device_layers(k)]
-        if F > 1:
+        if whole:
+            row = packing.pack(k, layers)
+        else:
             with jax.default_device(_host()):
                 row = packing.pack(k, jax.device_get(layers))
-        else:
-            row = packing.pack(k, layers)
-        for d, (_, f) in ((d, at) for d, at in where.items() if at[0] == k):
-            piece = lambda buf: buf.reshape(F, -1)[f] if F > 1 else buf
-            shards[d] = [jax.device_put(piece(buf)[None], d) for buf in row]
+        for n, slot in enumerate(where):
+            for d, idx in slot.items():
+                if (idx[0].start or 0) == k:
+                    shards[n][d] = jax.device_put(row[n][None][(slice(None), *idx[1:])], d)
     return Staged(tuple(
         jax.make_array_from_single_device_arrays(
-            (b.K, *shape), placed, [shards[d][n] for d in placed.addressable_devices])
-        for n, (_, shape) in enumerate(packing.slots)), packing)
+            shape, s, [shards[n][d] for d in s.addressable_devices])
+        for n, (s, shape) in enumerate(zip(placed, shapes))), packing)
 
 
 def _host() -> jax.Device | None:
@@ -186,7 +196,7 @@ def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
         step, flush = synchronous.train_step(b, opts), synchronous.flush
     else:
         step, flush = asynchronous.train_step(b, opts), asynchronous.flush(b, opts)
-    shardings = _shardings(b)
+    shardings = _shardings(b, opts)
     out = (shardings, sharding(b.mesh, REPLICATED))
     # The state is donated: the new one takes the old one's buffers.
     jitted = lambda fn, name: guarded(jax.jit(fn, out_shardings=out, donate_argnums=0), b.mesh,
@@ -198,13 +208,17 @@ def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
                          lambda: estimate(b, opts.packing, any(opts.forecasting)))
 
 
-def _shardings(b: Build) -> TrainState:
-    rows, replicated = sharding(b.mesh, params(b.mesh)), sharding(b.mesh, REPLICATED)
+def _shardings(b: Build, opts: StageOptimizers) -> TrainState:
+    """Where each part of a trainer's state lives: a slot split over
+    `tensor` (compile/tensor.py) on its tensor devices, column by column."""
+    replicated = sharding(b.mesh, REPLICATED)
     device = sharding(b.mesh, per_device(b.mesh))
+    rows = Staged(slot_shardings(b.mesh, params(b.mesh), b.code.params, 1), b.code.params)
+    state = Staged(slot_shardings(b.mesh, per_device(b.mesh), opts.packing, 1), opts.packing)
     inflight = None
     if b.schedule.asynchronous:
         inflight = InFlight(device, device, device, replicated, replicated, replicated)
-    return TrainState(rows, device, replicated, replicated, inflight, device)
+    return TrainState(rows, state, replicated, replicated, inflight, device)
 
 
 def _initial(b: Build, opts: StageOptimizers, replicated: bool) -> Callable:

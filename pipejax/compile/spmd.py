@@ -22,7 +22,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipejax.mesh import AXIS, FSDP, batch_axes, data_axes, shards
+from pipejax.mesh import AXIS, FSDP, batch_axes, data_axes, manual_axes, shards
 
 REPLICATED = P()
 
@@ -88,8 +88,12 @@ def stage_index() -> jax.Array:
 
 def shard(fn: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
     """`fn` as one SPMD program over `mesh` (varying-axis checks off: the
-    branches of a stage switch differ per device by design)."""
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    branches of a stage switch differ per device by design), manual over
+    every axis but `tensor`, which XLA partitions (compile/tensor.py)."""
+    manual = manual_axes(mesh)
+    extra = {} if manual is None else {"axis_names": set(manual)}
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False,
+                         **extra)
 
 
 def sharding(mesh: Mesh, spec: P) -> NamedSharding:

@@ -31,6 +31,7 @@ from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.packing import Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.layers import Layer, apply_layers, lasting, remembered
+from pipejax.layers.sharding import tensor_axes
 from pipejax.partition import Plan
 from pipejax.trace import shapes
 
@@ -71,19 +72,26 @@ class StageCode:
     micro-batches shaped like the model's example and targets. The last
     stage seeds its vjp with `seed`: 1/M when a step's loss is the mean over
     M micro-batches, 1 when every micro-batch is its own update. With
-    `shards` = F > 1, `params` packs every slot flat, in F pieces
-    (`Packing.of`), and the micro-batches are one device's part of F. Virtual
-    stages of one structure share a branch unless `share` is false.
+    `degrees` = (F, T) and F > 1, `params` packs every slot flat, in F pieces
+    (`Packing.of`), and the micro-batches are one device's part of F; with
+    T > 1, the leaves the layers' annotations split over `tensor`
+    (layers/sharding.py) get slots split T ways. Virtual stages of one
+    structure share a branch unless `share` is false.
     """
 
     def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True,
-                 split: bool = False, shards: int = 1):
+                 split: bool = False, degrees: tuple[int, int] = (1, 1)):
         self.model, self.plan, self.seed, self.share = model, plan, seed, share
         self.placement = placement = plan.placement
         self.S = placement.chunks
         layers = [plan.device_layers(k) for k in range(placement.stages)]
+        shards, parts = degrees
+        axes = [tensor_axes(s.variables, f"layer {s.index} ({s.name})", parts)
+                for s in plan.specs]
         self.params = Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
-                                 order=[i for ls in layers for i in ls], shards=shards)
+                                 order=[i for ls in layers for i in ls], shards=shards,
+                                 splits=[[a for i in ls for a in axes[i]] for ls in layers],
+                                 parts=parts)
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
                                      _same_structure, share)
         self.outputs = self._outputs()

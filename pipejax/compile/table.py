@@ -242,7 +242,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     mesh's batch axes (the data axes and `fsdp`)."""
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule)  # static
-    whole = fsdp.gather(inp.params) if build.F > 1 and build.gather == "step" else None
+    whole = fsdp.gather(inp.params, build.code.params) if build.F > 1 and build.gather == "step" else None
     sums = build.layout.pieces if whole is None else build.code.params  # the sum's packing
     grad_sum = sums.zeros() if schedule.synchronous else ()
     tick = _Tick(build, opts, inp, whole)
@@ -252,7 +252,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
         tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held()),
         lane_rows(schedule, tick.lanes))
     if whole is not None:
-        grad_sum = fsdp.scatter(grad_sum, build.F)
+        grad_sum = fsdp.scatter(grad_sum, build.F, build.code.params)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
     skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)

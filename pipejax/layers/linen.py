@@ -21,6 +21,14 @@ from pipejax.errors import LayerError
 from pipejax.layers.base import SHARED, Layer, Variables
 
 
+# Where a mesh is in context, Flax turns every partitioning annotation into a
+# sharding constraint, in `apply` and in the shape check it runs on each
+# init; a pipeline's mesh axes there are manual (or absent) but `tensor`,
+# and the pipeline places the parameters itself (packing.py,
+# compile/tensor.py): a layer runs with no mesh in context.
+_NO_MESH = jax.sharding.AbstractMesh((), ())
+
+
 def _call_kwargs(module: nn.Module, train: bool) -> dict:
     """`deterministic=` / `train=` for modules whose `__call__` takes them.
 
@@ -62,7 +70,8 @@ class LinenLayer:
               train: bool = True) -> Any:
         """Flax's `apply`; `key` feeds the 'dropout' stream when training."""
         rngs = {"dropout": key} if (train and key is not None) else None
-        return self.module.apply(variables, x, rngs=rngs, **_call_kwargs(self.module, train))
+        with jax.sharding.use_abstract_mesh(_NO_MESH):
+            return self.module.apply(variables, x, rngs=rngs, **_call_kwargs(self.module, train))
 
     def kept_state(self, variables: Any, x: Any, key: Any) -> str | None:
         """The mutable collections besides 'params' that `init` made."""

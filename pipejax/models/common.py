@@ -25,6 +25,19 @@ def alpha_dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
     return a * jnp.where(jax.random.bernoulli(key, keep, x.shape), x, SELU_DROP) + b
 
 
+# Megatron's layout of a Transformer over the mesh axis "tensor" (Shoeybi et
+# al. 2019, §3): the first matrix of the MLP split by columns, the second by
+# rows; attention split by heads (query, key, value by their output heads,
+# the output projection by its input heads); embedding and head split over
+# the vocabulary. One all-reduce per split pair, inserted by XLA. Flax calls
+# an attention kernel's init with its flat (in, out) shape, so COLUMNS on a
+# query kernel (in, heads, head_dim) splits its heads, ROWS on the output
+# kernel (heads, head_dim, out) too.
+COLUMNS = (None, "tensor")  # a Dense kernel (in, out) split over its outputs
+ROWS = ("tensor", None)  # split over its inputs (or an embedding over the vocabulary)
+VECTOR = ("tensor",)  # the bias of a column-split Dense
+
+
 def residual_init(depth: int) -> nn.initializers.Initializer:
     """N(0, 0.02²/(2·depth)) for the projections that write into a GPT's
     residual stream (Radford et al. 2019, §2.3: scaled by 1/√N, N residual layers)."""

@@ -13,6 +13,11 @@ The input embedding and the output head are separate matrices: tied weights
 cannot cross stages, since each layer's parameters live on the one stage that
 runs it. A layer list that shares one module between two layers is a
 `LayerError` (layers/).
+
+The weights carry Megatron's layout for the mesh axis "tensor" as Flax
+annotations (models/common.py: attention heads, the MLP's hidden axis, the
+vocabulary axis of embedding and head): on a mesh with `tensor=T` each
+stage's matrices are split over T devices; without one they are whole.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from flax import nnx
 from pipejax.errors import ConfigError
 from pipejax.models import nnx_modules
 from pipejax.models.builder import Builder
-from pipejax.models.common import GPT_INIT as INIT, causal_mask, residual_init
+from pipejax.models.common import (COLUMNS, ROWS, VECTOR, GPT_INIT as INIT,
+                                   causal_mask, residual_init)
 
 
 class TokenEmbed(nn.Module):
@@ -37,7 +43,8 @@ class TokenEmbed(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool = True):
-        h = nn.Embed(self.vocab, self.width, embedding_init=INIT, name="token")(tokens)
+        h = nn.Embed(self.vocab, self.width, embedding_init=nn.with_partitioning(INIT, ROWS),
+                     name="token")(tokens)
         position = self.param("position", INIT, (self.context, self.width))
         h = h + position[:tokens.shape[1]][None].astype(h.dtype)
         return nn.Dropout(self.dropout, deterministic=deterministic)(h)
@@ -55,13 +62,18 @@ class CausalBlock(nn.Module):
     @nn.compact
     def __call__(self, x, deterministic: bool = True):
         h = nn.LayerNorm(name="norm1")(x)
+        split = nn.with_partitioning
         h = nn.MultiHeadDotProductAttention(
-            self.heads, use_bias=False, kernel_init=INIT, out_kernel_init=residual_init(self.depth),
+            self.heads, use_bias=False, kernel_init=split(INIT, COLUMNS),
+            out_kernel_init=split(residual_init(self.depth), ROWS),
             dropout_rate=self.dropout, deterministic=deterministic, name="attention")(
                 h, h, mask=causal_mask(x))
         x = x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
-        h = nn.Dense(4 * self.width, kernel_init=INIT, name="up")(nn.LayerNorm(name="norm2")(x))
-        h = nn.Dense(self.width, kernel_init=residual_init(self.depth), name="down")(nn.gelu(h))
+        h = nn.Dense(4 * self.width, kernel_init=split(INIT, COLUMNS),
+                     bias_init=split(nn.initializers.zeros, VECTOR),
+                     name="up")(nn.LayerNorm(name="norm2")(x))
+        h = nn.Dense(self.width, kernel_init=split(residual_init(self.depth), ROWS),
+                     name="down")(nn.gelu(h))
         return x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
 
 
@@ -72,7 +84,8 @@ class LMHead(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        return nn.Dense(self.vocab, use_bias=False, kernel_init=INIT, name="logits")(
+        return nn.Dense(self.vocab, use_bias=False, kernel_init=nn.with_partitioning(INIT, COLUMNS),
+                        name="logits")(
             nn.LayerNorm(name="norm")(x))
 
 
@@ -84,6 +97,12 @@ def gpt(depth: int = 6, width: int = 128, heads: int = 4, context: int = 128, vo
     if width % heads:
         raise ConfigError(f"pj.models.gpt(width={width}, heads={heads}): the width must be a "
                       f"multiple of the heads; use width={width // heads * heads or heads}")
+    with nnx.use_eager_sharding(False):  # annotated, placed by the pipeline
+        return _layers(depth, width, heads, context, vocab, dropout, api, rngs)
+
+
+def _layers(depth: int, width: int, heads: int, context: int, vocab: int, dropout: float,
+            api: str, rngs: nnx.Rngs | None) -> list:
     N = nnx_modules
     b = Builder("gpt", api, (context,), rngs, dtype=jnp.int32)
     b.add(TokenEmbed(vocab, width, context, dropout),

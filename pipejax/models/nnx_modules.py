@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipejax.models.common import (GPT_INIT, alpha_dropout, causal_mask, global_avg_pool, patches,
+from pipejax.models.common import (COLUMNS, GPT_INIT, ROWS, VECTOR,
+                                   alpha_dropout, causal_mask, global_avg_pool, patches,
                                    residual_init)
 
 
@@ -216,7 +217,8 @@ class TokenEmbed(nnx.Module):
 
     def __init__(self, vocab: int, width: int, context: int, dropout: float = 0.0, *,
                  rngs: nnx.Rngs):
-        self.token = nnx.Embed(vocab, width, embedding_init=GPT_INIT, rngs=rngs)
+        self.token = nnx.Embed(vocab, width, embedding_init=nnx.with_partitioning(GPT_INIT, ROWS),
+                               rngs=rngs)
         self.position = nnx.Param(GPT_INIT(rngs.params(), (context, width)))
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
 
@@ -232,12 +234,15 @@ class CausalBlock(nnx.Module):
     def __init__(self, width: int, heads: int, depth: int, dropout: float = 0.0, *,
                  rngs: nnx.Rngs):
         self.norm1, self.norm2 = nnx.LayerNorm(width, rngs=rngs), nnx.LayerNorm(width, rngs=rngs)
+        split = nnx.with_partitioning
         self.attention = nnx.MultiHeadAttention(
-            heads, width, use_bias=False, kernel_init=GPT_INIT, out_kernel_init=residual_init(depth),
-            dropout_rate=dropout, decode=False, deterministic=False, keep_rngs=dropout > 0,
-            rngs=rngs)
-        self.up = nnx.Linear(width, 4 * width, kernel_init=GPT_INIT, rngs=rngs)
-        self.down = nnx.Linear(4 * width, width, kernel_init=residual_init(depth), rngs=rngs)
+            heads, width, use_bias=False, kernel_init=split(GPT_INIT, COLUMNS),
+            out_kernel_init=split(residual_init(depth), ROWS), dropout_rate=dropout,
+            decode=False, deterministic=False, keep_rngs=dropout > 0, rngs=rngs)
+        self.up = nnx.Linear(width, 4 * width, kernel_init=split(GPT_INIT, COLUMNS),
+                             bias_init=split(nn.initializers.zeros, VECTOR), rngs=rngs)
+        self.down = nnx.Linear(4 * width, width, kernel_init=split(residual_init(depth), ROWS),
+                               rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
 
     def __call__(self, x):
@@ -252,7 +257,8 @@ class LMHead(nnx.Module):
 
     def __init__(self, width: int, vocab: int, *, rngs: nnx.Rngs):
         self.norm = nnx.LayerNorm(width, rngs=rngs)
-        self.logits = nnx.Linear(width, vocab, use_bias=False, kernel_init=GPT_INIT, rngs=rngs)
+        self.logits = nnx.Linear(width, vocab, use_bias=False,
+                                 kernel_init=nnx.with_partitioning(GPT_INIT, COLUMNS), rngs=rngs)
 
     def __call__(self, x):
         return self.logits(self.norm(x))

@@ -89,7 +89,10 @@ def test_nnx_twin_computes_the_linen_model():
     x, _ = _tokens(4, 2)
     variables = _variables(linen, x)
     for i, (layer, module) in enumerate(zip(linen, twin)):
-        flat = {path: value for path, value in
+        # the annotated kernels' paths end in their box's value (GetAttrKey)
+        keys = lambda path: tuple(k.key for k in path
+                                  if not isinstance(k, jax.tree_util.GetAttrKey))
+        flat = {keys(path): value for path, value in
                 jax.tree_util.tree_flatten_with_path(variables[i]["params"])[0]}
         state = nnx.state(module, nnx.Param)
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
@@ -97,7 +100,7 @@ def test_nnx_twin_computes_the_linen_model():
         for p in paths:  # NNX paths end with the Variable's value
             key = tuple(k for k in p if not (isinstance(k, jax.tree_util.GetAttrKey)))
             names = tuple(getattr(k, "key", None) for k in key)
-            value = next(v for q, v in flat.items() if tuple(k.key for k in q) == names)
+            value = flat[names]
             state = _set(state, names, value)
         nnx.update(module, state)
     h = x[:, :11]

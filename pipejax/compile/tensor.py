@@ -1,0 +1,59 @@
+"""Tensor parallelism inside a stage: parameters split over the mesh axis
+`tensor`, partitioned by XLA (Shoeybi et al. 2019, Megatron-LM §3).
+
+The pipeline's programs are `shard_map`s manual over every axis but
+`tensor` (spmd.shard): they place stages, replicas and FSDP pieces by hand
+and leave `tensor` to XLA's SPMD partitioner, which reads the splits that
+the layers' Flax annotations give (layers/sharding.py) from the slots
+(packing.py: a split leaf's slot is (m, T), its last axis over `tensor`)
+and from the constraint on every unpacked leaf (`mesh.constrain`), and
+inserts the collectives of Megatron's layout itself (an all-reduce after a
+row-parallel matrix product). Nothing in a layer changes.
+
+A collective the programs run by hand over a manual axis (FSDP's gathers
+and scatters, the data-parallel mean) on a slot split over `tensor` runs
+in a `shard_map` manual over `tensor` too (`per_column`): on each tensor
+device's own column. Left to the partitioner, such a collective first
+gathers the slot whole over `tensor` (measured: a stage's weights
+all-gathered over `tensor` before each FSDP gather, on 8 CPU devices).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from pipejax.mesh import TENSOR, tensor_parts
+from pipejax.packing import Buffers, Packing
+
+
+def per_column(fn: Callable, buffers: Buffers, packing: Packing) -> Buffers:
+    """Inside the pipeline's shard_map: `fn` of each slot buffer (its slot's
+    trailing axes last), on every tensor device's own column of a split slot."""
+    out = []
+    for b, split in zip(buffers, packing.tensor_slots):
+        if not split or packing.parts == 1:
+            out.append(fn(b))
+            continue
+        spec = P(*[None] * (b.ndim - 1), TENSOR)
+        out.append(jax.shard_map(fn, in_specs=spec, out_specs=spec, axis_names={TENSOR},
+                                 check_vma=False)(b))
+    return tuple(out)
+
+
+def slot_shardings(mesh: Mesh, spec: P, packing: Packing, ndim: int) -> tuple:
+    """Where each slot buffer `[lead..., slot shape]` of partition `spec` (the
+    manual axes') lives: a split slot's last axis over `tensor` too. `ndim`
+    is the number of leading axes."""
+    out = []
+    for (_, shape), split in zip(packing.slots, packing.tensor_slots):
+        if split and tensor_parts(mesh) > 1:
+            full = [*spec, *[None] * (ndim + len(shape) - len(spec))]
+            full[-1] = TENSOR
+            out.append(NamedSharding(mesh, P(*full)))
+        else:
+            out.append(NamedSharding(mesh, spec))
+    return tuple(out)
