@@ -258,8 +258,10 @@ class Packing:
         return self.treedefs[k], self.leaves[k]
 
     def slot_bytes(self) -> int:
-        """Bytes of one stage's buffers (every stage holds this much)."""
-        return sum(n * np.dtype(d).itemsize for (d, _), n in zip(self.slots, self.lengths))
+        """Bytes of one stage's buffers on one device (every stage holds
+        this much; a slot split over `tensor`: its column)."""
+        return sum(n // (self.parts if split else 1) * np.dtype(d).itemsize
+                   for (d, _), n, split in zip(self.slots, self.lengths, self.tensor_slots))
 
     def padding(self) -> float:
         """Bytes of every stage's buffers over the stages' own bytes, minus
@@ -268,5 +270,7 @@ class Packing:
         return self.stages * self.slot_bytes() / real - 1.0 if real else 0.0
 
     def used_bytes(self, k: int) -> int:
-        """Bytes of stage k's own leaves, without padding."""
-        return sum(s.size * np.dtype(self.slots[s.slot][0]).itemsize for s in self.leaves[k])
+        """Bytes of stage k's own leaves on one device, without padding (a
+        leaf split over `tensor`: its block)."""
+        return sum(s.size // (1 if s.split is None else self.parts)
+                   * np.dtype(self.slots[s.slot][0]).itemsize for s in self.leaves[k])

@@ -189,6 +189,7 @@ def test_a_step_that_compiles_again_is_announced():
     (["--reference", "0.1,0.9", "--schedule", "pb"], "--reference '0.1,0.9': give 3"),
     (["--reference", "0.1,0.9,128", "--optimizer", "adam"], "use --optimizer momentum"),
     (["--fsdp", "3"], "do not split over --fsdp 3 devices a stage"),
+    (["--tensor", "2"], "no layer annotates a parameter axis with 'tensor'"),
 ])
 def test_bad_training_flags_are_clear_errors(tmp_path, capsys, flags, message):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", *flags]) == 2
@@ -335,6 +336,19 @@ def corpus_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEJAX_CACHE", str(cache))
     monkeypatch.setattr(module, "SHA256", hashlib.sha256(tarball.read_bytes()).hexdigest())
     return cache
+
+
+def test_train_a_language_model_split_over_tensor(tmp_path, capsys, corpus_cache):
+    run = tmp_path / "tp"
+    assert main(["train", "--model", "gpt", "--model-args", "depth=2,width=16,heads=2,context=32",
+                 "--stages", "2", "--tensor", "2", "--microbatches", "2", "--batch-size", "4",
+                 "--steps", "2", "--eval-every", "2", "--eval-windows", "4", "--sample-length",
+                 "0", "--quiet", "--out", str(run)]) == 0
+    assert "tensor          2 devices split each annotated parameter" in capsys.readouterr().out
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["tensor"] == 2 and np.isfinite([r["loss"] for r in rows if "loss" in r]).all()
+    assert main(["plan", "--model", "gpt", "--search", "--tensor", "2"]) == 2
+    assert "plan a tensor layout without --search" in capsys.readouterr().err
 
 
 def test_train_a_language_model_then_sample_from_it(tmp_path, capsys, corpus_cache):

@@ -72,6 +72,9 @@ def _common(q: argparse.ArgumentParser) -> None:
     q.add_argument("--fsdp", type=int, default=1, metavar="F",
                    help="devices each stage is sharded over (ZeRO-3): its weights, gradients "
                         "and optimizer state in F pieces, each micro-batch in F parts")
+    q.add_argument("--tensor", type=int, default=1, metavar="T",
+                   help="devices each annotated parameter is split over (tensor parallelism; "
+                        "the gpt carries Megatron's layout)")
 
 
 def _train_flags(train: argparse.ArgumentParser) -> None:
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config(args)
         if getattr(cfg, "processes", 1) > 1 and not distributed.launched():
-            local = distributed.devices_per_process(cfg.replicas * cfg.stages * cfg.fsdp,
+            local = distributed.devices_per_process(cfg.replicas * cfg.stages * cfg.fsdp * cfg.tensor,
                                                     cfg.processes)
             return distributed.launch([sys.executable, "-m", "pipejax", *argv], cfg.processes,
                                       local, timeout=24 * 3600)

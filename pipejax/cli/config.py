@@ -45,6 +45,7 @@ class Common:
     replicas: int
     nodes: int
     fsdp: int
+    tensor: int
 
     @classmethod
     def of(cls, flags: dict) -> "Common":

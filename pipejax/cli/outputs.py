@@ -106,6 +106,8 @@ def finish(cfg: TrainConfig, run: Run) -> None:
     if cfg.fsdp > 1:
         lines.append(("fsdp", f"{cfg.fsdp} devices a stage, weights gathered once a "
                                f"{pipe.build.gather}"))
+    if cfg.tensor > 1:
+        lines.append(("tensor", f"{cfg.tensor} devices split each annotated parameter"))
     if cfg.out:
         lines.append(("report", str(cfg.out / "report.html")))
     print("\n" + "\n".join(f"{name:<16}{value}" for name, value in lines))

@@ -20,7 +20,7 @@ def plan(cfg: PlanConfig) -> int:
         cfg = search(cfg)
         if cfg is None:
             return 0
-    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp)
+    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp, cfg.tensor)
     task = load_task(cfg.model, cfg.data, cfg.model_kwargs().get("context"), 0, 0)
     _, pipe = make_pipeline(cfg, task, mesh)
     print(pipe)
@@ -44,6 +44,9 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
     from pipejax.errors import ConfigError
     from pipejax.formatting import parse_bytes
 
+    if cfg.tensor > 1:
+        raise ConfigError(f"--tensor {cfg.tensor} with --search: the search ranks data x stages "
+                          "x fsdp layouts; plan a tensor layout without --search")
     setup_devices(cfg.devices)
     kwargs = cfg.model_kwargs()
     task = load_task(cfg.model, cfg.data, kwargs.get("context"), 0, 0)

@@ -9,26 +9,28 @@ from pipejax.cli.models import build_layers
 from pipejax.cli.schedule_flag import schedule_arg
 
 
-def setup_devices(stages: int, replicas: int = 1, nodes: int = 1, fsdp: int = 1):
+def setup_devices(stages: int, replicas: int = 1, nodes: int = 1, fsdp: int = 1,
+                  tensor: int = 1):
     """The mesh to run on (`pj.make_mesh`): the default devices if they are
-    accelerators enough for replicas x stages x fsdp, else simulated CPU
-    devices, announced. In a job of several processes, the devices of all of them."""
+    accelerators enough for replicas x stages x fsdp x tensor, else simulated
+    CPU devices, announced. In a job of several processes, the devices of all of them."""
     import pipejax as pj
 
-    need = stages * replicas * fsdp
+    need = stages * replicas * fsdp * tensor
     if not pj.distributed.launched():
         pj.simulate_devices(max(need, 1))
     import jax
 
     found = jax.devices()
     if (found[0].platform != "cpu" and len(found) >= need) or jax.process_count() > 1:
-        return pj.make_mesh(stages, replicas, nodes, fsdp=fsdp)
+        return pj.make_mesh(stages, replicas, nodes, fsdp=fsdp, tensor=tensor)
     why = ("no accelerator found" if found[0].platform == "cpu" else
            f"{len(found)} {found[0].platform} device(s) for {need}")
-    each = "one per stage of each replica" + (f", {fsdp} a stage" if fsdp > 1 else "")
+    each = "one per stage of each replica" + (f", {fsdp * tensor} a stage"
+                                              if fsdp * tensor > 1 else "")
     print(f"pipejax: {why}; simulating {need} CPU devices, {each} (they share this machine's "
           "cores: no speed-up from pipelining)", file=sys.stderr)
-    return pj.make_mesh(stages, replicas, nodes, jax.devices("cpu"), fsdp=fsdp)
+    return pj.make_mesh(stages, replicas, nodes, jax.devices("cpu"), fsdp=fsdp, tensor=tensor)
 
 
 def partition_arg(cfg: Common) -> str | list[int]:

@@ -181,7 +181,7 @@ def train(cfg: TrainConfig) -> int:
     """`pipejax train`: build, train, evaluate and report (see the module)."""
     import pipejax as pj
 
-    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp)
+    mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp, cfg.tensor)
     task = load_task(cfg.model, cfg.data, cfg.model_kwargs().get("context"), cfg.eval_windows,
                      cfg.seed)
     _check(cfg, task)
@@ -224,6 +224,7 @@ def train(cfg: TrainConfig) -> int:
                "mitigation": cfg.mitigation or "none", "form": cfg.form,
                "horizon_scale": cfg.horizon_scale, "delays": pipe.schedule.delays,
                "replicas": cfg.replicas, "nodes": cfg.nodes, "fsdp": cfg.fsdp,
+               "tensor": cfg.tensor,
                "rule": trainer.rule.name if trainer.rule else "none",
                "processes": jax.process_count()}
     if save_dir:

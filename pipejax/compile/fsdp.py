@@ -34,7 +34,7 @@ Where the gathers sit (`pj.pipeline(..., fsdp_gather=)`):
 
 `ShardedWeights` places the gathers in the table interpreter's tick.
 
-Measured (AdamW, K = 2, `benchmarks/fsdp_memory.py`): the compiled temp
+Measured (AdamW, K = 2, `benchmarks/sharding_memory.py`): the compiled temp
 memory of the zoo GPT's 1F1B step at F = 4 is 28.3 MB under "tick" and
 33.1 MB under "step", an MLP's 13.4 MB and 17.2 MB; what the step keeps
 (parameters, optimizer state, batch) is 0.251 of F = 1's under both.
