@@ -189,3 +189,31 @@ def test_nnx_layers_built_on_an_explicit_mesh_split_as_annotated():
                                                                jax.random.key(0))
     assert rel_err(loss, ref_loss) < 1e-5
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings, tolerance", [
+    ({"remat": "none"}, 1e-5), ({"compute_dtype": jnp.bfloat16}, 2e-2),
+    ({"schedule": "zb-h1"}, 1e-5), ({"schedule": "gpipe", "fsdp_gather": "step"}, 1e-5),
+    ({"schedule": "pipedream", "weight_stashing": True}, 1e-5)])
+def test_remat_bf16_zero_bubble_and_stashing_split_as_unsplit(settings, tolerance):
+    """Two steps of momentum SGD at fsdp 2 x tensor 2 against fsdp = tensor
+    = 1 (bf16: the tolerance of tests/compile/test_precision.py)."""
+    layers, _, data = _gpt(2)
+    runs = []
+    for F, T in ((1, 1), (2, 2)):
+        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=data[0][:MB],
+                           targets=data[1][:MB], stages=2, microbatches=M,
+                           mesh=pj.make_mesh(2, fsdp=F, tensor=T),
+                           **{"schedule": "1f1b", **settings})
+        trainer = pipe.trainer(optax.sgd(0.05, momentum=0.9))
+        state = trainer.init(pipe.init(jax.random.key(0)))
+        losses = []
+        for _ in range(2):
+            state, m = trainer.step(state, data)
+            losses.append(m["losses"])
+        runs.append((np.concatenate(losses), pj.unstage(state)))
+    (a, whole), (b, split) = runs
+    done = np.isfinite(a)
+    assert rel_err(b[done], a[done]) < tolerance / 10
+    assert rel_err(split, whole) < tolerance
