@@ -30,7 +30,7 @@ from pipejax.compile.outer import Outer
 from pipejax.compile.spmd import REPLICATED, params, per_device, sharding
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.tensor import slot_shardings
-from pipejax.compile.state import InFlight, Staged, TrainState, unstage
+from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
 from pipejax.mesh import shards, tensor_parts
@@ -217,7 +217,10 @@ def _shardings(b: Build, opts: StageOptimizers) -> TrainState:
     state = Staged(slot_shardings(b.mesh, per_device(b.mesh), opts.packing, 1), opts.packing)
     inflight = None
     if b.schedule.asynchronous:
-        inflight = InFlight(device, device, device, replicated, replicated, replicated)
+        stashed = (slot_shardings(b.mesh, per_device(b.mesh), b.layout.pieces, 2)
+                   if b.layout.weight_stashing else ())
+        rings = Rings(device, device, device, stashed, device)
+        inflight = InFlight(rings, device, device, replicated, replicated, replicated)
     return TrainState(rows, state, replicated, replicated, inflight, device)
 
 
