@@ -27,7 +27,6 @@ from pipejax.compile import microbatch
 from pipejax.compile.build import Build
 from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
-from pipejax.compile.tensor import per_column
 from pipejax.compile.spmd import (REPLICATED, in_place, lead, local, params, per_device,
                                   replica_key, shard, split_batch)
 from pipejax.compile.state import Staged, TrainState
@@ -51,8 +50,7 @@ def value_and_grad(build: Build) -> Callable:
 
     def body(p, x, y, key):
         out = _pass(build, local(p), (x, y), key)
-        mean = lambda g: lax.pmean(g, axes)
-        grads = per_column(mean, out.grads, build.layout.pieces) if axes else out.grads
+        grads = lax.pmean(out.grads, axes) if axes else out.grads
         return jnp.mean(out.losses), lead(grads)
 
     batch, staged = split_batch(build.mesh), params(build.mesh, replicas=False)

@@ -10,12 +10,14 @@ and from the constraint on every unpacked leaf (`mesh.constrain`), and
 inserts the collectives of Megatron's layout itself (an all-reduce after a
 row-parallel matrix product). Nothing in a layer changes.
 
-A collective the programs run by hand over a manual axis (FSDP's gathers
-and scatters, the data-parallel mean) on a slot split over `tensor` runs
-in a `shard_map` manual over `tensor` too (`per_column`): on each tensor
-device's own column. Left to the partitioner, such a collective first
-gathers the slot whole over `tensor` (measured: a stage's weights
-all-gathered over `tensor` before each FSDP gather, on 8 CPU devices).
+FSDP's gathers and scatters over the manual axis `fsdp` on a slot split
+over `tensor` run in a `shard_map` manual over `tensor` too (`per_column`):
+on each tensor device's own column. Left to the partitioner, such a
+gather first gathers the slot whole over `tensor` (measured: a stage's
+weights all-gathered over `tensor` before each FSDP gather, on 8 CPU
+devices). The element-wise collectives of the data rules (SSGD's mean,
+ADPSGD's exchange) need no such care: XLA keeps the split (no all-gather
+in the GPT's step at data 2 x tensor 2, measured).
 """
 
 from __future__ import annotations
