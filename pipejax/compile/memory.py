@@ -29,7 +29,10 @@ the largest stage: SPMD buffers have one shape):
     of a tick (two copies where the forward and the backward run on
     different weights; a backward's whole gradient is scattered in its op,
     within the working set); with fsdp_gather="step" the whole weights and
-    the whole gradient sum, for the whole step.
+    the whole gradient sum, for the whole step;
+  - on a stage split over T tensor devices (compile/tensor.py) each holds
+    the blocks of its split parameters (and of their optimizer state and
+    gradients), and the working set as XLA partitions it (`working_bytes`).
 Which buffers XLA copies or reuses was read off the compiled MLP and ResNet
 steps (K = 4, every schedule and remat mode); `benchmarks/run_all.py`
 reports the error of the total for each.
@@ -41,6 +44,7 @@ import dataclasses
 import numpy as np
 
 from pipejax.compile.build import Build
+from pipejax.compile.tensor import working_bytes
 from pipejax.packing import Packing
 from pipejax.formatting import human_bytes, table
 from pipejax.trace import nbytes
@@ -85,7 +89,8 @@ def estimate(build: Build, opt_state: Packing, forecasting: bool = False) -> Mem
     code, layout, schedule = build.code, build.layout, build.schedule
     micro = nbytes(build.example) + nbytes(build.targets)
     batch = schedule.microbatches * micro  # a device's part of the batch
-    working = [nbytes(code.residuals(j, "none")) for j in code.groups.first]
+    working = [nbytes(code.residuals(j, "none")) if code.params.parts == 1
+               else working_bytes(code, j, build.mesh) for j in code.groups.first]
     # A sharded stage whose forward and backward read different weights gathers both.
     twice = layout.weight_stashing or forecasting
     def parts(used, chunk_used, act_in: int, act_out: int, work: int) -> dict[str, int]:

@@ -114,7 +114,7 @@ class StageCode:
         backward under `remat` (with "none": its whole working set of one micro-batch)."""
         return self._remembered(j, ("residuals", remat), lambda: jax.eval_shape(
             lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
-            self._abstract_params(j), self.input_of(j), self._abstract_feed()))
+            self._abstract_params(j), self.input_of(j), self.abstract_feed()))
 
     def _remembered(self, j: int, kind: tuple, compute: Callable[[], Any]) -> Any:
         """`compute()` of virtual stage j, once per process for equal layers
@@ -162,11 +162,11 @@ class StageCode:
         outputs, h = [], None
         for j in range(self.S - 1):
             h = jax.eval_shape(lambda p, h, f, j=j: self.fn(j, f, "none")(p, h),
-                               self._abstract_params(j), h, self._abstract_feed())
+                               self._abstract_params(j), h, self.abstract_feed())
             outputs.append(h)
         return outputs
 
-    def _abstract_feed(self) -> Feed:
+    def abstract_feed(self) -> Feed:
         key = jax.eval_shape(lambda: jax.random.key(0))
         return Feed(self.model.example, self.model.targets, key,
                     jax.ShapeDtypeStruct((), jnp.int32))
@@ -246,7 +246,7 @@ class StageCode:
         """Abstract (params, h, feed, kept, ct) of virtual stage j's backward."""
         ct = None if j == self.S - 1 else self.outputs[j]
         kept = jax.tree.leaves(self.kept.abstract_tree(j))
-        return (self._abstract_params(j), self.input_of(j), self._abstract_feed(), kept, ct)
+        return (self._abstract_params(j), self.input_of(j), self.abstract_feed(), kept, ct)
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:

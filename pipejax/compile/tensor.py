@@ -25,9 +25,11 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from pipejax.compile.stages import StageCode
 from pipejax.mesh import TENSOR, tensor_parts
 from pipejax.packing import Buffers, Packing
 
@@ -59,3 +61,29 @@ def slot_shardings(mesh: Mesh, spec: P, packing: Packing, ndim: int) -> tuple:
         else:
             out.append(NamedSharding(mesh, spec))
     return tuple(out)
+
+
+def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
+    """One tensor device's bytes of what virtual stage j's vjp keeps without
+    rematerialization (its working set), as XLA partitions it: the function
+    compiled alone on one group of the mesh's T tensor devices, each
+    parameter split as annotated. Counting it whole over-predicted the
+    zoo GPT's step by 1.45x at T = 2 and 2.03x at T = 4 (its MLP's hidden
+    activations and attention's heads are split, the residual stream not)."""
+    T = tensor_parts(mesh)
+    group = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(TENSOR), -1)
+    devices = Mesh(group.reshape(-1, T)[0], (TENSOR,))
+    k = code.placement.device(j)
+    params = code.params.abstract_tree(k)[code.slice_of(j)]
+    first = code.first_leaf(j)
+    place = lambda a, s: NamedSharding(devices, P(*[TENSOR if i == s.split else None
+                                                    for i in range(len(a.shape))]))
+    leaves = code.params.leaves[k][first:first + len(jax.tree.leaves(params))]
+    shardings = jax.tree.unflatten(jax.tree.structure(params),
+                                   list(map(place, jax.tree.leaves(params), leaves)))
+    whole = NamedSharding(devices, P())
+    h = code.input_of(j)
+    kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, "none")[1],
+                   in_shardings=(shardings, None if h is None else whole, None))
+    compiled = kept.lower(params, h, code.abstract_feed()).compile()
+    return int(compiled.memory_analysis().output_size_in_bytes)
