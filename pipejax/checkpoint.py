@@ -45,7 +45,7 @@ def _layout(trainer: Trainer) -> dict:
             "virtual": plan.placement.virtual, "placement": plan.placement.kind,
             "schedule": schedule.name,
             "microbatches": schedule.microbatches, "replicas": trainer.replicas,
-            "fsdp": trainer.build.F}
+            "fsdp": trainer.build.F, "tensor": trainer.build.code.params.parts}
 
 
 def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
@@ -137,14 +137,14 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     K, R, saved_R, F = plan.stages, trainer.replicas, meta["replicas"], trainer.build.F
     rep = lambda a, r: _replica(a, r, saved_R, R)
     # Older checkpoints hold one chunk per device, in a loop, on unsharded stages.
-    older = {"virtual": 1, "placement": "loop", "fsdp": 1}
+    older = {"virtual": 1, "placement": "loop", "fsdp": 1, "tensor": 1}
     same_layout = {k: meta.get(k, older.get(k)) for k in _layout(trainer)} == _layout(trainer)
     if not (same_layout or meta["flushed"]):
         raise CheckpointError(
             f"the checkpoint holds micro-batches in flight for another layout (layer ranges "
             f"{meta['ranges']}, {meta['schedule']}, M={meta['microbatches']}, {saved_R} "
-            f"replicas, fsdp={meta.get('fsdp', 1)}); flush the trainer before saving to restore "
-            "into other stages")
+            f"replicas, fsdp={meta.get('fsdp', 1)}, tensor={meta.get('tensor', 1)}); flush the "
+            "trainer before saving to restore into other stages")
 
     leaves = lambda prefix, template, r: files.entries(tree, prefix, template, lambda a: rep(a, r))
     others = _stage_others(meta, tree, K)
@@ -254,8 +254,8 @@ def _layout_bound(prefix: str, what: str, template: Any, tree: dict, meta: dict,
     else:
         raise CheckpointError(f"the checkpoint holds {what} of another layout (layer ranges "
                               f"{meta['ranges']}, {meta['replicas']} replicas, fsdp="
-                              f"{meta.get('fsdp', 1)}); restore into the same stages, replicas "
-                              "and fsdp")
+                              f"{meta.get('fsdp', 1)}, tensor={meta.get('tensor', 1)}); restore "
+                              "into the same stages, replicas, fsdp and tensor")
     return jax.tree.map(_put, values, _broadcast(sharding, values))
 
 

@@ -162,8 +162,8 @@ def constrain(x: Any, axis: int | None) -> Any:
     device) where a program partitions that axis itself (inside the
     pipeline's `shard_map`, where it is the one axis left to XLA); `x`
     unchanged elsewhere (host arrays, no such axis). Pinned at every unpack
-    and pack of a split parameter (propagation alone may choose to
-    replicate a loop's carry) and on what a stage receives and sends."""
+    and pack of a parameter (packing.py): propagation alone may choose to
+    replicate a loop's carry, or to split a leaf no annotation splits."""
     if not isinstance(x, jax.core.Tracer):
         return x
     mesh = jax.sharding.get_abstract_mesh()

@@ -179,9 +179,12 @@ class Packing:
             jax.ShapeDtypeStruct(s.shape, self.slots[s.slot][0]) for s in self.leaves[k]])
 
     def pack(self, k: int, tree: Any) -> Buffers:
-        """Stage k's tree as zero-padded slot buffers."""
+        """Stage k's tree as zero-padded slot buffers (numpy arrays, on the
+        host, for a tree of numpy arrays)."""
         out: list[Any] = [None] * len(self.slots)
-        for spec, x in zip(self.leaves[k], jax.tree.leaves(tree)):
+        leaves = jax.tree.leaves(tree)
+        xp = np if leaves and all(isinstance(x, np.ndarray) for x in leaves) else jnp  # host
+        for spec, x in zip(self.leaves[k], leaves):
             dtype, shape = self.slots[spec.slot]
             if spec.split is not None:
                 b = self._columns(spec, x).astype(dtype)
@@ -189,11 +192,11 @@ class Packing:
                 continue
             x = self._whole(x)
             if spec.shape == shape:
-                out[spec.slot] = jnp.asarray(x).astype(dtype)
+                out[spec.slot] = xp.asarray(x).astype(dtype)
                 continue
-            flat, n = jnp.ravel(x).astype(dtype), shape[0]
-            out[spec.slot] = flat if spec.size == n else jnp.pad(flat, (0, n - spec.size))
-        return tuple(jnp.zeros(shape, d) if b is None else b
+            flat, n = xp.ravel(x).astype(dtype), shape[0]
+            out[spec.slot] = flat if spec.size == n else xp.pad(flat, (0, n - spec.size))
+        return tuple(xp.zeros(shape, d) if b is None else b
                      for b, (d, shape) in zip(out, self.slots))
 
     def add(self, k: int, buffers: Buffers, tree: Any, first: int) -> Buffers:

@@ -63,7 +63,8 @@ class Layout:
 
     @property
     def padded_param_bytes(self) -> int:
-        """Bytes of the packed parameter buffers over all K stages."""
+        """Bytes of the packed parameter buffers over all K stages (of one
+        tensor device: a split slot's column)."""
         return self.params.stages * self.params.slot_bytes()
 
     @property
@@ -90,6 +91,8 @@ class Layout:
         width = max(len(r[0]) for r in rows)
         lines = ["buffers of every device (each as large as the largest stage needs):"]
         lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]
+        each = f" of each of {self.params.parts} tensor devices" if self.params.parts > 1 else ""
         lines.append(f"padded parameter buffers {human_bytes(self.padded_param_bytes)} for "
-                     f"{human_bytes(real)} of parameters ({100 * self.padding_overhead:.1f}% padding)")
+                     f"{human_bytes(real)} of parameters{each} "
+                     f"({100 * self.padding_overhead:.1f}% padding)")
         return "\n".join(lines)

@@ -13,6 +13,7 @@ the same on every device.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -82,7 +83,7 @@ def states(opt_state: Staged, params: Packing, F: int, replica: int = 0) -> list
 def whole(pieces: list[Any], params: Packing, k: int) -> Any:
     """Stage k's optax state over its whole leaves from the F states over
     its pieces (device 0's first); `params` is the whole parameter packing."""
-    tree, view = params.abstract_tree(k), params.shard(len(pieces))
+    tree = params.abstract_tree(k)
     split = [parts(p, tree) for p in pieces]
     treedef, flat, per_parameter = split[0]
     out = []
@@ -90,10 +91,12 @@ def whole(pieces: list[Any], params: Packing, k: int) -> Any:
         if not cut:
             out.append(part)
             continue
-        rows = [view.pack(k, s[1][n]) for s in split]  # per device, its slot pieces
+        typed = _typed(params, k, part)
+        view = typed.shard(len(pieces))
+        rows = [view.pack(k, jax.tree.map(np.asarray, s[1][n])) for s in split]  # per device
         joined = tuple(np.concatenate([np.asarray(r[j]) for r in rows])
                        for j in range(len(params.slots)))
-        out.append(jax.tree.map(np.asarray, params.unpack(k, joined)))
+        out.append(typed.unpack(k, joined))
     return jax.tree.unflatten(treedef, out)
 
 
@@ -102,12 +105,23 @@ def split(state: Any, params: Packing, k: int, F: int) -> list[Any]:
     if F == 1:
         return [state]
     treedef, flat, per_parameter = parts(state, params.abstract_tree(k))
-    view = params.shard(F)
-    packed = [[np.asarray(b) for b in params.pack(k, part)] if cut else None
-              for part, cut in zip(flat, per_parameter)]
+    typed = [_typed(params, k, part) if cut else None for part, cut in zip(flat, per_parameter)]
+    packed = [[np.asarray(b) for b in t.pack(k, jax.tree.map(np.asarray, part))] if t else None
+              for part, t in zip(flat, typed)]
     devices = []
     for f in range(F):
-        out = [view.unpack(k, tuple(np.split(b, F)[f] for b in rows)) if cut else part
-               for part, cut, rows in zip(flat, per_parameter, packed)]
-        devices.append(jax.tree.unflatten(treedef, [jax.tree.map(np.asarray, o) for o in out]))
+        out = [t.shard(F).unpack(k, tuple(np.split(b, F)[f] for b in rows)) if t else part
+               for part, t, rows in zip(flat, typed, packed)]
+        devices.append(jax.tree.unflatten(treedef, out))
     return devices
+
+
+def _typed(params: Packing, k: int, part: Any) -> Packing:
+    """`params` with stage k's slots in the dtypes of `part`'s leaves (a
+    per-parameter state kept in another dtype than the parameters, such as
+    Adam's moments in float32 beside bfloat16 weights, packs without a
+    cast: each slot holds one leaf of a stage)."""
+    slots = list(params.slots)
+    for s, leaf in zip(params.leaves[k], jax.tree.leaves(part)):
+        slots[s.slot] = (str(np.dtype(leaf.dtype)), slots[s.slot][1])
+    return dataclasses.replace(params, slots=tuple(slots))

@@ -39,7 +39,7 @@ def per_column(fn: Callable, buffers: Buffers, packing: Packing) -> Buffers:
     trailing axes last), on every tensor device's own column of a split slot."""
     out = []
     for b, split in zip(buffers, packing.tensor_slots):
-        if not split or packing.parts == 1:
+        if not split:
             out.append(fn(b))
             continue
         spec = P(*[None] * (b.ndim - 1), TENSOR)
@@ -54,7 +54,7 @@ def slot_shardings(mesh: Mesh, spec: P, packing: Packing, ndim: int) -> tuple:
     is the number of leading axes."""
     out = []
     for (_, shape), split in zip(packing.slots, packing.tensor_slots):
-        if split and tensor_parts(mesh) > 1:
+        if split:
             full = [*spec, *[None] * (ndim + len(shape) - len(spec))]
             full[-1] = TENSOR
             out.append(NamedSharding(mesh, P(*full)))

@@ -6,7 +6,8 @@ linen's `nn.with_partitioning(init, names)` and
 to mesh axes by the box's rules or the `nn.logical_axis_rules` in force
 when the pipeline is built; a logical name without a rule is replicated,
 as in Flax), and NNX's variable metadata (`nnx.with_partitioning`, the
-key `out_sharding`, or `sharding_names` / `sharding` before Flax 0.12).
+key `out_sharding`, logical names mapped as `nnx.get_partition_spec`
+maps them: by the variable's `sharding_rules` and the rules in force).
 
 An annotation may name "tensor" (that axis is split over the stage's T
 tensor devices) and "fsdp" (pipejax's FSDP splits every parameter anyway,
@@ -23,6 +24,7 @@ import flax.linen as nn
 import jax
 from flax import nnx
 from flax.core import meta
+from flax.nnx import spmd as nnx_spmd
 
 from pipejax.errors import LayerError
 from pipejax.mesh import FSDP, TENSOR
@@ -40,11 +42,9 @@ def _names(box: Any) -> tuple | None:
         return tuple(nn.logical_to_mesh_axes(box.names, box.rules))
     if isinstance(box, meta.Partitioned):
         return tuple(box.names)
-    if isinstance(box, nnx.Variable):
-        data = box.get_metadata()
-        for key in ("out_sharding", "sharding_names", "sharding"):
-            if data.get(key) is not None:
-                return tuple(data[key])
+    if isinstance(box, nnx.Variable):  # its out_sharding, logical names mapped by the rules
+        spec = nnx_spmd.get_var_pspec(box)
+        return None if spec is None else tuple(spec)
     return None
 
 
@@ -66,16 +66,17 @@ def tensor_axes(variables: Any, layer: str, parts: int) -> list[int | None]:
     flat = jax.tree_util.tree_flatten_with_path(variables, is_leaf=_boxed)[0]
     for path, leaf in flat:
         names = _names(leaf) if _boxed(leaf) else None
-        count = len(jax.tree.leaves(leaf))
-        if names is None:
-            out += [None] * count
+        arrays = jax.tree.leaves(leaf)
+        if names is None or not arrays:
+            out += [None] * len(arrays)
             continue
-        shape = jax.tree.leaves(leaf)[0].shape
-        out.append(_axis(names, shape, f"{layer}'s variable {_path(path)}", parts))
+        where = f"{layer}'s variable {_path(path)}"
+        out += [_axis(names, a.shape, where, parts, isinstance(leaf, nnx.Variable))
+                for a in arrays]
     return out
 
 
-def _axis(names: Sequence, shape: tuple, where: str, parts: int) -> int | None:
+def _axis(names: Sequence, shape: tuple, where: str, parts: int, nnx_api: bool) -> int | None:
     """The axis of `shape` that annotation `names` splits over "tensor"
     (names for the leading axes only, as in a `PartitionSpec`: the rest whole)."""
     entries = [() if n is None else (n,) if isinstance(n, str) else tuple(n) for n in names]
@@ -84,12 +85,16 @@ def _axis(names: Sequence, shape: tuple, where: str, parts: int) -> int | None:
         raise LayerError(
             f"{where} is annotated {tuple(names)}, naming {', '.join(map(repr, unknown))}: "
             f"a pipeline's parameters may be split over {TENSOR!r} (tensor parallelism) and "
-            f"{FSDP!r}; rename the axis (e.g. nn.with_partitioning(init, (None, {TENSOR!r}))), "
-            f"or map a logical name to {TENSOR!r} with nn.logical_axis_rules")
+            f"{FSDP!r}; rename the axis (e.g. {'nnx' if nnx_api else 'nn'}.with_partitioning("
+            f"init, (None, {TENSOR!r}))), or map a logical name to {TENSOR!r} with "
+            f"{'nnx.logical_axis_rules' if nnx_api else 'nn.logical_axis_rules'}")
+    if len(entries) > len(shape):
+        raise LayerError(f"{where} of shape {shape} is annotated {tuple(names)}: "
+                         f"{len(entries)} names for {len(shape)} axes; name at most one per axis")
     split = [i for i, e in enumerate(entries) if TENSOR in e]
     if not split:
         return None
-    if len(split) > 1 or len(entries) > len(shape):
+    if len(split) > 1:
         raise LayerError(f"{where} of shape {shape} is annotated {tuple(names)}: name "
                          f"{TENSOR!r} on one of its {len(shape)} axes, once")
     d = split[0]

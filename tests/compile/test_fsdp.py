@@ -214,3 +214,14 @@ def test_a_stateless_optimizer_on_sharded_stages_has_an_empty_state():
     trainer = pipe.trainer(optax.sgd(0.1))
     states = trainer.opt_state(trainer.init(pipe.init(jax.random.key(0))))
     assert len(states) == 2 and not jax.tree.leaves(states)
+
+
+def test_the_joined_optimizer_state_keeps_its_own_dtype():
+    """Adam's first moment in bfloat16 beside float32 weights: joined from
+    the pieces as it is kept, not cast to the weights' dtype."""
+    opt = optax.adam(1e-2, mu_dtype=jnp.bfloat16)
+    (_, whole, trainer), (_, sharded, sharded_trainer) = (
+        _train(_pipe(2, F), opt, steps=1) for F in (1, 2))
+    mu = lambda t, s: [a for state in t.opt_state(s) for a in jax.tree.leaves(state[0].mu)]
+    assert {a.dtype for a in mu(sharded_trainer, sharded)} == {jnp.dtype(jnp.bfloat16)}
+    assert rel_err(mu(sharded_trainer, sharded), mu(trainer, whole)) < 1e-2

@@ -124,14 +124,21 @@ def test_a_bad_annotation_names_the_layer_the_variable_and_the_fix(names, words)
         assert word in str(err.value)
 
 
-def test_logical_annotations_map_through_flax_rules():
-    layer = nn.Dense(8, kernel_init=nn.with_logical_partitioning(
-        nn.initializers.lecun_normal(), ("embed", "mlp")))
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_logical_annotations_map_through_flax_rules(api):
+    logical = ("embed", "mlp")
+    if api == "linen":
+        layer = nn.Dense(8, kernel_init=nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(), logical))
+    else:
+        with nnx.use_eager_sharding(False):
+            layer = nnx.Linear(5, 8, rngs=nnx.Rngs(0), kernel_init=nnx.with_partitioning(
+                nnx.initializers.lecun_normal(), logical))
     layers = [layer, nn.relu, nn.Dense(3)]
-    with nn.logical_axis_rules([("mlp", "tensor")]):
+    with nn.logical_axis_rules([("embed", None), ("mlp", "tensor")]):
         pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 5)),
                            stages=1, microbatches=1, mesh=pj.make_mesh(1, tensor=2))
-    assert any(pipe.build.code.params.tensor_slots)
+    assert [s.split for s in pipe.build.code.params.leaves[0]] == [None, 1, None, None]
 
 
 def test_an_unknown_mesh_axis_lists_the_known_ones():
