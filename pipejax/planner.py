@@ -1,7 +1,8 @@
 """`pj.search`: the pipeline configurations for a model, a batch and N devices, ranked.
 
 Each candidate (stages × data replicas × the devices a stage is sharded
-over, schedule, virtual stages, micro-batches, remat, compute dtype) is
+over × those its parameters are split over, schedule, virtual stages,
+micro-batches, remat, compute dtype) is
 built as `pj.pipeline` builds it, so what is ranked is what will run:
 
   - memory: `Trainer.memory()` of its training step (state, in-flight
@@ -13,14 +14,13 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     once a step (synchronous) or once a tick (asynchronous); a sharded
     stage's gather of its weights and scatter of their gradients over the
     link, (F − 1)/F of the stage's parameter bytes each, where the step
-    gathers (once, or at every tick: compile/fsdp.py). Devices that
+    gathers (once, or at every tick: compile/fsdp.py); a stage split over
+    T tensor devices: the split share of its FLOPs over T, and an
+    all-reduce of activations for each matrix that takes a split input,
+    forward and backward (`_split`). Devices that
     share one processor (`host_flops`: simulated CPU devices) take at
     least the FLOPs every replica's table executes over its rate;
-  - staleness: the delay in effective steps, η/(1 − m)·D at the stage with
-    the largest delay D (Kosson et al. 2020, §3: an update of size b moves
-    the weights by about η/(1 − m) gradients); with `reference=(η, m, B)`
-    the recipe is first moved to the micro-batch by their eq. 9, which
-    keeps η/(1 − m)/B per example, so the delay is η/(1 − m)·D·b/B.
+  - staleness: the delay in effective steps (staleness.py).
 
 Cost model assumptions: a layer's traced FLOPs (forward + backward) split
 1 : 2 between forward and backward; with rematerialization a backward
@@ -42,28 +42,15 @@ import numpy as np
 import optax
 
 from pipejax.bench.op_costs import busy_ticks, critical_path, executed
-from pipejax.errors import ConfigError, DeviceError
+from pipejax.compile.tensor import split_parts
+from pipejax.errors import ConfigError, DeviceError, LayerError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
 from pipejax.pipeline import Pipeline, pipeline
 from pipejax.schedules import FAMILIES, Op, Schedule, names
 from pipejax.schedules.bubbles import table_bubble_fraction
-
-# Up to this delay in effective steps an asynchronous pipeline with LWP_D +
-# SC_D trains as well as synchronous SGD with momentum. In the
-# configurations of `benchmarks/convergence.py` (`python
-# benchmarks/planner.py --part staleness`): up to 0.31 (ResNet at K = 8, 16
-# and 21, VGG at K = 8) it ends within 2 points of SGDM but at momentum 0
-# (2.5 points: no velocity to forecast); at 0.42 and 0.88 it loses 23 and
-# 15, so the flag is right in 8 of 9. PB alone is not judged by the delay
-# alone: at 0.11 it loses 1.6 points on the ResNet and 20 on the VGG (the
-# flag is right for it in 6 of 9). Any threshold in [0.31, 0.42) gives the
-# same 8 of 9: the threshold is read off these runs, not predicted for
-# them. The quadratic model (`pj.quadratic`)
-# bounds the delay from above: delayed momentum SGD diverges along a
-# direction of curvature λ once ηλ/(1 − m)·D passes about 1.
-STABLE_DELAY = 0.35
-
+from pipejax.staleness import STABLE_DELAY, advise, effective_delay
+from pipejax.trace import nbytes
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -73,6 +60,7 @@ class Candidate:
     stages: int  # K
     data: int  # replicas
     fsdp: int  # F, the devices each stage is sharded over
+    tensor: int  # T, the devices each annotated parameter is split over
     virtual: int  # v, chunks per device
     microbatches: int  # M per replica and step
     microbatch: int  # examples per micro-batch
@@ -91,8 +79,8 @@ class Candidate:
         return dict(stages=self.stages, microbatches=self.microbatches, schedule=self.schedule,
                     virtual=self.virtual, remat=self.remat,
                     compute_dtype=None if self.compute_dtype == "float32" else self.compute_dtype,
-                    mesh=(make_mesh(self.stages, self.data, fsdp=self.fsdp)
-                          if self.data * self.fsdp > 1 else None))
+                    mesh=(make_mesh(self.stages, self.data, fsdp=self.fsdp, tensor=self.tensor)
+                          if self.data * self.fsdp * self.tensor > 1 else None))
 
 
 def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> dict:
@@ -119,45 +107,6 @@ def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick:
     return compute + schedule.ticks * per_tick
 
 
-def effective_delay(schedule: Schedule, microbatch: int, learning_rate: float | None,
-                    momentum: float, reference: tuple[float, float, int] | None) -> float | None:
-    """η/(1 − m)·D at the stage with the largest delay, for updates of
-    `microbatch` examples: 0 for a synchronous table, None when neither a
-    rate nor a reference is given."""
-    if reference is not None and learning_rate is not None:
-        raise ConfigError("give the update's learning_rate (and momentum) or a reference "
-                          "recipe to move to it, not both")
-    D = max(schedule.delays)
-    if D == 0:
-        return 0.0
-    if reference is not None:
-        eta, m, B = reference
-        return eta / (1 - m) * D * microbatch / B
-    if learning_rate is None:
-        return None
-    return learning_rate / (1 - momentum) * D
-
-
-def advise(delay: float | None, microbatch: int, reference) -> str:
-    """One line: what to do about the candidate's staleness (`microbatch`:
-    the examples of one update, over all replicas)."""
-    if delay == 0:
-        return "synchronous: no staleness"
-    if delay is None:
-        return "asynchronous: pass learning_rate= and momentum= (or reference=) to judge the delay"
-    if delay <= STABLE_DELAY:
-        return "trains at this delay with mitigation('lwp+sc')"
-    smaller = microbatch * STABLE_DELAY / delay  # the delay scales with the micro-batch (eq. 9)
-    if reference is not None and smaller >= 1:
-        size = 2 ** int(np.log2(smaller))
-        return (f"delay {delay:.2f} > {STABLE_DELAY}: updates of {size} examples, the "
-                f"reference moved to them by eq. 9, and mitigation('lwp+sc')")
-    if reference is None:
-        return (f"delay {delay:.2f} > {STABLE_DELAY}: the rate x{STABLE_DELAY / delay:.2g}, "
-                f"or give reference= and take smaller updates with eq. 9")
-    return f"delay {delay:.2f} > {STABLE_DELAY} even at micro-batch 1: use a synchronous schedule"
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -167,7 +116,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
            learning_rate: float | None = None, momentum: float = 0.0,
            reference: tuple[float, float, int] | None = None,
            schedules: Sequence[str] | None = None, stages: Sequence[int] | None = None,
-           fsdp: Sequence[int] = (1,),
+           fsdp: Sequence[int] = (1,), tensor: Sequence[int] = (1,),
            microbatches: Sequence[int] | None = None, remat: Sequence[str] = ("stage", "none"),
            compute_dtypes: Sequence[Any] = (None,),
            optimizer: optax.GradientTransformation | None = None,
@@ -183,9 +132,11 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
       example: ONE example's inputs (no batch axis); the search splits the
         batch into micro-batches. targets: one example's targets (default: an
         integer class label).
-      devices: N = data replicas × stages × fsdp; stages: the K to try
-        (default: every divisor of N up to the number of layers); fsdp: the
-        F to try, devices each stage is sharded over.
+      devices: N = data replicas × stages × fsdp × tensor; stages: the K to
+        try (default: every divisor of N up to the number of layers); fsdp:
+        the F to try, devices each stage is sharded over; tensor: the T to
+        try, devices each annotated parameter is split over (a T the
+        annotations do not take is left out).
       batch: examples per step, over all replicas.
       memory: bytes per device; candidates predicted above it are left out.
       learning_rate, momentum: the asynchronous update's own rate and
@@ -209,21 +160,25 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                           f"{list(remat)}: use schedules from {', '.join(names())} and remat "
                           f"'stage' or 'none'")
     Ks = list(stages or [k for k in _divisors(devices) if k <= len(layers)])
-    pairs = [(K, F) for K in Ks for F in fsdp if devices % (K * F) == 0]
-    for K in Ks if stages else ():  # a stage count given must fit the devices with some F
-        if all(k != K for k, _ in pairs):
-            over = f" x fsdp in {list(fsdp)}" if list(fsdp) != [1] else ""
+    layouts = [(K, F, T) for K in Ks for F in fsdp for T in tensor
+               if devices % (K * F * T) == 0]
+    for K in Ks if stages else ():  # a stage count given must fit the devices with some F, T
+        if all(k != K for k, _, _ in layouts):
+            inner = [(name, list(n)) for name, n in (("fsdp", fsdp), ("tensor", tensor))
+                     if list(n) != [1]]
+            over = "".join(f" x {name} in {n}" for name, n in inner)
+            into = " x ".join(["data", "stages", *(name for name, _ in inner)])
             raise ConfigError(f"stages={K}{over} does not divide devices={devices}; the search "
-                              f"splits them into data x stages{' x fsdp' if over else ''}")
-    most = max((K * F for K, F in pairs), default=0)
+                              f"splits them into {into}")
+    most = max((K * F * T for K, F, T in layouts), default=0)
     if most > len(jax.devices()):
-        raise DeviceError(f"stages x fsdp = {most} devices but JAX sees {len(jax.devices())}; on "
-                          f"CPU call pj.simulate_devices({devices}) before JAX starts, or pass "
-                          "fewer stages")
+        raise DeviceError(f"stages x fsdp x tensor = {most} devices but JAX sees "
+                          f"{len(jax.devices())}; on CPU call pj.simulate_devices({devices}) "
+                          "before JAX starts, or pass fewer stages")
     optimizer = optimizer or optax.sgd(0.1, momentum=0.9)
     out = []
-    for K, F in pairs:
-        R = devices // (K * F)
+    for K, F, T in layouts:
+        R = devices // (K * F * T)
         if batch % R:
             continue
         per_replica = batch // R
@@ -242,9 +197,12 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                                 targets=None if targets is None else jax.tree.map(stack, targets),
                                 stages=K, microbatches=M, schedule=name, virtual=v, remat=rm,
                                 compute_dtype=dtype, partition=partition,
-                                mesh=make_mesh(K, fsdp=F) if F > 1 else None)
-            except ConfigError:
-                continue  # this table does not take these settings (M < K, v·K > layers, ...)
+                                mesh=make_mesh(K, fsdp=F, tensor=T) if F * T > 1 else None)
+            except (ConfigError, LayerError) as err:
+                if isinstance(err, LayerError) and T == 1:
+                    raise
+                continue  # this table does not take these settings (M < K, v·K > layers, T
+                # that no annotation or not every annotated axis takes, ...)
             out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
                                   momentum, reference, device_flops, link_bandwidth,
                                   tick_seconds, host_flops))
@@ -264,10 +222,12 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     schedule, plan = pipe.schedule, pipe.plan
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
     costs = op_costs(flops, rm != "none", bool(schedule.fused.any()))
+    params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.parts
+    if T > 1:
+        costs = _split(pipe, costs, rm != "none", device_flops / link_bandwidth)
     message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth if pipe.K > 1 else 0.0
-    params, F = pipe.layout.pieces.slot_bytes(), pipe.build.F
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
-    shared = None if host_flops is None else host_flops / (R * F)  # all devices share it
+    shared = None if host_flops is None else host_flops / (R * F * T)  # all devices share it
     step = step_seconds(schedule, costs, device_flops, message + tick_seconds, shared)
     step += allreduce * (schedule.ticks if schedule.asynchronous else 1)
     if F > 1:  # gathers and scatters of the whole stage, (F − 1)/F of it over the link each
@@ -278,7 +238,8 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     update = mb * R  # an asynchronous update averages one micro-batch of each replica
     delay = effective_delay(schedule, update, learning_rate, momentum, reference)
     return Candidate(
-        schedule=name, stages=pipe.K, data=R, fsdp=F, virtual=v, microbatches=M, microbatch=mb,
+        schedule=name, stages=pipe.K, data=R, fsdp=F, tensor=T, virtual=v, microbatches=M,
+        microbatch=mb,
         remat=rm, compute_dtype=str(np.dtype(dtype)) if dtype is not None else "float32",
         step_seconds=step, memory_bytes=pipe.trainer(optimizer).memory().total,
         bubble=table_bubble_fraction(schedule), effective_delay=delay,
@@ -286,13 +247,32 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
         advice=advise(delay, update, reference))
 
 
+def _split(pipe: Pipeline, costs: dict, remat: bool, flops_per_byte: float) -> dict:
+    """`costs` of a pipeline whose stages are split over T tensor devices:
+    each chunk's FLOPs with its split share over T, plus its all-reduces
+    of activations (Megatron: one per matrix that takes a split input in
+    the forward, one more in the backward, and the forward's again when
+    rematerialized), 2(T − 1)/T of the activation after the chunk's first
+    layer over the link each, counted as the FLOPs of that time
+    (`flops_per_byte`: the device's rate over the link's)."""
+    code, T = pipe.build.code, pipe.layout.params.parts
+    parts = [split_parts(code, j) for j in range(code.S)]
+    scale = np.array([1 - share + share / T for share, _ in parts])
+    reduce = np.array([rows * 2 * (T - 1) / T * nbytes(code.plan.stage_specs(j)[0].output)
+                       for j, (_, rows) in enumerate(parts)]) * flops_per_byte
+    extra = {Op.F: reduce, Op.B: reduce * (1 + remat), Op.BW: reduce * (1 + remat),
+             Op.W: 0 * reduce}
+    return {op: cost * scale + extra[op] for op, cost in costs.items()}
+
+
 def render(candidates: Sequence[Candidate], limit: int = 20) -> str:
     """The ranked candidates as a table."""
-    rows = [["#", "schedule", "K x R x F", "v", "M x mb", "remat", "dtype", "step", "memory",
+    rows = [["#", "schedule", "K x R x F x T", "v", "M x mb", "remat", "dtype", "step", "memory",
              "bubble", "delay", "advice"]]
     for i, c in enumerate(candidates[:limit]):
         delay = "?" if c.effective_delay is None else f"{c.effective_delay:.3g}"
-        rows.append([str(i), c.schedule, f"{c.stages} x {c.data} x {c.fsdp}", str(c.virtual),
+        rows.append([str(i), c.schedule, f"{c.stages} x {c.data} x {c.fsdp} x {c.tensor}",
+                     str(c.virtual),
                      f"{c.microbatches} x {c.microbatch}", c.remat, c.compute_dtype,
                      f"{c.step_seconds * 1e3:.3g} ms", human_bytes(c.memory_bytes),
                      f"{c.bubble:.2f}", delay, c.advice])

@@ -45,8 +45,8 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
                  "--machine", "1e9,1e9,1e-4,2e9", "--pick", "0"]) == 0
     out = capsys.readouterr().out
     pb = [line.split() for line in out.splitlines() if " pb " in line]
-    # K = 2: D = 2, eq. 9 from batch 128: 0.1/(1 − 0.9)·2·mb/128 at mb 4, 2 and 1
-    assert {row[18] for row in pb if row[2] == "2"} == {"0.0625", "0.0313", "0.0156"}
+    # K = 2: D = 2, eq. 9 from batch 128: 0.1/(1 − 0.9)·2·mb/128 at mb 4, 2 and 1 (its delay column)
+    assert {row[20] for row in pb if row[2] == "2"} == {"0.0625", "0.0313", "0.0156"}
     assert "candidate 0:" in out and "stage" in out  # its plan follows
     assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",
                  "--batch-size", "8", "--schedules", "1f1b", "--pick", "99"]) == 2
@@ -347,8 +347,10 @@ def test_train_a_language_model_split_over_tensor(tmp_path, capsys, corpus_cache
     assert "tensor          2 devices split each annotated parameter" in capsys.readouterr().out
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["tensor"] == 2 and np.isfinite([r["loss"] for r in rows if "loss" in r]).all()
-    assert main(["plan", "--model", "gpt", "--search", "--tensor", "2"]) == 2
-    assert "plan a tensor layout without --search" in capsys.readouterr().err
+    assert main(["plan", "--model", "gpt", "--model-args", "depth=2,width=16,heads=2,context=32",
+                 "--search", "--tensor", "2", "--devices", "4", "--batch-size", "8",
+                 "--schedules", "1f1b"]) == 0
+    assert " x 2  " in capsys.readouterr().out  # K x R x F x T
 
 
 def test_train_a_language_model_then_sample_from_it(tmp_path, capsys, corpus_cache):

@@ -8,6 +8,7 @@ import pytest
 import pipejax as pj
 from pipejax import planner
 from pipejax.bench import peak_bytes
+from pipejax.compile.tensor import split_parts
 
 
 @pytest.mark.parametrize("name,K,D", [("pb", 4, 6), ("pb", 8, 14), ("pipedream", 4, 3),
@@ -119,7 +120,7 @@ def test_a_stage_sharded_over_two_devices_is_a_candidate_that_builds_as_ranked()
     sharded = next(c for c in found if c.fsdp == 2)
     pipe = pj.pipeline(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((sharded.microbatch, 40)), **sharded.pipeline_args())
-    assert pipe.build.F == 2 and "2 x 1 x 2" in planner.render(found)  # K x R x F
+    assert pipe.build.F == 2 and "2 x 1 x 2 x 1" in planner.render(found)  # K x R x F x T
     trainer = pipe.trainer(optax.adam(1e-3))
     assert trainer.memory().total == sharded.memory_bytes
     state = trainer.init(pipe.init(jax.random.key(0)))
@@ -127,6 +128,28 @@ def test_a_stage_sharded_over_two_devices_is_a_candidate_that_builds_as_ranked()
     compiled = peak_bytes(trainer.step.lower(state, (jnp.zeros((n, 40)), jnp.zeros(
         (n,), jnp.int32))).compile())
     assert abs(sharded.memory_bytes / compiled - 1) < 0.25
+
+
+def test_a_split_over_tensor_is_a_candidate_costed_by_its_annotations():
+    """The zoo GPT's Megatron layout: a block's matrices nearly all split,
+    two taking a split input (attention's output projection, the MLP's
+    second matrix: an all-reduce each); the embedding one (over the
+    vocabulary), the head none. A degree the heads do not take is left out."""
+    layers = pj.models.gpt(depth=2, width=32, heads=2, context=16, vocab=64)
+    tokens = jnp.zeros((16,), jnp.int32)
+    found = planner.search(layers, loss=pj.losses.next_token, example=tokens, targets=tokens,
+                           devices=4, batch=8, stages=[4, 2, 1], tensor=[1, 2, 4],
+                           schedules=["1f1b"], microbatches=[4], remat=["stage"])
+    assert {(c.stages, c.data, c.tensor) for c in found} == {
+        (4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)}  # not (1, 1, 4): 2 heads
+    split = next(c for c in found if c.tensor == 2 and c.stages == 2)
+    pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((2, 16), jnp.int32),
+                       targets=jnp.zeros((2, 16), jnp.int32), **split.pipeline_args())
+    code = pipe.build.code
+    parts = [split_parts(code, j) for j in range(code.S)]
+    assert [rows for _, rows in parts] == [1 + 2, 2 + 0]  # embedding + block, block + head
+    assert all(share > 0.9 for share, _ in parts)
+    assert "2 x 1 x 1 x 2" in planner.render(found)
 
 
 def test_on_one_shared_processor_every_split_does_the_same_work():

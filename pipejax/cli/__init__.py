@@ -169,7 +169,7 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
                            "predicted step time, memory per device, bubble, the delay in "
                            "effective steps")
     plan.add_argument("--devices", type=int, default=8,
-                      help="with --search: data x stages x --fsdp")
+                      help="with --search: data x stages x --fsdp x --tensor")
     plan.add_argument("--schedules", default=None, metavar="NAME,...",
                       help="with --search: the schedules to rank (default "
                            + ",".join(n for n, f in FAMILIES.items() if f.searched) + ")")

@@ -44,9 +44,6 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
     from pipejax.errors import ConfigError
     from pipejax.formatting import parse_bytes
 
-    if cfg.tensor > 1:
-        raise ConfigError(f"--tensor {cfg.tensor} with --search: the search ranks data x stages "
-                          "x fsdp layouts; plan a tensor layout without --search")
     setup_devices(cfg.devices)
     kwargs = cfg.model_kwargs()
     task = load_task(cfg.model, cfg.data, kwargs.get("context"), 0, 0)
@@ -59,7 +56,7 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
     ranked = planner.search(
         layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
         targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
-        devices=cfg.devices, batch=cfg.batch_size, fsdp=(cfg.fsdp,),
+        devices=cfg.devices, batch=cfg.batch_size, fsdp=(cfg.fsdp,), tensor=(cfg.tensor,),
         memory=None if cfg.memory is None else parse_bytes(cfg.memory),
         learning_rate=cfg.lr, momentum=cfg.momentum,
         schedules=cfg.schedules and cfg.schedules.split(","),
@@ -74,7 +71,8 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
     c = ranked[cfg.pick]
     print(f"\ncandidate {cfg.pick}: {c.advice}\n")
     return dataclasses.replace(
-        cfg, stages=c.stages, replicas=c.data, fsdp=c.fsdp, microbatches=c.microbatches,
+        cfg, stages=c.stages, replicas=c.data, fsdp=c.fsdp, tensor=c.tensor,
+        microbatches=c.microbatches,
         schedule=c.schedule,
         virtual=c.virtual, remat=c.remat,
         compute_dtype=None if c.compute_dtype == "float32" else c.compute_dtype)

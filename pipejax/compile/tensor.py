@@ -63,6 +63,22 @@ def slot_shardings(mesh: Mesh, spec: P, packing: Packing, ndim: int) -> tuple:
     return tuple(out)
 
 
+def split_parts(code: StageCode, j: int) -> tuple[float, int]:
+    """Of virtual stage j's parameters: the share (of elements) split over
+    `tensor`, and how many split matrices take a split input (their axis 0
+    split: Megatron's row-parallel matrices, an embedding over its
+    vocabulary), each an all-reduce of its output in the forward (and one
+    of an input gradient in the backward)."""
+    k = code.placement.device(j)
+    first, n = code.first_leaf(j), len(jax.tree.leaves(code.params.abstract_tree(k)[
+        code.slice_of(j)]))
+    leaves = code.params.leaves[k][first:first + n]
+    total = sum(s.size for s in leaves)
+    split = sum(s.size for s in leaves if s.split is not None)
+    rows = sum(1 for s in leaves if s.split == 0 and len(s.shape) >= 2)
+    return (split / total if total else 0.0), rows
+
+
 def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
     """One tensor device's bytes of what virtual stage j's vjp keeps without
     rematerialization (its working set), as XLA partitions it: the function
