@@ -9,10 +9,10 @@ rules (H-ADPSGD); ("stage", "fsdp") splits each stage's parameters,
 gradients and optimizer state over F devices, and each micro-batch with
 them (ZeRO-3; compile/fsdp.py); ("stage", "tensor") splits each parameter
 whose Flax annotation names "tensor" over T devices, which run every
-micro-batch together (Megatron's tensor parallelism, compile/tensor.py). `AXES` says what each axis name means; a
-mesh with any other name is an error (pipejax would otherwise have to guess
-what it is for). The replicas are numbered row-major over the data axes,
-in mesh order.
+micro-batch together (Megatron's tensor parallelism, compile/tensor.py).
+`AXES` says what each axis name means; a mesh with any other name is an
+error (pipejax would otherwise have to guess what it is for). The replicas
+are numbered row-major over the data axes, in mesh order.
 """
 
 from __future__ import annotations

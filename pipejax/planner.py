@@ -261,7 +261,7 @@ def _split(pipe: Pipeline, costs: dict, remat: bool, flops_per_byte: float) -> d
     reduce = np.array([rows * 2 * (T - 1) / T * nbytes(code.plan.stage_specs(j)[0].output)
                        for j, (_, rows) in enumerate(parts)]) * flops_per_byte
     extra = {Op.F: reduce, Op.B: reduce * (1 + remat), Op.BW: reduce * (1 + remat),
-             Op.W: 0 * reduce}
+             Op.W: np.zeros_like(reduce)}
     return {op: cost * scale + extra[op] for op, cost in costs.items()}
 
 

@@ -45,7 +45,7 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
                  "--machine", "1e9,1e9,1e-4,2e9", "--pick", "0"]) == 0
     out = capsys.readouterr().out
     pb = [line.split() for line in out.splitlines() if " pb " in line]
-    # K = 2: D = 2, eq. 9 from batch 128: 0.1/(1 − 0.9)·2·mb/128 at mb 4, 2 and 1 (its delay column)
+    # K = 2: D = 2, eq. 9 from batch 128: 0.1/(1 − 0.9)·2·mb/128 at mb 4, 2, 1 (the delay column)
     assert {row[20] for row in pb if row[2] == "2"} == {"0.0625", "0.0313", "0.0156"}
     assert "candidate 0:" in out and "stage" in out  # its plan follows
     assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",

@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config(args)
         if getattr(cfg, "processes", 1) > 1 and not distributed.launched():
-            local = distributed.devices_per_process(cfg.replicas * cfg.stages * cfg.fsdp * cfg.tensor,
-                                                    cfg.processes)
+            devices = cfg.replicas * cfg.stages * cfg.fsdp * cfg.tensor
+            local = distributed.devices_per_process(devices, cfg.processes)
             return distributed.launch([sys.executable, "-m", "pipejax", *argv], cfg.processes,
                                       local, timeout=24 * 3600)
         if distributed.launched():

@@ -125,11 +125,7 @@ def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
     whole = b.F == 1 and packing.parts == 1
     for k in sorted({idx[0].start or 0 for slot in where for idx in slot.values()}):
         layers = [variables(i) for i in plan.device_layers(k)]
-        if whole:
-            row = packing.pack(k, layers)
-        else:
-            with jax.default_device(_host()):
-                row = packing.pack(k, jax.device_get(layers))
+        row = packing.pack(k, layers if whole else jax.device_get(layers))  # numpy: on the host
         for n, slot in enumerate(where):
             for d, idx in slot.items():
                 if (idx[0].start or 0) == k:
@@ -138,14 +134,6 @@ def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
         jax.make_array_from_single_device_arrays(
             shape, s, [shards[n][d] for d in s.addressable_devices])
         for n, (s, shape) in enumerate(zip(placed, shapes))), packing)
-
-
-def _host() -> jax.Device | None:
-    """This process's CPU device, where JAX has the CPU backend (None: the default device)."""
-    try:
-        return jax.local_devices(backend="cpu")[0]
-    except RuntimeError:
-        return None
 
 
 def check_params(b: Build, params: Any, where: str, replicated: bool = True) -> None:

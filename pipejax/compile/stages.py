@@ -114,7 +114,7 @@ class StageCode:
         backward under `remat` (with "none": its whole working set of one micro-batch)."""
         return self._remembered(j, ("residuals", remat), lambda: jax.eval_shape(
             lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
-            self._abstract_params(j), self.input_of(j), self.abstract_feed()))
+            self.abstract_params(j), self.input_of(j), self.abstract_feed()))
 
     def _remembered(self, j: int, kind: tuple, compute: Callable[[], Any]) -> Any:
         """`compute()` of virtual stage j, once per process for equal layers
@@ -122,7 +122,7 @@ class StageCode:
         layers = [self.model.layers[s.index] for s in self.plan.stage_specs(j)]
         m = self.model
         kind = (*kind, j == 0, j == self.S - 1, m.compute_dtype, m.loss,
-                shapes((self._abstract_params(j), self.input_of(j), m.example, m.targets)))
+                shapes((self.abstract_params(j), self.input_of(j), m.example, m.targets)))
         return remembered(memories.STAGES if lasting(layers) else [], layers, kind, compute)
 
     def _structure(self, j: int) -> tuple:
@@ -147,8 +147,16 @@ class StageCode:
         tree = self.params.abstract_tree(self.placement.device(j))
         return len(jax.tree.leaves(tree[:self.slice_of(j).start]))
 
-    def _abstract_params(self, j: int) -> Any:
+    def abstract_params(self, j: int) -> Any:
+        """Virtual stage j's parameters, abstract (a list, one entry per layer)."""
         return self.params.abstract_tree(self.placement.device(j))[self.slice_of(j)]
+
+    def param_leaves(self, j: int) -> tuple:
+        """How virtual stage j's parameter leaves are packed (`Packing`'s
+        per-leaf slot, shape and tensor split), in `abstract_params` order."""
+        first = self.first_leaf(j)
+        n = len(jax.tree.leaves(self.abstract_params(j)))
+        return self.params.leaves[self.placement.device(j)][first:first + n]
 
     def input_of(self, j: int) -> Any:
         """The abstract input of virtual stage j (None for the first)."""
@@ -162,7 +170,7 @@ class StageCode:
         outputs, h = [], None
         for j in range(self.S - 1):
             h = jax.eval_shape(lambda p, h, f, j=j: self.fn(j, f, "none")(p, h),
-                               self._abstract_params(j), h, self.abstract_feed())
+                               self.abstract_params(j), h, self.abstract_feed())
             outputs.append(h)
         return outputs
 
@@ -246,7 +254,7 @@ class StageCode:
         """Abstract (params, h, feed, kept, ct) of virtual stage j's backward."""
         ct = None if j == self.S - 1 else self.outputs[j]
         kept = jax.tree.leaves(self.kept.abstract_tree(j))
-        return (self._abstract_params(j), self.input_of(j), self.abstract_feed(), kept, ct)
+        return (self.abstract_params(j), self.input_of(j), self.abstract_feed(), kept, ct)
 
 
 def _same_structure(a: tuple, b: tuple) -> bool:

@@ -242,7 +242,8 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     mesh's batch axes (the data axes and `fsdp`)."""
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule)  # static
-    whole = fsdp.gather(inp.params, build.code.params) if build.F > 1 and build.gather == "step" else None
+    step = build.F > 1 and build.gather == "step"
+    whole = fsdp.gather(inp.params, build.code.params) if step else None
     sums = build.layout.pieces if whole is None else build.code.params  # the sum's packing
     grad_sum = sums.zeros() if schedule.synchronous else ()
     tick = _Tick(build, opts, inp, whole)

@@ -69,10 +69,7 @@ def split_parts(code: StageCode, j: int) -> tuple[float, int]:
     split: Megatron's row-parallel matrices, an embedding over its
     vocabulary), each an all-reduce of its output in the forward (and one
     of an input gradient in the backward)."""
-    k = code.placement.device(j)
-    first, n = code.first_leaf(j), len(jax.tree.leaves(code.params.abstract_tree(k)[
-        code.slice_of(j)]))
-    leaves = code.params.leaves[k][first:first + n]
+    leaves = code.param_leaves(j)
     total = sum(s.size for s in leaves)
     split = sum(s.size for s in leaves if s.split is not None)
     rows = sum(1 for s in leaves if s.split == 0 and len(s.shape) >= 2)
@@ -89,14 +86,11 @@ def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
     T = tensor_parts(mesh)
     group = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(TENSOR), -1)
     devices = Mesh(group.reshape(-1, T)[0], (TENSOR,))
-    k = code.placement.device(j)
-    params = code.params.abstract_tree(k)[code.slice_of(j)]
-    first = code.first_leaf(j)
-    place = lambda a, s: NamedSharding(devices, P(*[TENSOR if i == s.split else None
-                                                    for i in range(len(a.shape))]))
-    leaves = code.params.leaves[k][first:first + len(jax.tree.leaves(params))]
+    params = code.abstract_params(j)
+    place = lambda s: NamedSharding(devices, P(*[TENSOR if i == s.split else None
+                                                 for i in range(len(s.shape))]))
     shardings = jax.tree.unflatten(jax.tree.structure(params),
-                                   list(map(place, jax.tree.leaves(params), leaves)))
+                                   [place(s) for s in code.param_leaves(j)])
     whole = NamedSharding(devices, P())
     h = code.input_of(j)
     kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, "none")[1],

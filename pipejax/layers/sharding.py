@@ -48,11 +48,6 @@ def _names(box: Any) -> tuple | None:
     return None
 
 
-def _path(path: tuple) -> str:
-    return "/".join(str(getattr(p, "key", getattr(p, "name", getattr(p, "idx", p))))
-                    for p in path)
-
-
 def tensor_axes(variables: Any, layer: str, parts: int) -> list[int | None]:
     """For each leaf of `variables` (in `jax.tree.leaves` order), the axis
     its annotation splits over "tensor" (None: none), for `parts` = T
@@ -70,7 +65,7 @@ def tensor_axes(variables: Any, layer: str, parts: int) -> list[int | None]:
         if names is None or not arrays:
             out += [None] * len(arrays)
             continue
-        where = f"{layer}'s variable {_path(path)}"
+        where = f"{layer}'s variable {jax.tree_util.keystr(path, simple=True, separator='/')}"
         out += [_axis(names, a.shape, where, parts, isinstance(leaf, nnx.Variable))
                 for a in arrays]
     return out

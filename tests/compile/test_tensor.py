@@ -188,7 +188,8 @@ def test_nnx_layers_built_on_an_explicit_mesh_split_as_annotated():
     CPU inside a stage's branch, once)."""
     mesh = jax.make_mesh((2, 2), ("stage", "tensor"))
     init = nnx.initializers.lecun_normal()
-    col, row = (nnx.with_partitioning(init, names) for names in ((None, "tensor"), ("tensor", None)))
+    col, row = (nnx.with_partitioning(init, names)
+                for names in ((None, "tensor"), ("tensor", None)))
     with jax.set_mesh(mesh):
         r = nnx.Rngs(0)
         layers = [nnx.Linear(8, 16, kernel_init=col, rngs=r), jax.nn.relu,
