@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from pipejax.errors import ConfigError
 from pipejax.mesh import constrain
@@ -219,16 +220,49 @@ class Packing:
 
     def unpack(self, k: int, buffers: Buffers) -> Any:
         """Stage k's tree from its slot buffers (a reshape when the leaf fills its slot)."""
+        return jax.tree.unflatten(self.treedefs[k],
+                                  [self._from_slot(s, buffers[s.slot]) for s in self.leaves[k]])
+
+    def write(self, k: int, rings: Buffers, row: Any, tree: Any) -> Buffers:
+        """Ring buffers `rings` (slots with a leading ring axis) with stage
+        k's tree written into row `row` of its own slots, each leaf as far
+        as it reaches (no padding written); the other slots pass through.
+        In the computation that makes the tree XLA writes each leaf straight
+        into the ring (a `dynamic_update_slice` fused with its producer),
+        where `pack` then a row update would fill a buffer and copy it."""
+        out = list(rings)
+        for spec, x in zip(self.leaves[k], jax.tree.leaves(tree)):
+            dtype, shape = self.slots[spec.slot]
+            if spec.split is not None:
+                x = self._columns(spec, x)
+            elif spec.shape != shape:
+                x = jnp.ravel(self._whole(x))
+            x = jnp.asarray(x).astype(dtype)
+            out[spec.slot] = lax.dynamic_update_slice(out[spec.slot], x[None],
+                                                      (row, *(0,) * len(shape)))
+        return tuple(out)
+
+    def read(self, k: int, rings: Buffers, row: Any) -> Any:
+        """Stage k's tree from row `row` of ring buffers `rings`, each leaf
+        sliced as far as it reaches (the inverse of `write`): inside the
+        computation that reads it XLA fuses the slice into its consumers."""
         flat = []
         for s in self.leaves[k]:
-            b, shape = buffers[s.slot], self.slots[s.slot][1]
-            if s.split is not None:
-                flat.append(self._leaf(s, b))
-                continue
-            if s.shape != shape:
-                b = (b if s.size == shape[0] else b[:s.size]).reshape(s.shape)
-            flat.append(self._whole(b))
+            shape = self.slots[s.slot][1]
+            reach = (s.size // self.parts if s.split is not None else
+                     shape[0] if s.shape == shape else s.size)
+            b = lax.dynamic_slice(rings[s.slot], (row, *(0,) * len(shape)),
+                                  (1, reach, *shape[1:]))[0]
+            flat.append(self._from_slot(s, b))
         return jax.tree.unflatten(self.treedefs[k], flat)
+
+    def _from_slot(self, s: _Leaf, b: Any) -> Any:
+        """Leaf `s` from its slot's buffer `b` (or the part of it the leaf reaches)."""
+        if s.split is not None:
+            return self._leaf(s, b)
+        if s.shape != b.shape:
+            b = (b if s.size == b.shape[0] else b[:s.size]).reshape(s.shape)
+        return self._whole(b)
 
     def _whole(self, x: Any) -> Any:
         """A leaf no annotation splits, whole on every tensor device before

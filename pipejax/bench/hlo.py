@@ -35,14 +35,23 @@ def computations(text: str) -> dict[str, str]:
     return out
 
 
-def reachable(comps: dict[str, str], root: str) -> set[str]:
-    """`root` and every computation it calls, directly or not."""
+LOOPS = re.compile(r" (?:while|call)\(.*?(?:body|condition|to_apply)=%([\w.\-]+)"
+                   r"(?:, (?:body|condition|to_apply)=%([\w.\-]+))?")
+
+
+def reachable(comps: dict[str, str], root: str, branches: bool = True) -> set[str]:
+    """`root` and every computation it calls, directly or not; without
+    `branches`, only the loops and calls around the stage switch (not the
+    branches of a conditional nor fusions' bodies)."""
     seen, todo = set(), [root]
     while todo:
         name = todo.pop()
         if name in seen or name not in comps:
             continue
         seen.add(name)
+        if not branches:
+            todo += [n for pair in LOOPS.findall(comps[name]) for n in pair if n]
+            continue
         for one, many in CALLED.findall(comps[name]):
             todo += [one] if one else [n.strip().lstrip("%") for n in many.split(",")]
     return seen
@@ -70,3 +79,33 @@ def per_tick(text: str, ticks: int, op: str) -> dict[str, int]:
     count = lambda name: len(found.findall(comps[name]))
     return {"tick": sum(count(n) for n in inside),
             "step": sum(count(n) for n in set(comps) - inside)}
+
+
+
+COPY = re.compile(r"= (\w+)\[([\d,]*)\]\S* copy\(")
+# A buffer copied: a `copy`, or a fusion XLA names after a copy at its root
+# (`wrapped_copy`, `copy_bitcast_fusion`), in a computation that is not a
+# fusion's body (there a copy is a layout change fused into arithmetic).
+MOVED = re.compile(r"^\s*%(?:copy|wrapped_copy|copy_\w*fusion)[\w.\-]* = (\w+)\[([\d,]*)\]\S* "
+                   r"(?:copy|fusion)\(", re.M)
+
+
+def copies(text: str) -> list[int]:
+    """The bytes of every `copy` instruction of an HLO text, largest first."""
+    return sorted((nbytes(dtype, dims) for dtype, dims in COPY.findall(text) if dims),
+                  reverse=True)
+
+
+def tick_copies(text: str, ticks: int, least: int = 1) -> dict[str, list[int]]:
+    """The bytes of the buffers of at least `least` bytes copied (`MOVED`)
+    by the table interpreter: in the body of the scan over `ticks` ticks
+    ("tick": at every tick) and in the ops' 0-or-1-trip loops around the
+    stage switch ("loops": when their op runs). The branches of the switch,
+    the stages' own arithmetic, transpose as a plain jit of the model does:
+    not counted."""
+    comps = computations(text)
+    body = tick_body(comps, ticks)
+    sized = lambda name: [b for d, dims in MOVED.findall(comps[name])
+                          if (b := nbytes(d, dims)) >= least]
+    loops = reachable(comps, body, branches=False) - {body}
+    return {"tick": sized(body), "loops": [b for n in loops for b in sized(n)]}

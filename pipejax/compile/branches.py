@@ -47,18 +47,22 @@ def _stage_input(code: StageCode, j: int, h: Buffers) -> Any:
 
 
 def forward(code: StageCode) -> list[Callable]:
-    """The branch of virtual stage j's group: (params, input slot,
-    (x_m, y_m, key, first)) -> (message for j + 1, residuals to keep,
-    loss); the last stage's message is empty and its loss is the
-    micro-batch loss, the others' loss 0. Run them with `code.groups.switch_at`."""
+    """The branch of virtual stage j's group: ((params, input slot,
+    (x_m, y_m, key, first), row), (kept ring, _, _)) -> (the kept ring with
+    the residuals written into its row, message for j + 1, loss); the last
+    stage's message is empty and its loss is the micro-batch loss, the
+    others' loss 0. Run them with `code.groups.run`: each group's loop
+    updates the ring in place, its residuals written where they are made."""
     S, acts, kept = code.S, code.acts, code.kept
 
     def branch(j):
-        def run(p, h, micro):
+        def run(operands, carry):
+            p, h, micro, row = operands
             out, res, _ = code.vjp(j, _chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
+            ring = kept.write(j, carry[0], row, res)
             if j == S - 1:
-                return acts.zeros(), kept.pack(j, res), out.astype(jnp.float32)
-            return acts.pack(j, out), kept.pack(j, res), jnp.zeros((), jnp.float32)
+                return ring, acts.zeros(), out.astype(jnp.float32)
+            return ring, acts.pack(j, out), jnp.zeros((), jnp.float32)
         return run
 
     return code.groups.branches(branch)
@@ -89,11 +93,12 @@ def backward(code: StageCode, into_sum: bool = False) -> list[Callable]:
 
 def _unpack_backward(code: StageCode, j: int, p: Buffers, slots: tuple, micro: tuple) -> tuple:
     """(params, h, feed, kept leaves, ct) of virtual stage j from its buffers
-    and its ring slots (input, output gradient or None, kept residuals)."""
-    h, ct, r = slots
+    and its ring slots (input, output gradient or None, and the kept ring
+    with the row to read)."""
+    h, ct, (ring, row) = slots
     ct = None if j == code.S - 1 or ct is None else code.acts.unpack(j, ct)
     return (_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro),
-            jax.tree.leaves(code.kept.unpack(j, r)), ct)
+            jax.tree.leaves(code.kept.read(j, ring, row)), ct)
 
 
 def _message_back(code: StageCode, j: int, dh: Any) -> Buffers:
@@ -101,17 +106,19 @@ def _message_back(code: StageCode, j: int, dh: Any) -> Buffers:
 
 
 def input_grad(code: StageCode) -> list[Callable]:
-    """The branch of virtual stage j's group, zero bubble's B: (params,
-    input slot, gradient slot, kept slot, micro) -> (bridge for W,
-    message for j − 1)."""
+    """The branch of virtual stage j's group, zero bubble's B: ((params,
+    input slot, gradient slot, (kept ring, row), micro, bridge row),
+    (bridge ring, _)) -> (the bridge ring with what W needs written into
+    its row, message for j − 1). Run them with `code.groups.run`."""
     def branch(j):
         split = code.splits[code.groups.of[j]]
 
-        def run(p, h, ct, r, micro):
+        def run(operands, carry):
+            p, h, ct, r, micro, row = operands
             args = _unpack_backward(code, j, p, (h, ct, r), micro)
             dh, bridge = split.run_b(jax.tree.leaves(args))
             dh = jax.tree.unflatten(jax.tree.structure(code.input_of(j)), dh) if j > 0 else None
-            return code.bridge.pack(j, bridge), _message_back(code, j, dh)
+            return code.bridge.write(j, carry[0], row, bridge), _message_back(code, j, dh)
         return run
 
     return code.groups.branches(branch)
@@ -119,16 +126,16 @@ def input_grad(code: StageCode) -> list[Callable]:
 
 def weight_grad(code: StageCode, into_sum: bool = False) -> list[Callable]:
     """The branch of virtual stage j's group, zero bubble's W: (params,
-    input slot, kept slot, bridge slot, micro) -> packed parameter
-    gradients of the device. `into_sum`: ((params, slots..., micro),
-    gradient sum) -> the sum with the chunk's gradients added."""
+    input slot, (kept ring, row), (bridge ring, row), micro) -> packed
+    parameter gradients of the device. `into_sum`: ((params, slots...,
+    micro), gradient sum) -> the sum with the chunk's gradients added."""
     def branch(j):
         split = code.splits[code.groups.of[j]]
 
         def grads(p, h, r, b, micro):
             params, h_in, feed, kept, _ = _unpack_backward(code, j, p, (h, None, r), micro)
             reread = jax.tree.leaves((params, h_in, feed, kept))
-            flat = split.run_w(reread, jax.tree.leaves(code.bridge.unpack(j, b)))
+            flat = split.run_w(reread, jax.tree.leaves(code.bridge.read(j, *b)))
             return jax.tree.unflatten(jax.tree.structure(params), flat)
 
         run = lambda *operands: _device_grads(code, j, grads(*operands))

@@ -37,7 +37,8 @@ def read(buffers: Buffers, i: jax.Array) -> tuple:
 
 
 def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> tuple:
-    return tuple(b.at[i].set(jnp.where(valid, v, b[i])) for b, v in zip(buffers, value))
+    at = lambda b: jnp.where(valid, i, b.shape[0])  # past the end: dropped
+    return tuple(b.at[at(b)].set(v, mode="drop") for b, v in zip(buffers, value))
 
 
 def reads(rings: Rings, layout: Layout, op: Op, ring: jax.Array) -> tuple:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pipejax.compile import messages
+from jax import lax
+
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
@@ -40,36 +41,43 @@ class SplitBackwardOps:
 
     def _input_grad(self, task: TickTask, ops: Ops, read: tuple) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
-        gradient, sent back, and the bridge its W reads, filed in its slot."""
+        gradient, sent back, and the bridge its W reads, written into its
+        slot. The kept ring passes through the loop's carry, read in place
+       ."""
         kept_slot = task.ring % self.layout.kept_slots
         bridge_slot = task.ring % self.layout.bridge_slots
 
         def input_grad(args, c):
-            w, bridge, _ = c
-            new, msg = self.code.groups.switch_at(task.j, self.branches[Op.B], w, *args)
-            return w, tuple(b.at[bridge_slot].set(v) for b, v in zip(bridge, new)), msg
+            (w, bridge, msg), kept = c
+            operands = (w, *args[:2], (kept, kept_slot), args[2], bridge_slot)
+            bridge, msg = self.code.groups.run(self.branches[Op.B], operands, (bridge, msg),
+                                               at=task.j)
+            return (w, bridge, msg), lax.optimization_barrier(kept)
 
-        h, ct = read
-        args = (h, ct, messages.read(ops.kept, kept_slot), self._inputs(task.g, task.j))
-        w, bridge, msg = self._run(task.real, input_grad, args,
-                                   (self.weights(ops), ops.bridge, self.code.acts.zeros()))
-        return self._with_weights(ops, w)._replace(bridge=bridge), msg
+        (w, bridge, msg), kept = self._run(
+            task.real, input_grad, (*read, self._inputs(task.g, task.j)),
+            ((self.weights(ops), ops.bridge, self.code.acts.zeros()), ops.kept))
+        return self._with_weights(ops, w)._replace(bridge=bridge, kept=kept), msg
 
     def _weight_grad(self, task: TickTask, ops: Ops, read: tuple) -> Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
-        summed (a synchronous table). It reads the kept and bridge slots
-        after the tick's F and B, so that XLA updates those rings in place."""
-        read = (*read, messages.read(ops.kept, task.ring % self.layout.kept_slots),
-                messages.read(ops.bridge, task.ring % self.layout.bridge_slots))
-        def weight_grad(args, c):
-            w, grad_sum = c
-            if self.per_chunk:
-                return w, self.code.groups.run(self.branches[Op.W], (w, *args), grad_sum,
-                                               at=task.j)
-            grads = self.code.groups.switch_at(task.j, self.branches[Op.W], w, *args)
-            return w, self.gradients.summed(grad_sum, grads)
+        summed (a synchronous table). The kept and bridge rings pass
+        through the loop's carry, read in place."""
+        rows = (task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots)
 
-        w, grad_sum = self._run(task.real, weight_grad, (*read, self._inputs(task.g, task.j)),
-                                (self.weights(ops), ops.grad_sum))
-        return self._with_weights(ops, w)._replace(grad_sum=grad_sum)
+        def weight_grad(args, c):
+            (w, grad_sum), (kept, bridge) = c
+            h, micro = args
+            operands = (w, *h, (kept, rows[0]), (bridge, rows[1]), micro)
+            rings = lax.optimization_barrier((kept, bridge))
+            if self.per_chunk:
+                return (w, self.code.groups.run(self.branches[Op.W], operands, grad_sum,
+                                                at=task.j)), rings
+            grads = self.code.groups.switch_at(task.j, self.branches[Op.W], *operands)
+            return (w, self.gradients.summed(grad_sum, grads)), rings
+
+        (w, grad_sum), (kept, bridge) = self._run(
+            task.real, weight_grad, (read, self._inputs(task.g, task.j)),
+            ((self.weights(ops), ops.grad_sum), (ops.kept, ops.bridge)))
+        return self._with_weights(ops, w)._replace(grad_sum=grad_sum, kept=kept, bridge=bridge)

@@ -166,11 +166,10 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         piece = (s.ahead if ahead else p) if ops.whole and self.layout.weight_stashing else None
 
         def forward(args, c):
-            w, kept, weights, _, _ = c
+            w, kept, weights, msg, loss = c
             h, inputs, stash = args
-            msg, new_kept, loss = self.code.groups.switch_at(task.j, self.branches[Op.F], w,
-                                                             h, inputs)
-            kept = tuple(b.at[slot].set(v) for b, v in zip(kept, new_kept))
+            kept, msg, loss = self.code.groups.run(self.branches[Op.F], (w, h, inputs, slot),
+                                                   (kept, msg, loss), at=task.j)
             weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w if stash is None
                                                                else stash))
             return lax.optimization_barrier(w), kept, weights, msg, loss
@@ -195,23 +194,23 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         it, where its collectives run on every device at every tick). Returns the ops' state, the
         message back, the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
-        stashed = None
-        if self.separate:  # a slot exists: the table keeps residuals
-            slot = task.ring % self.layout.kept_slots
-            if self.layout.weight_stashing and not ops.whole:
-                stashed = messages.read(ops.weights, slot)
+        slot = task.ring % self.layout.kept_slots
+        stash = self.layout.weight_stashing and not ops.whole
 
         def backward(args, c):
-            p, s, carried, msg, loss, skipped = c
-            w = ops.whole[1] if ops.whole else stashed if stashed is not None else (
+            (p, s, carried, msg, loss, skipped), (kept, weights) = c
+            h, ct, micro = args
+            w = ops.whole[1] if ops.whole else messages.read(weights, slot) if stash else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
+            args = (h, ct, (kept, slot), micro)
+            rings = lax.optimization_barrier((kept, weights))
             if self.per_chunk:
                 carried, msg = self.code.groups.run(self.branches[Op.BW], (w, *args),
                                                     (carried, msg), at=task.j)
-                return p, s, carried, msg, loss, skipped
+                return (p, s, carried, msg, loss, skipped), rings
             grads, msg = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
-            return p, s, carried, msg, loss, skipped
+            return (p, s, carried, msg, loss, skipped), rings
 
         def both(args, c):
             p, s, carried, _, _, skipped = c
@@ -223,9 +222,11 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         h, ct = read
         carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), self.code.acts.zeros(), loss,
                  jnp.int32(0))
-        if self.separate:
-            args = (h, ct, messages.read(ops.kept, slot), self._inputs(task.g, task.j))
-            carry = self._run(task.real, backward, args, carry)
+        if self.separate:  # a slot exists: the table keeps residuals
+            carry, (kept, weights) = self._run(task.real, backward,
+                                               (h, ct, self._inputs(task.g, task.j)),
+                                               (carry, (ops.kept, ops.weights)))
+            ops = ops._replace(kept=kept, weights=weights)
         if fused is not None:
             carry = self._run(fused.real, both, (h, self._inputs(fused.g, fused.j)), carry)
         p, s, carried, msg, loss, skipped = carry

@@ -1,0 +1,149 @@
+"""Every synchronous table against 1F1B and a plain jit, alternated in one process.
+
+Models: the zoo GPT (`pj.models.gpt(depth=14, width=128, heads=4,
+context=128)`: 16 layers, so that K = 8 with v = 2 has a layer per chunk;
+M = 8 micro-batches of 4 windows, AdamW) at K = 4 and 8, and the MLP 8x512
+(M = 8 micro-batches of 32, AdamW) at K = 4. For each (model, K) a group
+of rows runs alternated (`pipejax.bench.speed.alternate`): the plain
+`jax.jit` of the same micro-batches (a scan over them, one update; one
+device) and every synchronous table with remat "stage" and "none". Per row:
+the median step time, its ratio to the plain jit and to 1F1B at the same
+remat (medians of the per-round ratios), XLA's bytes accessed and temp
+memory per device, and the buffers the table interpreter copies
+(`pipejax.bench.hlo.tick_copies`: at every tick, and in the ops' loops).
+
+On simulated CPU devices sharing two cores an idle tick costs nothing, so
+each row's limit is its own arithmetic: remat "none" does three quarters
+of remat "stage"'s, and every table does the same work as 1F1B.
+
+Groups already in the JSON are skipped, so the table can be made in parts.
+Run: python benchmarks/table_speed.py [--group gpt-4] [--repeats 6]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import pipejax as pj
+from common import RESULTS, save, table
+from pipejax.bench import hlo
+from pipejax.bench.speed import alternate, cost, plain_steps
+from pipejax.schedules import FAMILIES
+
+PATH = RESULTS / "table_speed.json"
+M = 8
+TABLES = [name for name, family in FAMILIES.items() if not family.asynchronous]
+REMATS = ("stage", "none")
+
+
+def _model(name: str):
+    """(layers, loss, example micro-batch, targets) of a benchmark model."""
+    if name == "gpt":
+        tokens = jnp.zeros((4, 128), jnp.int32)
+        return (pj.models.gpt(depth=14, width=128, heads=4, context=128), pj.losses.next_token,
+                tokens, tokens)
+    return (pj.models.mlp(depth=8, width=512), pj.losses.cross_entropy, jnp.zeros((32, 40)),
+            jnp.zeros((32,), jnp.int32))
+
+
+GROUPS = {"gpt-4": ("gpt", 4), "gpt-8": ("gpt", 8), "mlp-4": ("mlp", 4)}
+
+
+def _batch(example, targets):
+    key = jax.random.key(1)
+    if example.dtype == jnp.int32:
+        x = jax.random.randint(key, (M * example.shape[0], *example.shape[1:]), 0, 256)
+        return x, jnp.roll(x, -1, axis=1)
+    x = jax.random.normal(key, (M * example.shape[0], *example.shape[1:]))
+    return x, jax.random.randint(jax.random.key(2), (x.shape[0],), 0, 10)
+
+
+def _opt():
+    return optax.adamw(1e-3, weight_decay=0.1)
+
+
+def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -> list[dict]:
+    """The rows of one (model, K), alternated."""
+    model, K = GROUPS[name]
+    layers, loss, example, targets = _model(model)
+    batch = _batch(example, targets)
+    opt = _opt()
+    runs, held, info = {}, {}, {}
+    for schedule in tables:
+        for remat in remats:
+            pipe = pj.pipeline(layers, loss=loss, example=example, targets=targets, stages=K,
+                               microbatches=M, schedule=schedule, remat=remat)
+            trainer = pipe.trainer(opt)
+            key = f"{schedule} {remat}"
+            held[key] = trainer.init(pipe.init(jax.random.key(0)))
+            compiled = trainer.step.lower(held[key], batch).compile()
+            found = hlo.tick_copies(compiled.as_text(), pipe.schedule.ticks, least=4096)
+            info[key] = {"schedule": schedule, "remat": remat,
+                         "gb_accessed": round(cost(compiled).get("bytes accessed", 0) / 1e9, 3),
+                         "temp_mb": round(compiled.memory_analysis().temp_size_in_bytes / 2**20,
+                                          1),
+                         **{f"{w}_copies": len(b) for w, b in found.items()},
+                         **{f"{w}_copy_mb": round(sum(b) / 2**20, 2) for w, b in found.items()}}
+
+            def run(key=key, step=trainer.step):
+                held[key], metrics = step(held[key], batch)
+                jax.block_until_ready(metrics["loss"])
+            runs[key] = run
+            print(info[key], flush=True)
+    variables = pj.unstage(held[next(iter(held))])
+    plain = jax.jit(plain_steps(layers, M, opt, ("plain_microbatched",), loss)[
+        "plain_microbatched"])
+    held["plain"] = (variables, opt.init(variables))
+
+    def run_plain():
+        v, s, value = plain(*held["plain"], *batch)
+        held["plain"] = (v, s)
+        jax.block_until_ready(value)
+    times = alternate({"plain": run_plain, **runs}, repeats)
+    rows = []
+    for key, row in info.items():
+        ratio = lambda other: round(float(np.median(times[key] / times[other])), 3)
+        rows.append({"group": name, "model": model, "K": K, **row,
+                     "step_ms": round(float(np.median(times[key])) * 1e3, 1),
+                     "plain_ms": round(float(np.median(times["plain"])) * 1e3, 1),
+                     "over_plain": ratio("plain"),
+                     "over_1f1b": ratio(f"1f1b {row['remat']}") if f"1f1b {row['remat']}" in times
+                     else None})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--group", choices=list(GROUPS), action="append")
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--tables", default=",".join(TABLES))
+    parser.add_argument("--remat", default=",".join(REMATS))
+    parser.add_argument("--out", default=str(PATH), help="the JSON (rows of a group there are "
+                        "kept and the group skipped)")
+    args = parser.parse_args()
+    out = os.path.abspath(args.out)
+    rows = json.loads(open(out).read())["rows"] if os.path.exists(out) else []
+    for name in args.group or list(GROUPS):
+        if any(r["group"] == name for r in rows):
+            continue
+        rows += group(name, args.repeats, args.tables.split(","), tuple(args.remat.split(",")))
+        print(table([r for r in rows if r["group"] == name]), flush=True)
+        payload = {"microbatches": M, "optimizer": "adamw", "rows": rows}
+        if out == str(PATH):
+            save("table_speed", payload)
+        else:
+            open(out, "w").write(json.dumps(payload, indent=2))
+
+
+if __name__ == "__main__":
+    main()
