@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from jax import lax
-
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
@@ -22,13 +20,13 @@ from pipejax.schedules import Op
 
 class SplitBackwardOps:
     """The B and W ops of `table._Tick` (a mixin: the tick's code, layout,
-    branches, `_run` and `_inputs` are its own)."""
+    branches, `_run_on_rings` and `_inputs` are its own)."""
 
     code: StageCode
     layout: Layout
     branches: dict[Op, Callable]
     per_chunk: bool  # a synchronous table over v > 1 chunks: W adds into its chunk's slots
-    _run: Callable  # run_if, or the op itself when every op runs at every tick
+    _run_on_rings: Callable  # (op, task, fn, operands, carry, rings): the op's loop
     _inputs: Callable  # (g, j) -> (x_m, y_m, key, first layer of j)
     weights: Callable  # (ops) -> the weights the ops run on (gathered where sharded)
     gradients: GradientPolicy  # how a weight gradient joins the sum
@@ -39,45 +37,41 @@ class SplitBackwardOps:
         stage's own, or, where sharded, a gathered copy the loop leaves alone."""
         return ops if ops.whole else ops._replace(p=w)
 
-    def _input_grad(self, task: TickTask, ops: Ops, read: tuple) -> tuple:
+    def _input_grad(self, task: TickTask, ops: Ops) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
         gradient, sent back, and the bridge its W reads, written into its
-        slot. The kept ring passes through the loop's carry, read in place
-       ."""
-        kept_slot = task.ring % self.layout.kept_slots
-        bridge_slot = task.ring % self.layout.bridge_slots
-
-        def input_grad(args, c):
-            (w, bridge, msg), kept = c
-            operands = (w, *args[:2], (kept, kept_slot), args[2], bridge_slot)
-            bridge, msg = self.code.groups.run(self.branches[Op.B], operands, (bridge, msg),
-                                               at=task.j)
-            return (w, bridge, msg), lax.optimization_barrier(kept)
-
-        (w, bridge, msg), kept = self._run(
-            task.real, input_grad, (*read, self._inputs(task.g, task.j)),
-            ((self.weights(ops), ops.bridge, self.code.acts.zeros()), ops.kept))
-        return self._with_weights(ops, w)._replace(bridge=bridge, kept=kept), msg
-
-    def _weight_grad(self, task: TickTask, ops: Ops, read: tuple) -> Ops:
-        """Zero bubble's W of micro-batch g on virtual stage j: the weight
-        gradients from its input, its kept residuals and what its B filed,
-        summed (a synchronous table). The kept and bridge rings pass
-        through the loop's carry, read in place."""
+        slot."""
         rows = (task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots)
 
-        def weight_grad(args, c):
-            (w, grad_sum), (kept, bridge) = c
-            h, micro = args
-            operands = (w, *h, (kept, rows[0]), (bridge, rows[1]), micro)
-            rings = lax.optimization_barrier((kept, bridge))
+        def input_grad(micro, c, rings, slots):
+            w, msg = c
+            operands = (w, *slots, (rings.kept, rows[0]), micro, rows[1])
+            bridge, msg = self.code.groups.run(self.branches[Op.B], operands, (rings.bridge, msg),
+                                               at=task.j)
+            return (w, msg), rings._replace(bridge=bridge)
+
+        (w, msg), rings = self._run_on_rings(Op.B, task, input_grad,
+                                             self._inputs(task.g, task.j),
+                                             (self.weights(ops), self.code.acts.zeros()),
+                                             ops.rings)
+        return self._with_weights(ops, w)._replace(rings=rings), msg
+
+    def _weight_grad(self, task: TickTask, ops: Ops) -> Ops:
+        """Zero bubble's W of micro-batch g on virtual stage j: the weight
+        gradients from its input, its kept residuals and what its B filed,
+        summed (a synchronous table)."""
+        rows = (task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots)
+
+        def weight_grad(micro, c, rings, slots):
+            w, grad_sum = c
+            operands = (w, *slots, (rings.kept, rows[0]), (rings.bridge, rows[1]), micro)
             if self.per_chunk:
                 return (w, self.code.groups.run(self.branches[Op.W], operands, grad_sum,
                                                 at=task.j)), rings
             grads = self.code.groups.switch_at(task.j, self.branches[Op.W], *operands)
             return (w, self.gradients.summed(grad_sum, grads)), rings
 
-        (w, grad_sum), (kept, bridge) = self._run(
-            task.real, weight_grad, (read, self._inputs(task.g, task.j)),
-            ((self.weights(ops), ops.grad_sum), (ops.kept, ops.bridge)))
-        return self._with_weights(ops, w)._replace(grad_sum=grad_sum, kept=kept, bridge=bridge)
+        (w, grad_sum), rings = self._run_on_rings(Op.W, task, weight_grad,
+                                                  self._inputs(task.g, task.j),
+                                                  (self.weights(ops), ops.grad_sum), ops.rings)
+        return self._with_weights(ops, w)._replace(grad_sum=grad_sum, rings=rings)

@@ -43,6 +43,7 @@ from pipejax.compile.metrics import loss_ticks
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import run_if, stage_index
 from pipejax.compile.split_ops import SplitBackwardOps
+from pipejax.compile.state import Rings
 from pipejax.compile.table_state import Ops, TableIn, TableOut
 from pipejax.packing import Buffers
 from pipejax.mesh import AXIS
@@ -108,30 +109,24 @@ class _Tick(SplitBackwardOps, ShardedWeights):
             fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
             runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
                     Op.BW: b._replace(real=b.real & ~fused.real)}
-        # Read the slots into values of their own before any buffer is
-        # written, so that XLA updates the ring buffers in place; a ring an
-        # op writes (kept, bridge) is read from its result (`_weight_grad`).
-        slots = lax.optimization_barrier({op: messages.reads(rings, self.layout, op, t.ring)
-                                          for op, t in tasks.items()})
-        ops = Ops(p, s, grad_sum, rings.kept, rings.weights, rings.bridge)
+        ops = Ops(p, s, grad_sum, rings)
         if self.F > 1:
             ops = ops._replace(whole=self._gather(runs, fused, ops, held))
         sent = {}
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
             if op == Op.F:
-                ops, msg, loss = self._forward(runs[op], ops, slots[op], loss)
+                ops, msg, loss = self._forward(runs[op], ops, loss)
             elif op == Op.BW:
-                ops, msg, loss, skipped = self._backward(runs[op], fused, ops, slots[op], loss)
+                ops, msg, loss, skipped = self._backward(runs[op], fused, ops, loss)
             elif op == Op.B:
-                ops, msg = self._input_grad(runs[op], ops, slots[op])
+                ops, msg = self._input_grad(runs[op], ops)
             else:
-                ops, msg = self._weight_grad(runs[op], ops, slots[op]), None
+                ops, msg = self._weight_grad(runs[op], ops), None
             sent[op] = messages.Message(msg, tasks[op])
         back = [sent[op] for op in BACKWARD if op in sent]  # a cell runs one of B and BW
         back = back[0] if len(back) == 1 else messages.either(*back)
-        rings = rings._replace(kept=ops.kept, weights=ops.weights, bridge=ops.bridge)
-        rings = messages.exchange(rings, self.layout, self.placement, self.k, sent[Op.F],
+        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, sent[Op.F],
                                   back)
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
@@ -143,7 +138,30 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
         return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
 
-    def _forward(self, task: TickTask, ops: Ops, read: tuple, loss: jax.Array) -> tuple:
+    def _run_on_rings(self, op: Op, task: TickTask, fn: Any, operands: Any, carry: Any,
+                      rings: Rings) -> tuple:
+        """`fn(operands, carry, rings, slots) -> (carry, rings)` in the loop
+        of `op`'s task, with `rings` in its carry and `slots` the rows of the
+        rings the messages fill that `op` reads (`messages.reads`).
+
+        Every op reads its slots inside its loop, from the rings it carries,
+        and hands them on through an optimization barrier; the exchange then
+        files the tick's messages into what the last op returned. The reads
+        come before the writes by data, so XLA updates each ring in place:
+        sliced before the loops (at every tick, for every op, run or not)
+        the stage inputs' ring was copied twice a tick (1F1B, the zoo GPT at
+        K = 4: 2 MB a tick) and every kept residual read whether its
+        backward ran or not. A ring returned as it came XLA reads as the
+        loop's input, and copies it (`_forward`'s weights)."""
+        def body(operands, c):
+            carry, rings = c
+            slots = messages.reads(rings, self.layout, op, task.ring)
+            carry, rings = fn(operands, carry, rings, slots)
+            return carry, lax.optimization_barrier(rings)
+
+        return self._run(task.real, body, operands, (carry, rings))
+
+    def _forward(self, task: TickTask, ops: Ops, loss: jax.Array) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
         weights (or their forecast): keeps its residuals (and with weight
         stashing the weights it used) in its slot; returns the ops' state,
@@ -165,24 +183,26 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         # A sharded stage stashes its piece of the weights, not the gathered whole.
         piece = (s.ahead if ahead else p) if ops.whole and self.layout.weight_stashing else None
 
-        def forward(args, c):
-            w, kept, weights, msg, loss = c
-            h, inputs, stash = args
-            kept, msg, loss = self.code.groups.run(self.branches[Op.F], (w, h, inputs, slot),
-                                                   (kept, msg, loss), at=task.j)
-            weights = tuple(b.at[slot].set(v) for b, v in zip(weights, w if stash is None
+        def forward(args, c, rings, slots):
+            w, msg, loss = c
+            inputs, stash = args
+            kept, msg, loss = self.code.groups.run(self.branches[Op.F],
+                                                   (w, slots[0], inputs, slot),
+                                                   (rings.kept, msg, loss), at=task.j)
+            weights = tuple(b.at[slot].set(v) for b, v in zip(rings.weights, w if stash is None
                                                                else stash))
-            return lax.optimization_barrier(w), kept, weights, msg, loss
+            return ((lax.optimization_barrier(w), msg, loss),
+                    rings._replace(kept=kept, weights=weights))
 
         first = ops.whole[0] if ops.whole else s.ahead if ahead else p
-        init = (first, ops.kept, ops.weights, self.code.acts.zeros(), loss)
-        w, kept, weights, msg, loss = self._run(
-            task.real, forward, (read[0], self._inputs(task.g, task.j), piece), init)
+        (w, msg, loss), rings = self._run_on_rings(
+            Op.F, task, forward, (self._inputs(task.g, task.j), piece),
+            (first, self.code.acts.zeros(), loss), ops.rings)
         if not ops.whole:
             p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
-        return ops._replace(p=p, s=s, kept=kept, weights=weights), msg, loss
+        return ops._replace(p=p, s=s, rings=rings), msg, loss
 
-    def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops, read: tuple,
+    def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops,
                   loss: jax.Array) -> tuple:
         """Stage k's fused backward (BW) of micro-batch g on virtual stage j
         at the current weights (their backward forecast, or the stashed
@@ -191,19 +211,17 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         forecasts coincide there: no update comes between, the horizons are
         equal and the delay 0). Then what the program does with the
         gradient (`GradientPolicy`: `take` in the loop, `after` outside
-        it, where its collectives run on every device at every tick). Returns the ops' state, the
-        message back, the loss and 1 if the guard skipped the update."""
+        it, where its collectives run on every device at every tick). Returns the ops' state,
+        the message back, the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
         slot = task.ring % self.layout.kept_slots
         stash = self.layout.weight_stashing and not ops.whole
 
-        def backward(args, c):
-            (p, s, carried, msg, loss, skipped), (kept, weights) = c
-            h, ct, micro = args
-            w = ops.whole[1] if ops.whole else messages.read(weights, slot) if stash else (
+        def backward(micro, c, rings, slots):
+            p, s, carried, msg, loss, skipped = c
+            w = ops.whole[1] if ops.whole else messages.read(rings.weights, slot) if stash else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
-            args = (h, ct, (kept, slot), micro)
-            rings = lax.optimization_barrier((kept, weights))
+            args = (*slots, (rings.kept, slot), micro)
             if self.per_chunk:
                 carried, msg = self.code.groups.run(self.branches[Op.BW], (w, *args),
                                                     (carried, msg), at=task.j)
@@ -212,29 +230,28 @@ class _Tick(SplitBackwardOps, ShardedWeights):
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
             return (p, s, carried, msg, loss, skipped), rings
 
-        def both(args, c):
+        def both(micro, c, rings, slots):
             p, s, carried, _, _, skipped = c
             w = ops.whole[0] if ops.whole else s.ahead if ahead else p
-            loss, grads, msg = branches.fused(self.code, w, *args)
+            loss, grads, msg = branches.fused(self.code, w, slots[0], micro)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
-            return p, s, carried, msg, loss, skipped
+            return (p, s, carried, msg, loss, skipped), rings
 
-        h, ct = read
         carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), self.code.acts.zeros(), loss,
                  jnp.int32(0))
+        rings = ops.rings
         if self.separate:  # a slot exists: the table keeps residuals
-            carry, (kept, weights) = self._run(task.real, backward,
-                                               (h, ct, self._inputs(task.g, task.j)),
-                                               (carry, (ops.kept, ops.weights)))
-            ops = ops._replace(kept=kept, weights=weights)
-        if fused is not None:
-            carry = self._run(fused.real, both, (h, self._inputs(fused.g, fused.j)), carry)
+            carry, rings = self._run_on_rings(Op.BW, task, backward,
+                                              self._inputs(task.g, task.j), carry, rings)
+        if fused is not None:  # its input is read as a forward's
+            carry, rings = self._run_on_rings(Op.F, fused, both, self._inputs(fused.g, fused.j),
+                                              carry, rings)
         p, s, carried, msg, loss, skipped = carry
         grad_sum = carried if self.sync else ops.grad_sum
         if self.gradients.after_loop:
             real = task.real if fused is None else task.real | fused.real
             p, s, skipped = self.gradients.after(p, s, carried, real)
-        return ops._replace(p=p, s=s, grad_sum=grad_sum), msg, loss, skipped
+        return ops._replace(p=p, s=s, grad_sum=grad_sum, rings=rings), msg, loss, skipped
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:

@@ -43,7 +43,5 @@ class Ops(NamedTuple):
     p: Buffers
     s: OptState | tuple
     grad_sum: Any  # the step's gradient sum (synchronous), () otherwise
-    kept: Buffers
-    weights: Buffers
-    bridge: Buffers
+    rings: Rings  # carried through every op's loop: each reads its slots inside
     whole: tuple = ()  # a sharded stage's gathered weights (the forward's, the backward's)
