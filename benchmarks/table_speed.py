@@ -87,7 +87,8 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
             key = f"{schedule} {remat}"
             held[key] = trainer.init(pipe.init(jax.random.key(0)))
             compiled = trainer.step.lower(held[key], batch).compile()
-            found = hlo.tick_copies(compiled.as_text(), pipe.schedule.ticks, least=4096)
+            found = hlo.tick_copies(compiled.as_text(), pipe.schedule.ticks,
+                                    hlo.buffer_shapes(pipe.layout))
             info[key] = {"schedule": schedule, "remat": remat,
                          "gb_accessed": round(cost(compiled).get("bytes accessed", 0) / 1e9, 3),
                          "temp_mb": round(compiled.memory_analysis().temp_size_in_bytes / 2**20,

@@ -174,6 +174,11 @@ class Packing:
         """Zero buffers with leading axes `lead` (e.g. `(K,)` or `(capacity,)`)."""
         return tuple(jnp.zeros((*lead, *shape), d) for d, shape in self.slots)
 
+    def empty(self, lead: tuple[int, ...] = ()) -> Buffers:
+        """Buffers like `zeros` of any content (`lax.empty`), for rings
+        whose every slot is written before it is read."""
+        return tuple(lax.empty((*lead, *shape), d) for d, shape in self.slots)
+
     def abstract_tree(self, k: int) -> Any:
         """Stage k's tree of `ShapeDtypeStruct`s."""
         return jax.tree.unflatten(self.treedefs[k], [
@@ -187,16 +192,8 @@ class Packing:
         xp = np if leaves and all(isinstance(x, np.ndarray) for x in leaves) else jnp  # host
         for spec, x in zip(self.leaves[k], leaves):
             dtype, shape = self.slots[spec.slot]
-            if spec.split is not None:
-                b = self._columns(spec, x).astype(dtype)
-                out[spec.slot] = _pad_rows(b, shape[0])
-                continue
-            x = self._whole(x)
-            if spec.shape == shape:
-                out[spec.slot] = xp.asarray(x).astype(dtype)
-                continue
-            flat, n = xp.ravel(x).astype(dtype), shape[0]
-            out[spec.slot] = flat if spec.size == n else xp.pad(flat, (0, n - spec.size))
+            b = self.to_slot(spec, xp.asarray(x)).astype(dtype)
+            out[spec.slot] = b if b.shape == shape else _pad_rows(b, shape[0])
         return tuple(xp.zeros(shape, d) if b is None else b
                      for b, (d, shape) in zip(out, self.slots))
 
@@ -207,62 +204,42 @@ class Packing:
         these in place."""
         out = list(buffers)
         for spec, x in zip(self.leaves[k][first:], jax.tree.leaves(tree)):
-            dtype, shape = self.slots[spec.slot]
-            x = jnp.asarray(x if spec.split is not None else self._whole(x)).astype(dtype)
-            b = out[spec.slot]
-            if spec.split is not None:
-                cols = self._columns(spec, x)
-                out[spec.slot] = constrain(constrain(b, 1).at[:cols.shape[0]].add(cols), 1)
+            b, v = out[spec.slot], self.to_slot(spec, jnp.asarray(x)).astype(out[spec.slot].dtype)
+            if v.shape == b.shape:
+                out[spec.slot] = b + v
+            elif spec.split is not None:
+                out[spec.slot] = constrain(constrain(b, 1).at[:v.shape[0]].add(v), 1)
             else:
-                out[spec.slot] = (b + x if spec.shape == shape
-                                  else b.at[:spec.size].add(jnp.ravel(x)))
+                out[spec.slot] = b.at[:v.shape[0]].add(v)
         return tuple(out)
 
     def unpack(self, k: int, buffers: Buffers) -> Any:
         """Stage k's tree from its slot buffers (a reshape when the leaf fills its slot)."""
         return jax.tree.unflatten(self.treedefs[k],
-                                  [self._from_slot(s, buffers[s.slot]) for s in self.leaves[k]])
+                                  [self.from_slot(s, buffers[s.slot]) for s in self.leaves[k]])
 
-    def write(self, k: int, rings: Buffers, row: Any, tree: Any) -> Buffers:
-        """Ring buffers `rings` (slots with a leading ring axis) with stage
-        k's tree written into row `row` of its own slots, each leaf as far
-        as it reaches (no padding written); the other slots pass through.
-        In the computation that makes the tree XLA writes each leaf straight
-        into the ring (a `dynamic_update_slice` fused with its producer),
-        where `pack` then a row update would fill a buffer and copy it."""
-        out = list(rings)
-        for spec, x in zip(self.leaves[k], jax.tree.leaves(tree)):
-            dtype, shape = self.slots[spec.slot]
-            if spec.split is not None:
-                x = self._columns(spec, x)
-            elif spec.shape != shape:
-                x = jnp.ravel(self._whole(x))
-            x = jnp.asarray(x).astype(dtype)
-            out[spec.slot] = lax.dynamic_update_slice(out[spec.slot], x[None],
-                                                      (row, *(0,) * len(shape)))
-        return tuple(out)
+    def to_slot(self, s: _Leaf, x: Any) -> Any:
+        """Leaf `s` as its slot holds it, unpadded (its first `reach(s)`
+        rows): its columns where split over `tensor`, itself where it fills
+        the slot's shape, else flat."""
+        if s.split is not None:
+            return self._columns(s, x)
+        x = self._whole(x)
+        return x if s.shape == self.slots[s.slot][1] else _xp(x).ravel(x)
 
-    def read(self, k: int, rings: Buffers, row: Any) -> Any:
-        """Stage k's tree from row `row` of ring buffers `rings`, each leaf
-        sliced as far as it reaches (the inverse of `write`): inside the
-        computation that reads it XLA fuses the slice into its consumers."""
-        flat = []
-        for s in self.leaves[k]:
-            shape = self.slots[s.slot][1]
-            reach = (s.size // self.parts if s.split is not None else
-                     shape[0] if s.shape == shape else s.size)
-            b = lax.dynamic_slice(rings[s.slot], (row, *(0,) * len(shape)),
-                                  (1, reach, *shape[1:]))[0]
-            flat.append(self._from_slot(s, b))
-        return jax.tree.unflatten(self.treedefs[k], flat)
-
-    def _from_slot(self, s: _Leaf, b: Any) -> Any:
-        """Leaf `s` from its slot's buffer `b` (or the part of it the leaf reaches)."""
+    def from_slot(self, s: _Leaf, b: Any) -> Any:
+        """Leaf `s` from its slot's buffer `b`, or from its first `reach(s)` rows."""
         if s.split is not None:
             return self._leaf(s, b)
         if s.shape != b.shape:
             b = (b if s.size == b.shape[0] else b[:s.size]).reshape(s.shape)
         return self._whole(b)
+
+    def reach(self, s: _Leaf) -> int:
+        """The rows of its slot that leaf `s` fills."""
+        shape = self.slots[s.slot][1]
+        return (s.size // self.parts if s.split is not None else
+                shape[0] if s.shape == shape else s.size)
 
     def _whole(self, x: Any) -> Any:
         """A leaf no annotation splits, whole on every tensor device before

@@ -83,11 +83,16 @@ def per_tick(text: str, ticks: int, op: str) -> dict[str, int]:
 
 
 COPY = re.compile(r"= (\w+)\[([\d,]*)\]\S* copy\(")
-# A buffer copied: a `copy`, or a fusion XLA names after a copy at its root
-# (`wrapped_copy`, `copy_bitcast_fusion`), in a computation that is not a
-# fusion's body (there a copy is a layout change fused into arithmetic).
-MOVED = re.compile(r"^\s*%(?:copy|wrapped_copy|copy_\w*fusion)[\w.\-]* = (\w+)\[([\d,]*)\]\S* "
-                   r"(?:copy|fusion)\(", re.M)
+# A buffer copied: a `copy` (or a fusion of nothing but copies and bitcasts)
+# of a buffer the computation carries or was handed (a loop's state, a
+# parameter, a broadcast, another copy), in a computation that is not a
+# fusion's body. A copy of a value just computed is a layout change, the
+# arithmetic's own (a transpose a plain jit makes too), and a fusion that
+# slices a ring's row out is a read: neither counted.
+MOVED = re.compile(r"^\s*%(?:wrapped_copy|copy|(?:bitcast_)*copy(?:_bitcast)*_fusion)[.\d]* = "
+                   r"(\w+)\[([\d,]*)\]\S* (?:copy|fusion)\((?:%(?:get-tuple-element|param|"
+                   r"wrapped_broadcast|broadcast|constant|copy)[\w.\-]*(?:, )?)+\)"
+                   r"(?:.*?calls=%([\w.\-]+))?", re.M)
 
 
 def copies(text: str) -> list[int]:
@@ -96,16 +101,38 @@ def copies(text: str) -> list[int]:
                   reverse=True)
 
 
-def tick_copies(text: str, ticks: int, least: int = 1) -> dict[str, list[int]]:
-    """The bytes of the buffers of at least `least` bytes copied (`MOVED`)
-    by the table interpreter: in the body of the scan over `ticks` ticks
-    ("tick": at every tick) and in the ops' 0-or-1-trip loops around the
-    stage switch ("loops": when their op runs). The branches of the switch,
-    the stages' own arithmetic, transpose as a plain jit of the model does:
-    not counted."""
+def tick_copies(text: str, ticks: int, shapes: set[str] | None = None) -> dict[str, list[int]]:
+    """The bytes of the buffers copied (`MOVED`) by the table interpreter,
+    of the HLO `shapes` given (e.g. `buffer_shapes`; all without): in the
+    body of the scan over `ticks` ticks ("tick": at every tick) and in the
+    loops it runs ("loops": an op's 0-or-1-trip loop and what it calls but
+    the branches of a conditional, which run when their op does)."""
     comps = computations(text)
     body = tick_body(comps, ticks)
-    sized = lambda name: [b for d, dims in MOVED.findall(comps[name])
-                          if (b := nbytes(d, dims)) >= least]
+    read = lambda fused: fused and "dynamic-slice(" in comps.get(fused, "")
+    sized = lambda name: [nbytes(d, dims) for d, dims, fused in MOVED.findall(comps[name])
+                          if dims and not read(fused)
+                          and (shapes is None or f"{d}[{dims}]" in shapes)]
     loops = reachable(comps, body, branches=False) - {body}
     return {"tick": sized(body), "loops": [b for n in loops for b in sized(n)]}
+
+
+HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s32",
+             "uint32": "u32", "int8": "s8", "uint8": "u8", "bool": "pred"}
+
+
+def buffer_shapes(layout, rows: bool = True) -> set[str]:
+    """The HLO shapes of a pipeline's ring buffers (`compile/layout.Layout`)
+    and of its packed parameter slots (weight-sized), and with `rows` of one
+    slot of each ring (activation-sized: a message, one micro-batch's kept
+    residuals)."""
+    rings = [(layout.acts, layout.input_slots), (layout.acts, layout.grad_slots),
+             (layout.kept, layout.kept_slots), (layout.bridge, layout.bridge_slots),
+             (layout.pieces, layout.kept_slots if layout.weight_stashing else 1),
+             (layout.params, 1)]
+    out = set()
+    for packing, n in rings:
+        for dtype, shape in packing.slots if packing is not None else ():
+            for dims in ((n, *shape), *([(1, *shape), shape] if rows or n == 1 else [])):
+                out.add(f"{HLO_TYPES.get(dtype, dtype)}[{','.join(map(str, dims))}]")
+    return out

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from pipejax.compile import rows
 from pipejax.packing import Buffers
 from pipejax.compile.stages import Feed, StageCode
 
@@ -59,7 +60,7 @@ def forward(code: StageCode) -> list[Callable]:
         def run(operands, carry):
             p, h, micro, row = operands
             out, res, _ = code.vjp(j, _chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
-            ring = kept.write(j, carry[0], row, res)
+            ring = rows.write(kept, j, carry[0], row, res)
             if j == S - 1:
                 return ring, acts.zeros(), out.astype(jnp.float32)
             return ring, acts.pack(j, out), jnp.zeros((), jnp.float32)
@@ -98,7 +99,7 @@ def _unpack_backward(code: StageCode, j: int, p: Buffers, slots: tuple, micro: t
     h, ct, (ring, row) = slots
     ct = None if j == code.S - 1 or ct is None else code.acts.unpack(j, ct)
     return (_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro),
-            jax.tree.leaves(code.kept.read(j, ring, row)), ct)
+            jax.tree.leaves(rows.read(code.kept, j, ring, row)), ct)
 
 
 def _message_back(code: StageCode, j: int, dh: Any) -> Buffers:
@@ -118,7 +119,7 @@ def input_grad(code: StageCode) -> list[Callable]:
             args = _unpack_backward(code, j, p, (h, ct, r), micro)
             dh, bridge = split.run_b(jax.tree.leaves(args))
             dh = jax.tree.unflatten(jax.tree.structure(code.input_of(j)), dh) if j > 0 else None
-            return code.bridge.write(j, carry[0], row, bridge), _message_back(code, j, dh)
+            return rows.write(code.bridge, j, carry[0], row, bridge), _message_back(code, j, dh)
         return run
 
     return code.groups.branches(branch)
@@ -135,7 +136,7 @@ def weight_grad(code: StageCode, into_sum: bool = False) -> list[Callable]:
         def grads(p, h, r, b, micro):
             params, h_in, feed, kept, _ = _unpack_backward(code, j, p, (h, None, r), micro)
             reread = jax.tree.leaves((params, h_in, feed, kept))
-            flat = split.run_w(reread, jax.tree.leaves(code.bridge.read(j, *b)))
+            flat = split.run_w(reread, jax.tree.leaves(rows.read(code.bridge, j, *b)))
             return jax.tree.unflatten(jax.tree.structure(params), flat)
 
         run = lambda *operands: _device_grads(code, j, grads(*operands))

@@ -51,15 +51,20 @@ class Layout:
         """One device's piece of the parameter slots (all of them when F = 1)."""
         return self.params.shard(self.shards)
 
-    def rings(self, lead: tuple[int, ...] = ()) -> Rings:
-        """Zero ring buffers of one device (`lead=(K,)` for all devices)."""
-        return Rings(grads=self.acts.zeros((*lead, self.grad_slots)),
-                     kept=self.kept.zeros((*lead, self.kept_slots)),
-                     inputs=self.acts.zeros((*lead, self.input_slots)),
-                     weights=self.pieces.zeros((*lead, self.kept_slots)) if self.weight_stashing
-                     else (),
-                     bridge=self.bridge.zeros((*lead, self.bridge_slots)) if self.bridge_slots
-                     else ())
+    def rings(self, lead: tuple[int, ...] = (), empty: bool = False) -> Rings:
+        """Zero ring buffers of one device (`lead=(K,)` for all devices);
+        with `empty`, buffers of any content (`lax.empty`: left unwritten on
+        a GPU, zeros on a CPU), for a pass that writes every slot it reads
+        (a synchronous table: a slot is read by the task after the one that
+        filled it, an invalid message dropped) and so need not fill the
+        rings twice a step."""
+        fill = (lambda packing, n: packing.empty((*lead, n))) if empty else (
+            lambda packing, n: packing.zeros((*lead, n)))
+        return Rings(grads=fill(self.acts, self.grad_slots),
+                     kept=fill(self.kept, self.kept_slots),
+                     inputs=fill(self.acts, self.input_slots),
+                     weights=fill(self.pieces, self.kept_slots) if self.weight_stashing else (),
+                     bridge=fill(self.bridge, self.bridge_slots) if self.bridge_slots else ())
 
     @property
     def padded_param_bytes(self) -> int:

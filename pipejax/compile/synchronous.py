@@ -39,7 +39,7 @@ def _pass(build: Build, p: Any, batch: tuple, key: jax.Array) -> TableOut:
     """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`."""
     counters = Counters(jnp.int32(0), jnp.int32(0), jnp.int32(build.M))
     x, y = batch
-    inp = TableIn(p, (), build.layout.rings(), (local(x), local(y)), counters,
+    inp = TableIn(p, (), build.layout.rings(empty=True), (local(x), local(y)), counters,
                   replica_key(key, build.mesh))
     return run_table(build, inp)
 

@@ -1,0 +1,36 @@
+"""The table interpreter updates its rings in place: no tick of any
+synchronous table copies a ring buffer or a weight-sized buffer, counted in
+the compiled step's text (`pipejax.bench.hlo.tick_copies`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import pipejax as pj
+from pipejax.bench import hlo
+from pipejax.schedules import FAMILIES
+
+SYNCHRONOUS = [name for name, family in FAMILIES.items() if not family.asynchronous]
+
+
+@pytest.mark.parametrize("remat", ["none", "stage"])
+@pytest.mark.parametrize("schedule", SYNCHRONOUS)
+def test_no_tick_copies_a_ring_or_the_weights(schedule, remat):
+    """The zoo GPT (4 layers) on K = 2 devices, M = 4, AdamW. At most one
+    activation-sized copy a tick: the zeros a message starts from."""
+    tokens = jnp.zeros((2, 16), jnp.int32)
+    pipe = pj.pipeline(pj.models.gpt(depth=2, width=32, heads=2, context=16),
+                       loss=pj.losses.next_token, example=tokens, targets=tokens, stages=2,
+                       microbatches=4, schedule=schedule, remat=remat)
+    trainer = pipe.trainer(optax.adamw(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    batch = (jnp.zeros((8, 16), jnp.int32),) * 2
+    text = trainer.step.lower(state, batch).compile().as_text()
+    ticks = pipe.schedule.ticks
+    found = hlo.tick_copies(text, ticks, hlo.buffer_shapes(pipe.layout, rows=False))
+    assert found == {"tick": [], "loops": []}, found
+    rows = hlo.tick_copies(text, ticks, hlo.buffer_shapes(pipe.layout))
+    assert rows["loops"] == [] and len(rows["tick"]) <= 1, rows
