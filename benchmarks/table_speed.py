@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, save, table
+from common import RESULTS, load, markdown, save, table
 from pipejax.bench import hlo
 from pipejax.bench.speed import alternate, cost, plain_steps
 from pipejax.schedules import FAMILIES
@@ -82,14 +82,15 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
     for schedule in tables:
         for remat in remats:
             pipe = pj.pipeline(layers, loss=loss, example=example, targets=targets, stages=K,
-                               microbatches=M, schedule=schedule, remat=remat)
+                               microbatches=M, schedule=schedule, remat=remat,
+                               virtual=FAMILIES[schedule].search_virtual)
             trainer = pipe.trainer(opt)
             key = f"{schedule} {remat}"
             held[key] = trainer.init(pipe.init(jax.random.key(0)))
             compiled = trainer.step.lower(held[key], batch).compile()
             found = hlo.tick_copies(compiled.as_text(), pipe.schedule.ticks,
                                     hlo.buffer_shapes(pipe.layout))
-            info[key] = {"schedule": schedule, "remat": remat,
+            info[key] = {"schedule": schedule, "v": pipe.schedule.placement.virtual, "remat": remat,
                          "gb_accessed": round(cost(compiled).get("bytes accessed", 0) / 1e9, 3),
                          "temp_mb": round(compiled.memory_analysis().temp_size_in_bytes / 2**20,
                                           1),
@@ -121,6 +122,24 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
                      "over_1f1b": ratio(f"1f1b {row['remat']}") if f"1f1b {row['remat']}" in times
                      else None})
     return rows
+
+
+def tables() -> dict[str, str]:
+    """The language-model page's table from table_speed.json, one per group:
+    each row's step time, its ratio to 1F1B at the same remat and to the
+    plain jit, XLA's bytes, temp memory and copies."""
+    rows = load("table_speed")["rows"]
+    out = {}
+    for name in GROUPS:
+        lines = [{"table": r["schedule"] + (f" (v = {r['v']})" if r["v"] > 1 else ""),
+                  "remat": r["remat"], "ms": r["step_ms"], "× 1F1B": r["over_1f1b"],
+                  "× plain jit": r["over_plain"], "GB accessed": r["gb_accessed"],
+                  "temp MB": r["temp_mb"],
+                  "copies a tick (MB)": f"{r['tick_copies']} ({r['tick_copy_mb']})",
+                  "copies in loops (MB)": f"{r['loops_copies']} ({r['loops_copy_mb']})"}
+                 for r in rows if r["group"] == name]
+        out[name.replace("-", "_")] = markdown(lines) if lines else ""
+    return out
 
 
 def main() -> None:
