@@ -36,7 +36,7 @@ def read(packing: Packing, k: int, rings: Buffers, row: Any) -> Any:
     flat = []
     for spec in packing.leaves[k]:
         ring = rings[spec.slot]
-        part = lax.dynamic_slice(ring, (row, *(0,) * (ring.ndim - 1)),
-                                 (1, packing.reach(spec), *ring.shape[2:]))
+        sizes = (1, packing.reach(spec), *ring.shape[2:]) if ring.ndim > 1 else (1,)
+        part = lax.dynamic_slice(ring, (row, *(0,) * (ring.ndim - 1)), sizes)
         flat.append(packing.from_slot(spec, part[0]))
     return jax.tree.unflatten(packing.treedefs[k], flat)
