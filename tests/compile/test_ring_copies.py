@@ -12,12 +12,17 @@ import pytest
 import pipejax as pj
 from pipejax.bench import hlo
 from pipejax.schedules import FAMILIES
+from tests.cases import fast_and_slow
 
 SYNCHRONOUS = [name for name, family in FAMILIES.items() if not family.asynchronous]
 
 
-@pytest.mark.parametrize("remat", ["none", "stage"])
-@pytest.mark.parametrize("schedule", SYNCHRONOUS)
+# Every table keeps residuals in rings without remat; with it, the slow tests.
+CASES = [(s, r) for s in SYNCHRONOUS for r in ("none", "stage")]
+
+
+@pytest.mark.parametrize("schedule,remat", fast_and_slow(
+    CASES, [c for c in CASES if c[1] == "none"], ids=lambda c: f"{c[0]}-{c[1]}"))
 def test_no_tick_copies_a_ring_or_the_weights(schedule, remat):
     """The zoo GPT (4 layers) on K = 2 devices, M = 4, AdamW. At most one
     activation-sized copy a tick: the zeros a message starts from."""
