@@ -54,12 +54,10 @@ class Layout:
     def rings(self, lead: tuple[int, ...] = (), empty: bool = False) -> Rings:
         """Zero ring buffers of one device (`lead=(K,)` for all devices);
         with `empty`, buffers of any content (`lax.empty`: left unwritten on
-        a GPU, zeros on a CPU), for a pass that writes every slot it reads
-        (a synchronous table: a slot is read by the task after the one that
-        filled it, an invalid message dropped) and so need not fill the
-        rings twice a step."""
-        fill = (lambda packing, n: packing.empty((*lead, n))) if empty else (
-            lambda packing, n: packing.zeros((*lead, n)))
+        a GPU, zeros on a CPU) for a pass that reads only slots it wrote (a
+        synchronous table: a slot is read by the task after the one that
+        filled it, an invalid message is dropped)."""
+        fill = lambda packing, n: (packing.empty if empty else packing.zeros)((*lead, n))
         return Rings(grads=fill(self.acts, self.grad_slots),
                      kept=fill(self.kept, self.kept_slots),
                      inputs=fill(self.acts, self.input_slots),

@@ -37,7 +37,10 @@ def read(buffers: Buffers, i: jax.Array) -> tuple:
 
 
 def _file(buffers: Buffers, i: jax.Array, value: Sequence, valid: jax.Array) -> tuple:
-    at = lambda b: jnp.where(valid, i, b.shape[0])  # past the end: dropped
+    """`value` written into slot i of each buffer if `valid`: an invalid
+    message goes past the end and is dropped, so the slot is never read
+    to be written back (a read-modify-write made XLA copy a message)."""
+    at = lambda b: jnp.where(valid, i, b.shape[0])
     return tuple(b.at[at(b)].set(v, mode="drop") for b, v in zip(buffers, value))
 
 

@@ -37,11 +37,15 @@ class SplitBackwardOps:
         stage's own, or, where sharded, a gathered copy the loop leaves alone."""
         return ops if ops.whole else ops._replace(p=w)
 
+    def _rows(self, task: TickTask) -> tuple:
+        """The task's rows of the kept and the bridge rings."""
+        return task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots
+
     def _input_grad(self, task: TickTask, ops: Ops) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
         gradient, sent back, and the bridge its W reads, written into its
         slot."""
-        rows = (task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots)
+        rows = self._rows(task)
 
         def input_grad(micro, c, rings, slots):
             w, msg = c
@@ -60,7 +64,7 @@ class SplitBackwardOps:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
         summed (a synchronous table)."""
-        rows = (task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots)
+        rows = self._rows(task)
 
         def weight_grad(micro, c, rings, slots):
             w, grad_sum = c

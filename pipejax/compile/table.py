@@ -214,11 +214,11 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         it, where its collectives run on every device at every tick). Returns the ops' state,
         the message back, the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
-        slot = task.ring % self.layout.kept_slots
         stash = self.layout.weight_stashing and not ops.whole
 
         def backward(micro, c, rings, slots):
             p, s, carried, msg, loss, skipped = c
+            slot = task.ring % self.layout.kept_slots
             w = ops.whole[1] if ops.whole else messages.read(rings.weights, slot) if stash else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
             args = (*slots, (rings.kept, slot), micro)
