@@ -204,7 +204,8 @@ class Packing:
         these in place."""
         out = list(buffers)
         for spec, x in zip(self.leaves[k][first:], jax.tree.leaves(tree)):
-            b, v = out[spec.slot], self.to_slot(spec, jnp.asarray(x)).astype(out[spec.slot].dtype)
+            b = out[spec.slot]
+            v = self.to_slot(spec, jnp.asarray(x)).astype(b.dtype)
             if v.shape == b.shape:
                 out[spec.slot] = b + v
             elif spec.split is not None:

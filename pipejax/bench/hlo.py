@@ -12,8 +12,12 @@ with these helpers.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipejax.compile.layout import Layout
 
 HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$")
 CALLED = re.compile(r"(?:body|condition|to_apply|calls|true_computation|false_computation)="
@@ -81,8 +85,6 @@ def per_tick(text: str, ticks: int, op: str) -> dict[str, int]:
             "step": sum(count(n) for n in set(comps) - inside)}
 
 
-
-COPY = re.compile(r"= (\w+)\[([\d,]*)\]\S* copy\(")
 # A buffer copied: a `copy` (or a fusion of nothing but copies and bitcasts)
 # of a buffer the computation carries or was handed (a loop's state, a
 # parameter, a broadcast, another copy), in a computation that is not a
@@ -93,12 +95,6 @@ MOVED = re.compile(r"^\s*%(?:wrapped_copy|copy|(?:bitcast_)*copy(?:_bitcast)*_fu
                    r"(\w+)\[([\d,]*)\]\S* (?:copy|fusion)\((?:%(?:get-tuple-element|param|"
                    r"wrapped_broadcast|broadcast|constant|copy)[\w.\-]*(?:, )?)+\)"
                    r"(?:.*?calls=%([\w.\-]+))?", re.M)
-
-
-def copies(text: str) -> list[int]:
-    """The bytes of every `copy` instruction of an HLO text, largest first."""
-    return sorted((nbytes(dtype, dims) for dtype, dims in COPY.findall(text) if dims),
-                  reverse=True)
 
 
 def tick_copies(text: str, ticks: int, shapes: set[str] | None = None) -> dict[str, list[int]]:
@@ -121,7 +117,7 @@ HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s
              "uint32": "u32", "int8": "s8", "uint8": "u8", "bool": "pred"}
 
 
-def buffer_shapes(layout, rows: bool = True) -> set[str]:
+def buffer_shapes(layout: "Layout", rows: bool = True) -> set[str]:
     """The HLO shapes of a pipeline's ring buffers (`compile/layout.Layout`)
     and of its packed parameter slots (weight-sized), and with `rows` of one
     slot of each ring (activation-sized: a message, one micro-batch's kept

@@ -111,7 +111,8 @@ class ShardedWeights:
         backward = None
         if Op.BW in runs and self.apart:
             if self.layout.weight_stashing:
-                backward = messages.read(ops.rings.weights, runs[Op.BW].ring % self.layout.kept_slots)
+                slot = runs[Op.BW].ring % self.layout.kept_slots
+                backward = messages.read(ops.rings.weights, slot)
             elif self.opts.forecasts_backward:
                 backward = self.opts.backward_weights(ops.p, ops.s)
             else:  # the forward runs on a forecast, the backward on the weights
