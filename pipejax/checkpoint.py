@@ -28,6 +28,7 @@ import os
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -181,7 +182,10 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     if template.inflight is not None:
         inflight = _layout_bound("inflight.", "the micro-batches in flight", template.inflight,
                                  tree, meta, same_layout, shardings.inflight, flushable=True)
-    return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule)
+    # A synchronous table's rings hold nothing between steps: new ones, not saved.
+    scratch = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), template.scratch),
+                      out_shardings=shardings.scratch)()
+    return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule, scratch)
 
 
 def _replica(a: np.ndarray, r: int, saved: int, replicas: int) -> np.ndarray:

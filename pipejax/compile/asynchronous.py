@@ -42,7 +42,7 @@ from pipejax.compile.table_state import TableIn
 def init_inflight(build: Build) -> InFlight:
     """An empty pipeline on each of the R replicas: zero rings, nothing fed
     (a row per device: `[R·K·F, ...]`)."""
-    layout, n = build.layout, build.R * build.K * build.F
+    layout, n = build.layout, build.rows
     ring = lambda s: jnp.zeros((n, layout.data_slots, *s.shape), s.dtype)
     zero = jnp.zeros((), jnp.int32)
     return InFlight(layout.rings((n,)), jax.tree.map(ring, build.example),

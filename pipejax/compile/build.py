@@ -72,6 +72,11 @@ class Build:
         return shards(self.mesh)
 
     @property
+    def rows(self) -> int:
+        """R·K·F: the rows of a buffer with a row per device (`spmd.per_device`)."""
+        return self.R * self.K * self.F
+
+    @property
     def example(self) -> Any:
         """ShapeDtypeStructs of one micro-batch of inputs (one device's part
         of it, mb / F examples, on a stage sharded over F devices)."""

@@ -203,13 +203,13 @@ def _shardings(b: Build, opts: StageOptimizers) -> TrainState:
     device = sharding(b.mesh, per_device(b.mesh))
     rows = Staged(slot_shardings(b.mesh, params(b.mesh), b.code.params, 1), b.code.params)
     state = Staged(slot_shardings(b.mesh, per_device(b.mesh), opts.packing, 1), opts.packing)
-    inflight = None
+    stashed = (slot_shardings(b.mesh, per_device(b.mesh), b.layout.pieces, 2)
+               if b.layout.weight_stashing else ())
+    rings = Rings(device, device, device, stashed, device)
     if b.schedule.asynchronous:
-        stashed = (slot_shardings(b.mesh, per_device(b.mesh), b.layout.pieces, 2)
-                   if b.layout.weight_stashing else ())
-        rings = Rings(device, device, device, stashed, device)
         inflight = InFlight(rings, device, device, replicated, replicated, replicated)
-    return TrainState(rows, state, replicated, replicated, inflight, device)
+        return TrainState(rows, state, replicated, replicated, inflight, device)
+    return TrainState(rows, state, replicated, replicated, None, device, rings)
 
 
 def _initial(b: Build, opts: StageOptimizers, replicated: bool) -> Callable:
@@ -219,7 +219,10 @@ def _initial(b: Build, opts: StageOptimizers, replicated: bool) -> Callable:
 
     def initial(params: Staged, key: jax.Array) -> TrainState:
         params, opt_state, rule_state = init(params)
-        inflight = asynchronous.init_inflight(b) if b.schedule.asynchronous else None
-        return TrainState(params, opt_state, jnp.zeros((), jnp.int32), key, inflight, rule_state)
+        step = jnp.zeros((), jnp.int32)
+        if b.schedule.asynchronous:
+            return TrainState(params, opt_state, step, key, asynchronous.init_inflight(b),
+                              rule_state)
+        return TrainState(params, opt_state, step, key, None, rule_state, synchronous.scratch(b))
 
     return initial

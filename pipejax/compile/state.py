@@ -7,7 +7,12 @@ them back; parameters, gradients and per-stage optimizer states are all
 length]` (row r·K + k on replica r's stage k). `TrainState` is the whole state of a trainer; for an asynchronous
 schedule its `inflight` part (`InFlight`: ring buffers, data rings and the
 micro-batch counters) is allocated by `trainer.init`, so every step runs the
-same compiled program.
+same compiled program. A synchronous trainer carries its table's ring
+buffers as `scratch`: each step reads only slots it wrote, so what they hold
+between steps means nothing (checkpoints skip them), and each step writes
+into the last one's, donated, instead of filling new rings (on the zoo GPT at
+depth 14, K = 8, 1F1B without remat, the fill took a third of the step:
+1915 ms against 1256 ms carried, `benchmarks/table_speed.py`'s model).
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ class TrainState(NamedTuple):
     key: jax.Array  # base key; step t uses fold_in(key, t), micro-batch g fold_in(., g)
     inflight: InFlight | None  # asynchronous schedules; None for synchronous ones
     rule_state: Any = ()  # the data-parallel rule's (before, after) states, [R·K, ...] leaves
+    scratch: Rings | tuple = ()  # a synchronous table's rings, [R·K·F, ...]; () asynchronous
 
 
 def unstage(params: Staged | TrainState, replica: int | str = "mean",

@@ -29,18 +29,27 @@ from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.compile.spmd import (REPLICATED, in_place, lead, local, params, per_device,
                                   replica_key, shard, split_batch)
-from pipejax.compile.state import Staged, TrainState
+from pipejax.compile.state import Rings, Staged, TrainState
 from pipejax.compile.metrics import metrics
 from pipejax.compile.table import run_table
 from pipejax.compile.table_state import TableIn, TableOut
 
 
-def _pass(build: Build, p: Any, batch: tuple, key: jax.Array) -> TableOut:
-    """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`."""
+def scratch(build: Build) -> Rings:
+    """The ring buffers a synchronous trainer carries from step to step
+    (`TrainState.scratch`), a row per device: zeros, never read before a
+    step writes them."""
+    return build.layout.rings((build.rows,))
+
+
+def _pass(build: Build, p: Any, batch: tuple, key: jax.Array, rings: Rings | None = None
+          ) -> TableOut:
+    """Inside shard_map: the table once over this replica's batch `[1, M, mb, ...]`,
+    on `rings` (this device's, carried from the last step) or on new ones."""
     counters = Counters(jnp.int32(0), jnp.int32(0), jnp.int32(build.M))
     x, y = batch
-    inp = TableIn(p, (), build.layout.rings(empty=True), (local(x), local(y)), counters,
-                  replica_key(key, build.mesh))
+    rings = build.layout.rings(empty=True) if rings is None else rings
+    inp = TableIn(p, (), rings, (local(x), local(y)), counters, replica_key(key, build.mesh))
     return run_table(build, inp)
 
 
@@ -70,8 +79,9 @@ def train_step(build: Build, opts: StageOptimizers) -> Callable:
     # The guard decides for the whole step on every device alike.
     update = opts.updater(scope=tuple(build.mesh.axis_names))
 
-    def body(p, s, rule, x, y, key):
-        out = _pass(build, local(p), (x, y), key)
+    def body(carried, x, y, key):
+        p, s, rule, rings = carried
+        out = _pass(build, local(p), (x, y), key, local(rings))
         finite = jnp.all(jnp.isfinite(out.losses)) if outer.skip_nonfinite else None
 
         def apply(p, grads, s, rule):
@@ -80,19 +90,21 @@ def train_step(build: Build, opts: StageOptimizers) -> Callable:
 
         p, s, rule, skipped = in_place(apply)(p, lead(out.grads), s, rule)
         skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
-        return p, s, rule, out.losses, out.done, outer.consensus(local(p)), skipped
+        return (p, s, rule, lead(out.rings), out.losses, out.done, outer.consensus(local(p)),
+                skipped)
 
     rows, device, batch = params(build.mesh), per_device(build.mesh), split_batch(build.mesh)
-    sharded = shard(body, build.mesh, (rows, device, device, batch, batch, REPLICATED),
-                    (rows, device, device) + (REPLICATED,) * 4)
+    sharded = shard(body, build.mesh, ((rows, device, device, device), batch, batch, REPLICATED),
+                    (rows, device, device, device) + (REPLICATED,) * 4)
 
     def step(state: TrainState, batch: tuple):
         x, y = microbatch.split(batch, M, build.example, build.targets, R, build.F)
         key = jax.random.fold_in(state.key, state.step)
-        p, s, rule, losses, done, spread, skipped = sharded(
-            state.params.buffers, state.opt_state.buffers, state.rule_state, x, y, key)
+        p, s, rule, rings, losses, done, spread, skipped = sharded(
+            (state.params.buffers, state.opt_state.buffers, state.rule_state, state.scratch), x,
+            y, key)
         new = TrainState(Staged(p, build.code.params), Staged(s, opts.packing),
-                         state.step + 1, state.key, None, rule)
+                         state.step + 1, state.key, None, rule, rings)
         ids = state.step * M + jnp.arange(M)
         return new, metrics(losses, done, ids, spread, skipped)
 
