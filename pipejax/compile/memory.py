@@ -13,7 +13,8 @@ the largest stage: SPMD buffers have one shape):
   - a synchronous step's copy of the weights that its scan reads while the
     donated buffers take the new ones;
   - the ring buffers of the table (stage inputs, output gradients and, in
-    a synchronous step, kept residuals) as the scan carries them;
+    a synchronous step, kept residuals), which a synchronous trainer's
+    state carries from step to step (`TrainState.scratch`);
   - a synchronous step's gradient sum;
   - the working set of one micro-batch's forward and backward: what the
     stage's vjp keeps without rematerialization, less what its kept ring
