@@ -408,3 +408,72 @@ def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
     assert "the report's sample needs a prompt of one byte or more" in capsys.readouterr().err
     assert main(["sample", "--from", str(tmp_path)]) == 2
     assert "give the --out directory of a `pipejax train --model gpt" in capsys.readouterr().err
+
+
+def test_train_your_own_language_model_then_sample_from_it(tmp_path, capsys, corpus_cache):
+    """`--model package.module:function`: a layer list of plain linen modules
+    gets the corpus's vocab and its context; the run records the import path
+    and `pipejax sample` rebuilds the model from it."""
+    run = tmp_path / "own"
+    assert main(["train", "--model", "tests.user_models:tiny_decoder", "--model-args",
+                 "context=16,width=8", "--data", "shakespeare", "--stages", "2",
+                 "--microbatches", "2", "--batch-size", "4", "--steps", "2",
+                 "--sample-length", "0", "--quiet", "--out", str(run)]) == 0
+    assert "optimizer: adamw" in capsys.readouterr().out  # a language model's defaults
+    recorded = json.loads((run / "run.json").read_text())
+    assert recorded["model"] == "tests.user_models:tiny_decoder"
+    assert (recorded["vocab"], recorded["context"]) == (256, 16)
+    assert main(["sample", "--from", str(run), "--prompt", "Once", "--length", "8",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("Once")
+    assert main(["plan", "--model", "tests.user_models:tiny_decoder", "--model-args", "context=16",
+                 "--data", "shakespeare", "--search", "--devices", "2", "--batch-size", "4",
+                 "--schedules", "1f1b"]) == 0
+
+
+def test_your_own_classifier_and_data_by_import_path(tmp_path, capsys):
+    assert main(["train", "--model", "tests.user_models:tiny_classifier", "--data",
+                 _data(tmp_path), "--stages", "2", "--microbatches", "2", "--batch-size", "32",
+                 "--steps", "2", "--eval-every", "0", "--quiet"]) == 0
+    assert "test accuracy" in capsys.readouterr().out
+    assert main(["plan", "--model", "tests.user_models:tiny_decoder", "--data",
+                 "tests.user_models:repeated_text", "--stages", "2"]) == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "nosuchmodule:f"], "--model nosuchmodule:f: cannot import nosuchmodule (No "
+     "module named 'nosuchmodule'); run from the folder that holds nosuchmodule"),
+    (["--model", "tests.user_models:absent"], "tests.user_models ("),
+    (["--model", "tests.user_models:not_a_model"], "--model tests.user_models:not_a_model "
+     "returned int, not a list of layers"),
+    (["--model", "tests.user_models:tiny_classifier", "--model-args", "depth=2"],
+     "'depth=2' is not KEY=VALUE of an argument of tests.user_models:tiny_classifier (width)"),
+    (["--model", "resnet50"], "--model 'resnet50': not a model of the zoo"),
+    (["--data", "tests.user_models:not_a_model"], "--data tests.user_models:not_a_model "
+     "returned int, not a pj.data.Corpus"),
+    (["--data", "tests.user_models:out_of_range_labels"], "--data tests.user_models:"
+     "out_of_range_labels: y_train: 1 below 0, values [-1] at positions [2]"),
+])
+def test_your_own_model_or_data_is_a_clear_error(capsys, flags, message):
+    assert main(["plan", "--stages", "2", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_pipejax_script_imports_your_model_from_the_current_folder():
+    """Under the `pipejax` script (whose own folder is on sys.path, not the
+    current one), `--model user_models:tiny_decoder` and `--data
+    user_models:repeated_text` from the folder that holds user_models.py."""
+    import os
+    import subprocess
+    import sys
+
+    script = pathlib.Path(sys.executable).with_name("pipejax")
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run(
+        [str(script), "train", "--model", "user_models:tiny_decoder", "--model-args",
+         "context=16,width=8", "--data", "user_models:repeated_text", "--stages", "2",
+         "--microbatches", "2",
+         "--batch-size", "4", "--steps", "1", "--sample-length", "0", "--quiet"],
+        cwd=pathlib.Path(__file__).parent, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "validation loss" in done.stdout

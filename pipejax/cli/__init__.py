@@ -27,15 +27,20 @@ from pipejax.transforms.mitigations import MITIGATIONS
 
 def _common(q: argparse.ArgumentParser) -> None:
     """The flags of the pipeline `train` and `plan` build (config.Common)."""
-    q.add_argument("--model", default="mlp", choices=sorted(MODEL_DEFAULTS))
+    q.add_argument("--model", default="mlp", metavar="MODEL",
+                   help=f"a model of the zoo ({', '.join(sorted(MODEL_DEFAULTS))}) or your own "
+                        "function that returns the layer list, package.module:function (found "
+                        "from the current directory; it gets vocab and context, or classes and "
+                        "inputs, when it names them)")
     q.add_argument("--model-args", default=None, metavar="K=V,...",
                    help="the model's sizes, over its defaults: e.g. depth=4,width=64 "
-                        "(arguments of pj.models.<model>)")
+                        "(arguments of pj.models.<model>, or of your function)")
     q.add_argument("--api", default="linen", choices=["linen", "nnx"],
                    help="the model's Flax API: linen modules or their NNX twins")
     q.add_argument("--data", default=None,
                    help="mnist1d (default) | digits | path to a .npz file; shakespeare "
-                        "(the default of --model gpt)")
+                        "(the default of --model gpt) | package.module:function returning a "
+                        "pj.data.Corpus or pj.data.Dataset")
     q.add_argument("--stages", type=int, default=4)
     q.add_argument("--microbatches", type=int, default=4)
     q.add_argument("--batch-size", type=int, default=None,

@@ -3,7 +3,7 @@ dataclass, with what follows from them worked out once when it is built.
 
 `TrainConfig` and `PlanConfig` share the pipeline's flags (`Common`);
 `SampleConfig` is `pipejax sample`'s. A flag left out takes the model's
-default (`models.MODEL_DEFAULTS`), then `models.FLAG_DEFAULTS`; the batch
+default (`models.training_defaults`), then `models.FLAG_DEFAULTS`; the batch
 size follows from --microbatch-size when it is given. A variant, such as the
 candidate `plan --search --pick` builds, is `dataclasses.replace` of a
 config, never an assignment.
@@ -16,8 +16,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from pipejax.cli.models import FLAG_DEFAULTS, MODEL_DEFAULTS, model_kwargs
-from pipejax.cli.tasks import default_data
+from pipejax.cli.models import FLAG_DEFAULTS, check_model, model_kwargs, training_defaults
+from pipejax.cli.tasks import default_data, is_text
 from pipejax.errors import ConfigError
 
 DERIVED = {"derived": True}  # a field's metadata: worked out, not a flag
@@ -53,9 +53,10 @@ class Common:
         flags left out filled from the model's defaults, then the rest
         derived (`derive`)."""
         fields = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
+        check_model(flags["model"])
         flags = dict(flags, data=flags["data"] or default_data(flags["model"]))
-        filled = set()
-        for key, value in {**FLAG_DEFAULTS, **MODEL_DEFAULTS[flags["model"]][1]}.items():
+        filled, text = set(), is_text(flags["data"])
+        for key, value in {**FLAG_DEFAULTS, **training_defaults(flags["model"], text)}.items():
             if key not in fields or flags.get(key) is not None or _kept_out(key, flags):
                 continue
             flags[key], filled = value, filled | {key}
@@ -151,7 +152,7 @@ class TrainConfig(Common):
     @property
     def learning_rate(self) -> float:
         """--lr, else the model's default rate."""
-        return self.lr if self.lr is not None else MODEL_DEFAULTS[self.model][1]["lr"]
+        return self.lr if self.lr is not None else training_defaults(self.model, is_text(self.data))["lr"]
 
 
 @dataclasses.dataclass(frozen=True)

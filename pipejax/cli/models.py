@@ -1,7 +1,10 @@
-"""The zoo by name: each model's builder arguments and training settings,
-and its layer list for a task's examples."""
+"""The models `--model` names: the zoo's by name, each with its builder
+arguments and training settings, or your own function by import path
+(cli/imports.py); and the layer list of either for a task's examples."""
 
 from __future__ import annotations
+
+from pipejax.cli.imports import call_model, imported, is_import_path, parameters
 
 # Per model: keyword arguments of its builder and the training settings that
 # reach the accuracies of docs/training-job.md on MNIST-1D (4 stages, GPipe); the GPT's
@@ -19,6 +22,35 @@ MODEL_DEFAULTS = {
 }
 # What a flag left out means when the model's defaults do not say.
 FLAG_DEFAULTS = {"lr_schedule": "constant", "warmup": 0, "eval_every": 0}
+# Your own model's training settings, by what its data trains: the GPT's on
+# a text corpus, the MLP's on classes; its context when --model-args gives none.
+OWN_DEFAULTS = {"text": MODEL_DEFAULTS["gpt"][1], "classes": MODEL_DEFAULTS["mlp"][1]}
+CONTEXT = 128
+
+
+def check_model(name: str) -> None:
+    """A zoo name or a `package.module:function` (imported here).
+
+    Raises:
+      ConfigError: neither.
+    """
+    import pipejax as pj
+
+    if is_import_path(name):
+        imported(name, "--model")
+    elif name not in MODEL_DEFAULTS:
+        raise pj.errors.ConfigError(
+            f"--model {name!r}: not a model of the zoo ({', '.join(sorted(MODEL_DEFAULTS))}) nor "
+            "the import path of your own, package.module:function (a function that returns "
+            "the layer list)")
+
+
+def training_defaults(name: str, text: bool) -> dict:
+    """The training settings a model's flags default to (`text`: its data
+    is a text corpus)."""
+    if is_import_path(name):
+        return OWN_DEFAULTS["text" if text else "classes"]
+    return MODEL_DEFAULTS[name][1]
 
 
 def model_kwargs(name: str, text: str | None = None) -> dict:
@@ -29,19 +61,18 @@ def model_kwargs(name: str, text: str | None = None) -> dict:
       ConfigError: naming an argument the builder does not take, or a pair
         that is not KEY=VALUE.
     """
-    import inspect
-
     import pipejax as pj
 
-    kwargs = dict(MODEL_DEFAULTS[name][0])
-    known = [p for p in inspect.signature(pj.models.MODELS[name]).parameters
-             if p not in ("api", "inputs", "rngs", "classes", "vocab")]
+    own = is_import_path(name)
+    kwargs = {} if own else dict(MODEL_DEFAULTS[name][0])
+    names, anything = parameters(imported(name, "--model") if own else pj.models.MODELS[name])
+    known = [p for p in names if p not in ("api", "inputs", "rngs", "classes", "vocab")]
     for pair in filter(None, (text or "").split(",")):
         key, eq, value = pair.partition("=")
-        if not eq or key.strip() not in known:
+        if not eq or (key.strip() not in known and not anything):
             raise pj.errors.ConfigError(
                 f"--model-args {text!r}: {pair!r} is not KEY=VALUE of an argument of "
-                f"pj.models.{name} ({', '.join(known)})")
+                f"{name if own else 'pj.models.' + name} ({', '.join(known)})")
         try:
             kwargs[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
         except ValueError:
@@ -53,8 +84,9 @@ def build_layers(name: str, example_shape: tuple, classes: int, api: str = "line
                  seed: int = 0, kwargs: dict | None = None) -> list:
     """The named model for examples of `example_shape` (signals [L] or images
     [H, W, C]), in Flax linen or NNX (built from nnx.Rngs(seed)); a language
-    model over `classes` tokens. `kwargs`: the builder's arguments
-    (default: `model_kwargs(name)`)."""
+    model over `classes` tokens (`example_shape` ()). `kwargs`: the
+    builder's arguments (default: `model_kwargs(name)`). Your own model's
+    function decides its API (`api` unused) and takes `rngs` if it wants."""
     import numpy as np
     from flax import nnx
 
@@ -62,6 +94,10 @@ def build_layers(name: str, example_shape: tuple, classes: int, api: str = "line
     from pipejax.models.common import flatten
 
     kwargs = model_kwargs(name) if kwargs is None else kwargs
+    if is_import_path(name):
+        given = ({"vocab": classes, "context": kwargs.get("context", CONTEXT)} if not example_shape
+                 else {"classes": classes, "inputs": tuple(example_shape)})
+        return call_model(name, kwargs, {**given, "rngs": nnx.Rngs(seed)})
     if name == "gpt":
         return pj.models.gpt(**kwargs, vocab=classes, **(
             {"api": "nnx", "rngs": nnx.Rngs(seed)} if api == "nnx" else {}))

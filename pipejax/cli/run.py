@@ -1,6 +1,7 @@
 """A trained run on disk: what `pipejax train --out DIR` leaves for `pipejax sample`.
 
-`DIR/run.json` names the model (zoo name, API, seed, data) and
+`DIR/run.json` names the model (zoo name or import path, its arguments,
+API, seed), the data and, for a language model, its vocabulary and context;
 `DIR/checkpoint/` holds the final state as a layout-free orbax checkpoint
 (`pj.save`), so the layer list is rebuilt and its variables read back
 (`pj.checkpoint.load_variables`) on one device, without the pipeline.
@@ -17,9 +18,10 @@ RUN = "run.json"
 CHECKPOINT = "checkpoint"
 
 
-def save_run(out: Path, cfg: TrainConfig, trainer, state) -> None:
+def save_run(out: Path, cfg: TrainConfig, trainer, state, task) -> None:
     """The final `state` of `trainer` in `out/checkpoint` (every process of a
-    job takes part), the model in `out/run.json` (the first process writes it)."""
+    job takes part), the model and `task` in `out/run.json` (the first
+    process writes it)."""
     import jax
 
     import pipejax as pj
@@ -27,8 +29,10 @@ def save_run(out: Path, cfg: TrainConfig, trainer, state) -> None:
     pj.save(out / CHECKPOINT, trainer, state)
     if jax.process_index() > 0:
         return
+    language = getattr(task, "context", None) is not None
     run = {"model": cfg.model, "model_args": cfg.model_kwargs(), "api": cfg.api, "seed": cfg.seed,
-           "data": cfg.data, "step": int(state.step)}
+           "data": cfg.data, "step": int(state.step), "language_model": language,
+           **({"vocab": task.classes, "context": task.context} if language else {})}
     (out / RUN).write_text(json.dumps(run, indent=1) + "\n")
 
 
@@ -46,13 +50,13 @@ def sample(cfg: SampleConfig) -> int:
             f"{where} holds no {RUN} and {CHECKPOINT}/; give the --out directory of a "
             "`pipejax train --model gpt --out DIR` run")
     run = json.loads((where / RUN).read_text())
-    if run["model"] not in LANGUAGE_MODELS:
-        raise pj.errors.ConfigError(f"the run in {where} trained --model {run['model']}, a "
-                                    f"classifier; sample from a language model "
-                                    f"({', '.join(LANGUAGE_MODELS)})")
     kwargs = run["model_args"]
-    context = kwargs["context"]
-    layers = build_layers(run["model"], (), 256, run["api"], run["seed"],
+    if not run.get("language_model", run["model"] in LANGUAGE_MODELS):
+        raise pj.errors.ConfigError(f"the run in {where} trained --model {run['model']} on "
+                                    f"--data {run['data']}, a classifier; sample from a language "
+                                    f"model (one trained on a text corpus)")
+    context = run.get("context", kwargs.get("context"))
+    layers = build_layers(run["model"], (), run.get("vocab", 256), run["api"], run["seed"],
                           kwargs)
     variables = pj.checkpoint.load_variables(where / CHECKPOINT, layers,
                                              jnp.zeros((1, context), jnp.int32), run["step"])

@@ -14,6 +14,9 @@ from typing import Any, Callable, Iterator
 
 import jax.numpy as jnp
 
+from pipejax.cli.imports import is_import_path, load_data
+from pipejax.cli.models import CONTEXT
+
 TEXT = ("shakespeare",)  # the text corpora --data names
 LANGUAGE_MODELS = ("gpt",)
 
@@ -23,21 +26,32 @@ def default_data(model: str) -> str:
     return "shakespeare" if model in LANGUAGE_MODELS else "mnist1d"
 
 
-def load_task(model: str, data: str, context: int | None, eval_windows: int,
-              seed: int) -> "Classification | LanguageModel":
-    """The task of `--model` on `--data`; a model on the other kind of data
-    (a language model on MNIST-1D) is an error."""
+def is_text(data: str) -> bool:
+    """Whether --data names a text corpus (a language model's data)."""
     import pipejax as pj
 
-    language = model in LANGUAGE_MODELS
-    if language != (data in TEXT):
-        want = f"a text corpus ({', '.join(TEXT)})" if language else (
+    return data in TEXT or (is_import_path(data) and isinstance(load_data(data), pj.data.Corpus))
+
+
+def load_task(model: str, data: str, context: int | None, eval_windows: int,
+              seed: int) -> "Classification | LanguageModel":
+    """The task of `--model` on `--data`, checked once (`pj.data.check`): a
+    zoo model on the other kind of data (a language model on MNIST-1D) is an
+    error; your own model trains what its data is (cli/imports.py)."""
+    import pipejax as pj
+
+    text = is_text(data)
+    if not is_import_path(model) and (model in LANGUAGE_MODELS) != text:
+        want = f"a text corpus ({', '.join(TEXT)})" if model in LANGUAGE_MODELS else (
             f"a classification data set (mnist1d, digits or a .npz file; the language models "
             f"{', '.join(LANGUAGE_MODELS)} train on text)")
         raise pj.errors.ConfigError(f"--model {model} trains on {want}, not --data {data}")
-    if language:
-        return LanguageModel(pj.data.shakespeare(), context, eval_windows, seed)
-    return Classification(pj.data.load(data), seed)
+    loaded = (load_data(data) if is_import_path(data) else
+              pj.data.shakespeare() if text else pj.data.load(data))
+    pj.data.check(loaded, f"--data {data}")
+    if text:
+        return LanguageModel(loaded, context or CONTEXT, eval_windows, seed)
+    return Classification(loaded, seed)
 
 
 class Classification:

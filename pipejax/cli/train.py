@@ -228,7 +228,7 @@ def train(cfg: TrainConfig) -> int:
                "rule": trainer.rule.name if trainer.rule else "none",
                "processes": jax.process_count()}
     if save_dir:
-        save_run(save_dir, cfg, trainer, state)
+        save_run(save_dir, cfg, trainer, state, task)
     if jax.process_index() == 0:
         finish(cfg, Run(pipe, task, layers, variables, rows, summary, memory, seconds))
     return 0

@@ -127,6 +127,40 @@ def load(name: str) -> Dataset:
     raise DataError(f"unknown data {name!r}; use 'mnist1d', 'digits' or a path to a .npz file")
 
 
+def check(data: Dataset | Corpus, where: str = "the data") -> None:
+    """Raise a `DataError` naming the ids out of range in `data`: a corpus's
+    tokens outside [0, vocab), a data set's labels below 0, labels that are
+    not integers and inputs that are not finite. Run once on loading: inside
+    a step an id out of range is not an error but a NaN loss (Flax's `Embed`
+    gathers with a fill value) or, negative, a silent wrap-around."""
+    if isinstance(data, Corpus):
+        for part in ("train", "validation"):
+            _in_range(getattr(data, part), 0, data.vocab, f"{where}: {part} tokens",
+                      f"ids of a vocabulary of {data.vocab}")
+        return
+    for part in ("train", "test"):
+        x, y = getattr(data, f"x_{part}"), getattr(data, f"y_{part}")
+        if not np.issubdtype(np.asarray(y).dtype, np.integer):
+            raise DataError(f"{where}: y_{part} holds {np.asarray(y).dtype} labels; give class "
+                            "ids as integers")
+        _in_range(y, 0, None, f"{where}: y_{part}", "class ids from 0")
+        bad = np.flatnonzero(~np.isfinite(np.asarray(x, np.float32)).reshape(len(x), -1).all(1))
+        if bad.size:
+            raise DataError(f"{where}: x_{part} has non-finite values in {bad.size} examples "
+                            f"(first {bad[:5].tolist()})")
+
+
+def _in_range(ids: np.ndarray, low: int, high: int | None, what: str, want: str) -> None:
+    """Raise naming the values of `ids` outside [low, high) and where they are."""
+    ids = np.asarray(ids)
+    bad = (ids < low) | (ids >= high) if high is not None else ids < low
+    if bad.any():
+        at = np.flatnonzero(bad)
+        outside = f"below {low}" if high is None else f"outside [{low}, {high})"
+        raise DataError(f"{what}: {at.size} {outside}, values {sorted(set(ids.flat[at[:1000]].tolist()))[:8]} at positions "
+                        f"{at[:5].tolist()}; {what.split(': ')[-1]} must be {want}")
+
+
 def batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int,
             epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Full batches of one epoch in an order fixed by (seed, epoch); the
