@@ -9,7 +9,8 @@ staleness  The `stable` flag (the delay in effective steps, η/(1 − m)·D, at
            from the schedule's table and the run's rate and momentum.
 memory     Predicted bytes per device against the compiled step's
            (argument + output − aliased + temp) for candidates across
-           schedules, remat and virtual stages, an MLP and a GPT at K = 4.
+           schedules, remat and virtual stages, an MLP and a GPT at K = 4,
+           and the asynchronous tables at K = 1 on 8 data replicas.
 time       Predicted step time against the measured one on the 4 simulated
            CPU devices, for `TIMED` candidates of a GPT spread evenly over
            the predicted ranking of every candidate (K ∈ {1, 2, 4}, data ×
@@ -86,8 +87,11 @@ def staleness() -> list[dict]:
     return sorted(out, key=lambda r: (r["effective_delay"], r["model"], r["momentum"]))
 
 
-CASES = [(s, r) for s in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "pipedream", "pb")
-         for r in ("stage", "none")]  # interleaved and zb-v at v = 2
+# (schedule, remat, stages): at K = 4 on 4 devices, M = 8 (interleaved and the
+# V tables at v = 2); the asynchronous tables also at K = 1 on 8 data replicas, M = 1.
+CASES = [(s, r, 4) for s in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev",
+                             "pipedream", "pb") for r in ("stage", "none")]
+CASES += [(s, "stage", 1) for s in ("pipedream", "pb")]
 
 
 def memory() -> list[dict]:
@@ -98,11 +102,11 @@ def memory() -> list[dict]:
                            pj.losses.next_token)}
     out = []
     for name, (layers, example, targets, loss) in models.items():
-        for schedule, remat in CASES:
+        for schedule, remat, K in CASES:
             found = planner.search(layers, loss=loss, example=example, targets=targets,
-                                   devices=4, batch=64, stages=[4], microbatches=[8],
-                                   schedules=[schedule], remat=[remat],
-                                   optimizer=optax.adam(1e-3))
+                                   devices=4 if K > 1 else 8, batch=64, stages=[K],
+                                   microbatches=[8 if K > 1 else 1], schedules=[schedule],
+                                   remat=[remat], optimizer=optax.adam(1e-3))
             if not found:
                 continue  # e.g. PB without remat: its backward runs on newer weights
             c = found[0]
@@ -112,13 +116,13 @@ def memory() -> list[dict]:
                                **c.pipeline_args())
             trainer = pipe.trainer(optax.adam(1e-3))
             state = trainer.init(pipe.init(jax.random.key(0)))
-            n = c.microbatches * c.microbatch
+            n = c.microbatches * c.microbatch * c.data
             x = jnp.zeros((n, *example.shape), example.dtype)
             y = jnp.zeros((n,), jnp.int32) if targets is None else jnp.zeros(
                 (n, *targets.shape), targets.dtype)
             compiled = peak_bytes(trainer.step.lower(state, (x, y)).compile())
-            out.append({"model": name, "schedule": schedule, "remat": remat,
-                        "virtual": c.virtual,
+            out.append({"model": name, "schedule": schedule, "remat": remat, "K": K,
+                        "replicas": c.data, "virtual": c.virtual,
                         "predicted_MiB": round(c.memory_bytes / 2**20, 3),
                         "compiled_MiB": round(compiled / 2**20, 3),
                         "error_%": round(100 * (c.memory_bytes / compiled - 1), 1)})
