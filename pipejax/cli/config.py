@@ -152,7 +152,9 @@ class TrainConfig(Common):
     @property
     def learning_rate(self) -> float:
         """--lr, else the model's default rate."""
-        return self.lr if self.lr is not None else training_defaults(self.model, is_text(self.data))["lr"]
+        if self.lr is not None:
+            return self.lr
+        return training_defaults(self.model, is_text(self.data))["lr"]
 
 
 @dataclasses.dataclass(frozen=True)

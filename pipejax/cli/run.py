@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pipejax.cli.config import SampleConfig, TrainConfig
+from pipejax.cli.tasks import LanguageModel
 
 RUN = "run.json"
 CHECKPOINT = "checkpoint"
@@ -29,7 +30,7 @@ def save_run(out: Path, cfg: TrainConfig, trainer, state, task) -> None:
     pj.save(out / CHECKPOINT, trainer, state)
     if jax.process_index() > 0:
         return
-    language = getattr(task, "context", None) is not None
+    language = isinstance(task, LanguageModel)
     run = {"model": cfg.model, "model_args": cfg.model_kwargs(), "api": cfg.api, "seed": cfg.seed,
            "data": cfg.data, "step": int(state.step), "language_model": language,
            **({"vocab": task.classes, "context": task.context} if language else {})}

@@ -157,7 +157,8 @@ def _in_range(ids: np.ndarray, low: int, high: int | None, what: str, want: str)
     if bad.any():
         at = np.flatnonzero(bad)
         outside = f"below {low}" if high is None else f"outside [{low}, {high})"
-        raise DataError(f"{what}: {at.size} {outside}, values {sorted(set(ids.flat[at[:1000]].tolist()))[:8]} at positions "
+        values = sorted(set(ids.flat[at[:1000]].tolist()))[:8]
+        raise DataError(f"{what}: {at.size} {outside}, values {values} at positions "
                         f"{at[:5].tolist()}; {what.split(': ')[-1]} must be {want}")
 
 
