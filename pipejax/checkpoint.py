@@ -183,8 +183,8 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
         inflight = _layout_bound("inflight.", "the micro-batches in flight", template.inflight,
                                  tree, meta, same_layout, shardings.inflight, flushable=True)
     # A synchronous table's rings hold nothing between steps: new ones, not saved.
-    scratch = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), template.scratch),
-                      out_shardings=shardings.scratch)()
+    zeros = lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), template.scratch)
+    scratch = jax.jit(zeros, out_shardings=shardings.scratch)()
     return TrainState(p, s, _put(tree["step"], shardings.step), key, inflight, rule, scratch)
 
 
