@@ -208,12 +208,32 @@ class StageCode:
 
     def vjp(self, j: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
         """Virtual stage j's output (the loss on the last), the residuals to
-        keep for its backward, and how to rebuild the vjp from them."""
-        out, vjp_fn = jax.vjp(self.fn(j, feed, remat), params, h)
-        known = [*jax.tree.leaves((params, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
+        keep for its backward, and how to rebuild the vjp from them.
+
+        In a compute dtype the weights are cast before the vjp, so that the
+        backward casts them again instead of keeping their cast in every
+        kept slot (the zoo GPT's bf16 kept ring held each stage's weights
+        per micro-batch); their gradients come back in the stored dtype, as
+        the cast's own vjp hands them."""
+        dtype = self.model.compute_dtype
+        r = self.plan.ranges[j]
+        weights = (params if dtype is None else
+                   compute_weights(self.model.layers[r.start:r.stop], params, dtype))
+        out, vjp_fn = jax.vjp(self.fn(j, feed, remat), weights, h)
+        known = [*jax.tree.leaves((weights, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
                  feed.first]
         kept, recipe = residuals.split(vjp_fn, known, out)
-        return out, kept, lambda kept_again: residuals.rebuild(recipe, known, kept_again)
+
+        def rebuild(kept_again: Sequence[Any]) -> Callable:
+            inner = residuals.rebuild(recipe, known, kept_again)
+            if dtype is None:
+                return inner
+
+            def back(ct: Any) -> tuple:
+                grads, dh = inner(ct)
+                return jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params), dh
+            return back
+        return out, kept, rebuild
 
     def backward(self, j: int, params: Any, h: Any, feed: Feed, kept: Sequence[Any], ct: Any):
         """(param grads, input grad) of virtual stage j from its kept
