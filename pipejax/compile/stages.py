@@ -179,14 +179,18 @@ class StageCode:
         return Feed(self.model.example, self.model.targets, key,
                     jax.ShapeDtypeStruct((), jnp.int32))
 
+    def chunk_layers(self, j: int) -> Sequence[Layer]:
+        """Virtual stage j's layers, in order."""
+        r = self.plan.ranges[j]
+        return self.model.layers[r.start:r.stop]
+
     def fn(self, j: int, feed: Feed, remat: Remat | None = None) -> Callable:
         """f_j(params, h): virtual stage j's layers (of global indices
         feed.first, feed.first + 1, ...: the stages of a group share this
         code); the last ends in the loss. Rematerialized as `remat` says
         (default: the pipeline's). In a compute dtype the weights and the
         batch are cast to it, and the outputs back to float32 before the loss."""
-        r = self.plan.ranges[j]
-        layers = self.model.layers[r.start:r.stop]
+        layers = self.chunk_layers(j)
         dtype = self.model.compute_dtype
 
         def f(params, h):
@@ -216,9 +220,7 @@ class StageCode:
         per micro-batch); their gradients come back in the stored dtype, as
         the cast's own vjp hands them."""
         dtype = self.model.compute_dtype
-        r = self.plan.ranges[j]
-        weights = (params if dtype is None else
-                   compute_weights(self.model.layers[r.start:r.stop], params, dtype))
+        weights = params if dtype is None else compute_weights(self.chunk_layers(j), params, dtype)
         out, vjp_fn = jax.vjp(self.fn(j, feed, remat), weights, h)
         known = [*jax.tree.leaves((weights, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
                  feed.first]

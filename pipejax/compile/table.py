@@ -151,8 +151,8 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         sliced before the loops (at every tick, for every op, run or not)
         the stage inputs' ring was copied twice a tick (1F1B, the zoo GPT at
         K = 4: 2 MB a tick) and every kept residual read whether its
-        backward ran or not. A ring returned as it came XLA reads as the
-        loop's input, and copies it (`_forward`'s weights)."""
+        backward ran or not. Without the barrier XLA copies a ring that a
+        loop hands back unchanged (`_forward`'s stashed weights)."""
         def body(operands, c):
             carry, rings = c
             slots = messages.reads(rings, self.layout, op, task.ring)
