@@ -18,10 +18,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax import checks
-from pipejax.compile.programs import (Build, Flags, Model, PipelinePrograms, Staged, build,
-                                      check_params, check_table, key_or_default, pipeline_programs,
-                                      stage_rows)
-from pipejax.errors import ConfigError
+from pipejax.compile.programs import (Build, Flags, Model, PipelinePrograms, Shapes, Staged,
+                                      build, check_params, check_table, key_or_default,
+                                      pipeline_programs, stage_rows)
+from pipejax.errors import BatchError, ConfigError
 from pipejax.layers import Layer, abstract, layer_list
 from pipejax.mesh import shards, stage_mesh
 from pipejax.partition import make_plan
@@ -49,6 +49,7 @@ class Pipeline:
 
     build: Build
     programs: PipelinePrograms
+    shapes: Shapes  # the builds at every micro-batch shape met so far (compile/shapes.py)
 
     plan = property(lambda self: self.build.code.plan, doc="Which layers each stage holds (Plan).")
     specs = property(lambda self: self.plan.specs, doc="The traced layers (LayerSpecs), in order.")
@@ -106,7 +107,9 @@ class Pipeline:
     def value_and_grad(self, params: Staged, batch: tuple,
                        key: jax.Array | None = None) -> tuple[jax.Array, Staged]:
         """Mean loss over the micro-batches and its gradient (synchronous
-        schedules); `batch` = (x, y) with M micro-batches stacked."""
+        schedules); `batch` = (x, y) with M micro-batches stacked. Micro-batches
+        of another shape than the example's (another sequence length) run a
+        program compiled for their shape, once, with this pipeline's partition."""
         if self.programs.value_and_grad is None:
             raise ConfigError(f"value_and_grad needs a synchronous schedule; {self.schedule.name!r} "
                               "updates the weights inside the pipeline: use pipe.trainer(opt).step")
@@ -122,7 +125,7 @@ class Pipeline:
         gradients by their global norm over all stages before each stage's
         optimizer; `skip_nonfinite` drops (and counts, metric "skipped") an
         update whose loss or gradients are not finite."""
-        return Trainer(self.build, optimizer, rule, clip_norm, skip_nonfinite)
+        return Trainer(self.shapes, optimizer, rule, clip_norm, skip_nonfinite)
 
     def __str__(self) -> str:
         return f"{self.plan}\n{self.layout}"
@@ -135,7 +138,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,
              virtual: int | None = None, placement: str | None = None,
-             fsdp_gather: str | None = None) -> Pipeline:
+             fsdp_gather: str | None = None, max_shapes: int | None = None) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -200,6 +203,13 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         per step, before the pass, and the gradient sum scattered once after
         it: one gather a step, the whole weights and gradient sum held for
         it; synchronous schedules). Default None: "tick".
+      max_shapes: at most this many micro-batch shapes (the example's
+        included) that `trainer.step` and `value_and_grad` compile a program
+        for, as `jax.jit` compiles one per shape: a batch whose axes after the
+        batch axis differ from the example's (another sequence length) is
+        traced at its shape with this pipeline's partition and runs on the
+        same parameters and state (synchronous schedules). Default None: no
+        bound.
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
@@ -226,5 +236,30 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
                      keeps_activations=remat == "none", max_padding=checks.padding(max_padding))
     model = Model(tuple(layers), loss, remat, example, targets, compute_dtype)
-    b = build(model, plan, table, mesh, Flags(weight_stashing, share_branches, fsdp_gather))
-    return Pipeline(b, pipeline_programs(b))
+    flags = Flags(weight_stashing, share_branches, fsdp_gather)
+    b = build(model, plan, table, mesh, flags)
+    shapes = Shapes(b, lambda x, y: _at_shape(b, flags, x, y), max_shapes)
+    return Pipeline(b, pipeline_programs(shapes), shapes)
+
+
+def _at_shape(b: Build, flags: Flags, example: Any, targets: Any) -> Build:
+    """`b` traced again at micro-batches `example` and `targets` (one
+    device's part), with its partition, table, mesh and flags.
+
+    Raises:
+      BatchError: naming the first layer whose parameters differ at this shape.
+    """
+    model = b.code.model._replace(example=example, targets=targets)
+    specs = tuple(trace(list(model.layers), example))
+    trace_loss(model.loss, specs[-1].output, targets)
+    arrays = lambda tree: ", ".join(f"{a.dtype}{list(a.shape)}" for a in jax.tree.leaves(tree))
+    for old, new in zip(b.code.plan.specs, specs):
+        if abstract(old.variables) != abstract(new.variables):
+            raise BatchError(
+                f"micro-batches of inputs {arrays(example)} give layer {new.index} ({new.name}) "
+                f"variables {_describe(new.variables)}, but the pipeline was built for "
+                f"micro-batches {arrays(b.example)}, where it has {_describe(old.variables)}: its "
+                "parameters depend on the input's shape, so one state cannot train both; give "
+                f"micro-batches of {arrays(b.example)} (pad sequences: pj.data.pad_to_lengths)")
+    plan = make_plan(specs, b.placement, list(b.code.plan.split))
+    return build(model, plan, b.schedule, b.mesh, flags)

@@ -24,8 +24,9 @@ from typing import Any, NamedTuple
 
 import jax
 
-from pipejax.compile.programs import (Build, MemoryEstimate, StageOptimizers, Staged, TrainState,
-                                      check_params, key_or_default, opt_states, train_programs)
+from pipejax.compile.programs import (Build, MemoryEstimate, Shapes, StageOptimizers, Staged,
+                                      TrainState, check_params, key_or_default, opt_states,
+                                      train_programs)
 from pipejax.errors import ConfigError
 from pipejax.packing import Packing
 from pipejax.partition import Plan
@@ -56,13 +57,16 @@ class Trainer:
     "skipped": the updates dropped for a non-finite loss or gradient (one
     per step on a synchronous schedule, one per stage and micro-batch on an
     asynchronous one, summed over the replicas).
+    A batch whose micro-batches are shaped otherwise than the pipeline's
+    example (another sequence length) runs a program compiled for its
+    shape, once, on the same state (compile/shapes.py; synchronous schedules).
     Build one with `pipe.trainer(optimizer)`.
     """
 
-    def __init__(self, build: Build, optimizer: Optimizer, rule: DataRule | None = None,
+    def __init__(self, shapes: Shapes, optimizer: Optimizer, rule: DataRule | None = None,
                  clip_norm: float | None = None, skip_nonfinite: bool = False):
-        self.build = build
-        self._programs = programs = train_programs(build, optimizer, rule, clip_norm,
+        self.build: Build = shapes.base
+        self._programs = programs = train_programs(shapes, optimizer, rule, clip_norm,
                                                    skip_nonfinite)
         self.step, self.flush = programs.step, programs.flush
 

@@ -109,7 +109,8 @@ def sequential_loss(layers, variables, x, y, M, key, loss=pj.losses.cross_entrop
         out = pj.apply_layers(layers, variables, xm, jax.random.fold_in(key, m))
         return total + loss(out, ym), None
 
-    total, _ = jax.lax.scan(one, jnp.zeros(()), (jnp.arange(M), split(x), split(y)))
+    cut = lambda tree: jax.tree.map(split, tree)
+    total, _ = jax.lax.scan(one, jnp.zeros(()), (jnp.arange(M), cut(x), cut(y)))
     return total / M
 
 
@@ -132,11 +133,18 @@ def assert_equals_sequential(pipe: pj.Pipeline, features: int = 20) -> None:
     M, mb = pipe.schedule.microbatches, pipe.build.code.model.example.shape[0]
     params = pipe.init(jax.random.key(1))
     x, y = batch(M * mb, features)
-    key = jax.random.key(2)
-    loss, grads = pipe.value_and_grad(params, (x, y), key)
-    ref_loss, ref_grads = sequential_value_and_grad(heterogeneous_layers(), M)(
-        pj.unstage(params), x, y, key)
-    assert rel_err(loss, ref_loss) < 1e-5
+    assert_pipelines_exactly(pipe, heterogeneous_layers(), params, (x, y))
+
+
+def assert_pipelines_exactly(pipe: pj.Pipeline, layers: list, params: pj.Staged, batch: tuple,
+                             loss=pj.losses.cross_entropy, key=None) -> None:
+    """`pipe.value_and_grad` of one batch equals the sequential model's loss
+    and gradients (`layers` run in sequence) to 1e-5."""
+    key = jax.random.key(2) if key is None else key
+    value, grads = pipe.value_and_grad(params, batch, key)
+    ref_value, ref_grads = sequential_value_and_grad(layers, pipe.M, loss)(
+        pj.unstage(params), *batch, key)
+    assert rel_err(value, ref_value) < 1e-5
     assert rel_err(pj.unstage(grads), ref_grads) < 1e-5
 
 

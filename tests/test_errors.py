@@ -57,7 +57,8 @@ def test_batch_not_divisible_by_microbatches():
 
 def test_batch_of_the_wrong_feature_shape():
     pipe = build()
-    with pytest.raises(BatchError, match=r"\[8, 21\].*built for micro-batches float32\[4, 20\]"):
+    with pytest.raises(BatchError, match=r"inputs float32\[4, 21\] give layer 0 \(Dense\) "
+                       r"variables .*built for micro-batches float32\[4, 20\]"):
         pipe.value_and_grad(pipe.init(jax.random.key(0)),
                             (jnp.zeros((8, 21)), jnp.zeros((8,), jnp.int32)))
 

@@ -28,6 +28,7 @@ from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.pieces import states as opt_states
 from pipejax.compile.outer import Outer
 from pipejax.compile.spmd import REPLICATED, params, per_device, sharding
+from pipejax.compile.shapes import PerShape, Shapes
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.tensor import slot_shardings
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
@@ -40,7 +41,7 @@ from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
 __all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers",
-           "Staged", "TrainPrograms", "TrainState", "build", "check_params", "check_table",
+           "Shapes", "Staged", "TrainPrograms", "TrainState", "build", "check_params", "check_table",
            "key_or_default", "opt_states", "pipeline_programs", "stage_rows", "train_programs",
            "unstage"]
 
@@ -84,12 +85,15 @@ class PipelinePrograms(NamedTuple):
     """The programs of a pipeline without an optimizer."""
 
     init: Callable[[jax.Array], Staged]  # key -> the staged initial variables
-    value_and_grad: Callable | None  # (params, batch, key) -> (loss, grads); None asynchronous
+    value_and_grad: PerShape | None  # (params, batch, key) -> (loss, grads); None asynchronous
 
 
-def pipeline_programs(b: Build) -> PipelinePrograms:
-    """The init and (synchronous tables) value_and_grad programs of `b`."""
-    vg = guarded(jax.jit(synchronous.value_and_grad(b)), b.mesh) if b.schedule.synchronous else None
+def pipeline_programs(shapes: Shapes) -> PipelinePrograms:
+    """The init and (synchronous tables) value_and_grad programs of the
+    pipeline's build, value_and_grad at every shape of `shapes`."""
+    b = shapes.base
+    vg = (PerShape(shapes, lambda at: guarded(jax.jit(synchronous.value_and_grad(at)), at.mesh),
+                   "value_and_grad") if b.schedule.synchronous else None)
     return PipelinePrograms(functools.partial(initial_params, b), vg)
 
 
@@ -143,11 +147,21 @@ def check_params(b: Build, params: Any, where: str, replicated: bool = True) -> 
         raise ArgumentTypeError(f"{where} takes one copy of the parameters; these hold "
                                 f"{params.replicas} replicas: pick one with "
                                 "pipe.stage(pj.unstage(params, replica=r))")
-    if not isinstance(params, Staged) or params.packing != b.code.params:
+    if not isinstance(params, Staged):
+        raise ArgumentTypeError(f"{where} takes this pipeline's Staged parameters (from "
+                                f"pipe.init or pipe.stage), not {type(params).__name__}")
+    if params.packing != b.code.params:
+        ours, theirs = _partition(b.code.params), _partition(params.packing)
         raise ArgumentTypeError(
-            f"{where} takes this pipeline's Staged parameters (from pipe.init or pipe.stage), "
-            f"not {type(params).__name__}" + (" packed for another pipeline"
-                                              if isinstance(params, Staged) else ""))
+            f"{where} got Staged parameters packed for another pipeline ("
+            + (f"its layers per device {theirs}, this pipeline's {ours}" if ours != theirs else
+               "the same layers per device, other shapes or dtypes")
+            + "); move them across with pipe.stage(pj.unstage(params)), then trainer.init")
+
+
+def _partition(packing: Any) -> list[int]:
+    """The layers each device's packed parameter tree holds."""
+    return [len(jax.tree_util.treedef_children(t)) for t in packing.treedefs]
 
 
 def key_or_default(b: Build, key: jax.Array | None, where: str) -> jax.Array:
@@ -175,15 +189,19 @@ class TrainPrograms(NamedTuple):
     memory: Callable[[], MemoryEstimate]  # the step's bytes, predicted
 
 
-def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
+def train_programs(shapes: Shapes, optimizer: Optimizer, rule: DataRule | None,
                    clip_norm: float | None, skip_nonfinite: bool) -> TrainPrograms:
     """Bind `optimizer` and the outer pieces (the data rule, the clip, the
-    non-finite guard) to `b` and compile its init, step and flush."""
+    non-finite guard) to the pipeline's build and compile its init, step (at
+    every shape of `shapes`, compile/shapes.py) and flush."""
+    b = shapes.base
     opts = StageOptimizers.of(optimizer, b, Outer.of(rule, b.mesh, clip_norm, skip_nonfinite))
     if b.schedule.synchronous:
-        step, flush = synchronous.train_step(b, opts), synchronous.flush
+        # A step at another shape fills rings of its own and passes the carried ones through.
+        step = lambda at: synchronous.train_step(at, opts, carried=at is b)
+        flush = synchronous.flush
     else:
-        step, flush = asynchronous.train_step(b, opts), asynchronous.flush(b, opts)
+        step, flush = lambda at: asynchronous.train_step(at, opts), asynchronous.flush(b, opts)
     shardings = _shardings(b, opts)
     out = (shardings, sharding(b.mesh, REPLICATED))
     # The state is donated: the new one takes the old one's buffers.
@@ -191,9 +209,25 @@ def train_programs(b: Build, optimizer: Optimizer, rule: DataRule | None,
                                       name)
     initial = lambda replicated: _initial(b, opts, replicated)
     init = {r: guarded(jax.jit(initial(r), out_shardings=shardings), b.mesh) for r in (True, False)}
-    return TrainPrograms(opts, shardings, initial, init, jitted(step, "trainer.step"),
-                         jitted(flush, "trainer.flush"),
+    check = lambda where: lambda args: _check_state(b, opts, args[0] if args else None, where)
+    return TrainPrograms(opts, shardings, initial, init,
+                         PerShape(shapes, lambda at: jitted(step(at), "trainer.step"),
+                                  "trainer.step", check=check("trainer.step")),
+                         PerShape(shapes, lambda _: jitted(flush, "trainer.flush"),
+                                  "trainer.flush", batch=None, check=check("trainer.flush")),
                          lambda: estimate(b, opts.packing, any(opts.forecasting)))
+
+
+def _check_state(b: Build, opts: StageOptimizers, state: Any, where: str) -> None:
+    """Raise unless `state` is a state of this trainer: its parameters and
+    optimizer state packed as this pipeline and optimizer pack them."""
+    if not isinstance(state, TrainState):
+        raise ArgumentTypeError(f"{where} takes the TrainState that trainer.init or the last "
+                                f"step returned, not {type(state).__name__}")
+    check_params(b, state.params, where, replicated=False)
+    if state.opt_state.packing != opts.packing:
+        raise ArgumentTypeError(f"{where} got an optimizer state packed for another optimizer; "
+                                "pass the state this trainer's init or step returned")
 
 
 def _shardings(b: Build, opts: StageOptimizers) -> TrainState:

@@ -73,15 +73,18 @@ def value_and_grad(build: Build) -> Callable:
     return run
 
 
-def train_step(build: Build, opts: StageOptimizers) -> Callable:
-    """`(state, batch) -> (state, metrics)`: the table, then each stage's update."""
+def train_step(build: Build, opts: StageOptimizers, carried: bool = True) -> Callable:
+    """`(state, batch) -> (state, metrics)`: the table, then each stage's
+    update; on the state's rings, or (`carried=False`: a build at another
+    shape than the state's rings, compile/shapes.py) on new ones, the
+    state's passed through."""
     M, R, outer = build.M, build.R, opts.outer
     # The guard decides for the whole step on every device alike.
     update = opts.updater(scope=tuple(build.mesh.axis_names))
 
-    def body(carried, x, y, key):
-        p, s, rule, rings = carried
-        out = _pass(build, local(p), (x, y), key, local(rings))
+    def body(state, x, y, key):
+        p, s, rule, rings = state
+        out = _pass(build, local(p), (x, y), key, local(rings) if carried else None)
         finite = jnp.all(jnp.isfinite(out.losses)) if outer.skip_nonfinite else None
 
         def apply(p, grads, s, rule):
@@ -90,8 +93,8 @@ def train_step(build: Build, opts: StageOptimizers) -> Callable:
 
         p, s, rule, skipped = in_place(apply)(p, lead(out.grads), s, rule)
         skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
-        return (p, s, rule, lead(out.rings), out.losses, out.done, outer.consensus(local(p)),
-                skipped)
+        rings = lead(out.rings) if carried else rings
+        return p, s, rule, rings, out.losses, out.done, outer.consensus(local(p)), skipped
 
     rows, device, batch = params(build.mesh), per_device(build.mesh), split_batch(build.mesh)
     sharded = shard(body, build.mesh, ((rows, device, device, device), batch, batch, REPLICATED),

@@ -21,6 +21,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from pipejax.errors import DataError
+from pipejax.data.sequences import Sequences, pack_documents, pad_to_lengths
 from pipejax.data.shakespeare import shakespeare
 from pipejax.data.text import Corpus, decode, encode, evaluation_windows, windows
 

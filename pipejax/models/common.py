@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from pipejax.errors import LayerError
 
 
 GPT_INIT = nn.initializers.normal(0.02)  # GPT-2's weights: N(0, 0.02²)
@@ -44,9 +46,42 @@ def residual_init(depth: int) -> nn.initializers.Initializer:
     return nn.initializers.normal(0.02 / math.sqrt(2 * depth))
 
 
-def causal_mask(x: jax.Array) -> jax.Array:
-    """[B, T, ...] -> a [B, 1, T, T] mask: position t attends to positions ≤ t."""
-    return nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.bool_))
+def causal_mask(x: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    """[B, T, ...] -> a [B, 1, T, T] mask: position t attends to positions ≤ t,
+    and with document ids `segments` [B, T] only to those of its own document."""
+    causal = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.bool_))
+    if segments is None:
+        return causal
+    return nn.combine_masks(causal, nn.make_attention_mask(segments, segments, jnp.equal))
+
+
+def with_segments(x: Any) -> tuple[jax.Array, jax.Array | None]:
+    """A language-model layer's input as (activations or tokens, document
+    ids or None): packed rows travel as a pair `(x, segments)`."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise LayerError(f"a packed input is a pair (tokens or activations, segment ids), "
+                             f"not {len(x)} arrays")
+        return x[0], x[1]
+    return x, None
+
+
+def document_positions(segments: jax.Array) -> jax.Array:
+    """[B, T] document ids -> each position's index within its document
+    (0 where a new id starts), the positions a document alone would have."""
+    index = jnp.arange(segments.shape[1])
+    starts = jnp.concatenate([jnp.ones_like(segments[:, :1], jnp.bool_),
+                              segments[:, 1:] != segments[:, :-1]], axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
+def positions(table: jax.Array, segments: jax.Array | None, h: jax.Array) -> jax.Array:
+    """Learned position embeddings (`table` [context, width]) of `h`'s
+    positions [B, T, width]: the first T rows, or with document ids each
+    token's row within its document."""
+    if segments is None:
+        return table[:h.shape[1]][None].astype(h.dtype)
+    return table[document_positions(segments)].astype(h.dtype)
 
 
 def add_channel(x: jax.Array) -> jax.Array:

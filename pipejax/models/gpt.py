@@ -3,7 +3,12 @@ layer list: token + position embedding, `depth` pre-LayerNorm causal blocks
 (one block is one layer), final LayerNorm and a linear head to the vocabulary.
 
 Int tokens `[batch, T]` in (T ≤ `context`), logits `[batch, T, vocab]` out;
-train with `pj.losses.next_token`. Attention projections have no biases, as
+train with `pj.losses.next_token`. Packed rows of several documents come in
+as a pair `(tokens, segments)` of document ids `[batch, T]`
+(`pj.data.pack_documents`): each token then attends only to its own document
+and takes its position within it, so a packed row computes what each
+document alone would; the ids travel with the activations from layer to
+layer. Attention projections have no biases, as
 in most current language models: the key bias's gradient is zero in exact
 arithmetic (softmax ignores a shift shared by every key), and Adam turns its
 rounding noise into full-size steps. Weights are drawn from N(0, 0.02²), the
@@ -30,7 +35,7 @@ from pipejax.errors import ConfigError
 from pipejax.models import nnx_modules
 from pipejax.models.builder import Builder
 from pipejax.models.common import (COLUMNS, ROWS, VECTOR, GPT_INIT as INIT,
-                                   causal_mask, residual_init)
+                                   causal_mask, positions, residual_init, with_segments)
 
 
 class TokenEmbed(nn.Module):
@@ -43,11 +48,12 @@ class TokenEmbed(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool = True):
+        tokens, segments = with_segments(tokens)
         h = nn.Embed(self.vocab, self.width, embedding_init=nn.with_partitioning(INIT, ROWS),
                      name="token")(tokens)
         position = self.param("position", INIT, (self.context, self.width))
-        h = h + position[:tokens.shape[1]][None].astype(h.dtype)
-        return nn.Dropout(self.dropout, deterministic=deterministic)(h)
+        h = nn.Dropout(self.dropout, deterministic=deterministic)(h + positions(position, segments, h))
+        return h if segments is None else (h, segments)
 
 
 class CausalBlock(nn.Module):
@@ -61,20 +67,22 @@ class CausalBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, deterministic: bool = True):
+        x, segments = with_segments(x)
         h = nn.LayerNorm(name="norm1")(x)
         split = nn.with_partitioning
         h = nn.MultiHeadDotProductAttention(
             self.heads, use_bias=False, kernel_init=split(INIT, COLUMNS),
             out_kernel_init=split(residual_init(self.depth), ROWS),
             dropout_rate=self.dropout, deterministic=deterministic, name="attention")(
-                h, h, mask=causal_mask(x))
+                h, h, mask=causal_mask(x, segments))
         x = x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
         h = nn.Dense(4 * self.width, kernel_init=split(INIT, COLUMNS),
                      bias_init=split(nn.initializers.zeros, VECTOR),
                      name="up")(nn.LayerNorm(name="norm2")(x))
         h = nn.Dense(self.width, kernel_init=split(residual_init(self.depth), ROWS),
                      name="down")(nn.gelu(h))
-        return x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
+        x = x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
+        return x if segments is None else (x, segments)
 
 
 class LMHead(nn.Module):
@@ -84,6 +92,7 @@ class LMHead(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        x, _ = with_segments(x)
         return nn.Dense(self.vocab, use_bias=False, kernel_init=nn.with_partitioning(INIT, COLUMNS),
                         name="logits")(
             nn.LayerNorm(name="norm")(x))

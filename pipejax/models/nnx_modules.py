@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipejax.models.common import (COLUMNS, GPT_INIT, ROWS, VECTOR,
-                                   alpha_dropout, causal_mask, global_avg_pool, patches,
-                                   residual_init)
+from pipejax.models.common import (COLUMNS, GPT_INIT, ROWS, VECTOR, alpha_dropout, causal_mask,
+                                   global_avg_pool, patches, positions, residual_init,
+                                   with_segments)
 
 
 class Conv(nnx.Module):
@@ -223,9 +223,11 @@ class TokenEmbed(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
 
     def __call__(self, tokens):
+        tokens, segments = with_segments(tokens)
         h = self.token(tokens)
-        h = h + self.position[...][:tokens.shape[1]][None].astype(h.dtype)
-        return h if self.dropout is None else self.dropout(h)
+        h = h + positions(self.position[...], segments, h)
+        h = h if self.dropout is None else self.dropout(h)
+        return h if segments is None else (h, segments)
 
 
 class CausalBlock(nnx.Module):
@@ -246,10 +248,12 @@ class CausalBlock(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
 
     def __call__(self, x):
+        x, segments = with_segments(x)
         drop = (lambda h: h) if self.dropout is None else self.dropout
         h = self.norm1(x)
-        x = x + drop(self.attention(h, h, mask=causal_mask(x)))
-        return x + drop(self.down(nn.gelu(self.up(self.norm2(x)))))
+        x = x + drop(self.attention(h, h, mask=causal_mask(x, segments)))
+        x = x + drop(self.down(nn.gelu(self.up(self.norm2(x)))))
+        return x if segments is None else (x, segments)
 
 
 class LMHead(nnx.Module):
@@ -261,4 +265,5 @@ class LMHead(nnx.Module):
                                  kernel_init=nnx.with_partitioning(GPT_INIT, COLUMNS), rngs=rngs)
 
     def __call__(self, x):
+        x, _ = with_segments(x)
         return self.logits(self.norm(x))
