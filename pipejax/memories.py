@@ -30,11 +30,13 @@ ANALYSES: collections.deque = collections.deque(maxlen=256)
 # A stage's residuals and split backward, for its layers in one role on
 # equal shapes, dtype and loss (pipejax.compile.stages).
 STAGES: collections.deque = collections.deque(maxlen=256)
+# The jitted generation program of equal layers and settings (pipejax.generation).
+GENERATORS: collections.deque = collections.deque(maxlen=64)
 # A schedule's ring capacities (pipejax.schedules.capacities).
 CAPACITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 MEMORIES = {"layer inits": INITS, "layer analyses": ANALYSES, "stage residuals": STAGES,
-            "ring capacities": CAPACITIES}
+            "generators": GENERATORS, "ring capacities": CAPACITIES}
 
 
 def clear_caches() -> None:

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import pipejax as pj
 
@@ -45,6 +46,66 @@ def test_sampling_is_fixed_by_the_key_and_top_k_limits_it(model):
     assert (one == greedy).all()
     with pytest.raises(pj.errors.ConfigError, match="at least one prompt token"):
         pj.generate(layers, variables, [], 3, context=CONTEXT, key=jax.random.key(0))
+
+
+def test_decode_steps_give_the_logits_of_the_whole_window(model):
+    """Token by token through every layer's cache: each position's logits
+    are those of the layers run on the whole window."""
+    layers, variables = model
+    tokens = jnp.asarray([[5, 9, 200, 7, 7, 31, 0, 255]])
+    whole = pj.apply_layers(layers, variables, tokens, train=False)[0]
+    wrapped = pj.layers.layer_list(layers)
+    decoders = [layer.decoder() for layer in wrapped]
+    h, caches = jax.ShapeDtypeStruct((1, CONTEXT), jnp.int32), []
+    for layer, d, v in zip(wrapped, decoders, variables):
+        caches.append(d.init(v, h))
+        h = jax.eval_shape(lambda x, v=v, layer=layer: layer.apply(v, x, train=False), h)
+    for t in range(CONTEXT):
+        h = tokens[:, t:t + 1]
+        for i, (d, v) in enumerate(zip(decoders, variables)):
+            h, caches[i] = d.step(v, caches[i], h)
+        np.testing.assert_allclose(h[0, 0], whole[t], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_cache_gives_the_tokens_of_recomputation(model, temperature):
+    """Within the context and past it (where the cached part hands over to
+    the sliding window), greedy and drawn."""
+    layers, variables = model
+    for length in (2, 14):
+        run = lambda cache: pj.generate(layers, variables, [3, 1, 4], length, context=CONTEXT,
+                                        key=jax.random.key(5), temperature=temperature,
+                                        cache=cache)
+        assert run(True).tolist() == run(False).tolist()
+
+
+def test_one_program_serves_generations_of_equal_settings(model):
+    layers, variables = model
+    run = lambda seed: pj.generate(layers, variables, [1, 2, 3], 4, context=CONTEXT,
+                                   key=jax.random.key(seed))
+    run(0)
+    before = pj.cache_sizes()["generators"]
+    run(1)
+    assert pj.cache_sizes()["generators"] == before >= 1
+
+
+def test_the_nnx_twin_decodes_as_it_recomputes():
+    layers = pj.models.gpt(depth=1, width=16, heads=2, context=CONTEXT, api="nnx",
+                           rngs=nnx.Rngs(0))
+    variables = [nnx.state(m, nnx.Param) for m in layers]
+    run = lambda cache: pj.generate(layers, variables, [3, 1, 4], 10, context=CONTEXT,
+                                    key=jax.random.key(5), temperature=0, cache=cache)
+    assert run(True).tolist() == run(False).tolist()
+
+
+def test_a_layer_without_a_decode_step_recomputes(model):
+    layers, variables = model
+    with_function = [*layers, lambda logits: logits * 2.0]
+    kw = dict(context=CONTEXT, key=jax.random.key(0), temperature=0)
+    out = pj.generate(with_function, [*variables, {}], [1, 2], 4, **kw)
+    assert out.tolist() == pj.generate(layers, variables, [1, 2], 4, **kw).tolist()
+    with pytest.raises(pj.errors.ConfigError, match=r"layer 3 \(lambda\) offers no decode step"):
+        pj.generate(with_function, [*variables, {}], [1, 2], 4, cache=True, **kw)
 
 
 def test_loss_evaluator_weighs_chunks_by_their_size(model):

@@ -64,7 +64,8 @@ def test_the_process_memories_are_counted_and_cleared():
     pipe = build()
     first = pj.unstage(pipe.init(jax.random.key(0)))
     pj.schedules.ring_capacities(pipe.schedule)
-    assert all(n > 0 for n in pj.cache_sizes().values()), pj.cache_sizes()
+    built = {k: n for k, n in pj.cache_sizes().items() if k != "generators"}  # pj.generate's
+    assert all(n > 0 for n in built.values()), built
     pj.clear_caches()
     assert set(pj.cache_sizes().values()) == {0}
     again = pj.unstage(build().init(jax.random.key(0)))

@@ -23,7 +23,7 @@ import numpy as np
 from pipejax import memories
 from pipejax.errors import LayerError
 from pipejax.layers import nnx
-from pipejax.layers.base import Layer, Variables
+from pipejax.layers.base import Decoder, Layer, Variables
 from pipejax.layers.function import FunctionLayer, function_name
 from pipejax.layers.linen import LinenLayer, own_submodules
 from pipejax.layers.nnx import NnxLayer
@@ -145,6 +145,7 @@ def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
     return h
 
 
-__all__ = ["FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables", "abstract",
+__all__ = ["Decoder", "FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables",
+           "abstract",
            "apply_layers", "initial_variables", "layer_key", "layer_list", "layer_variables",
            "nnx", "shapes"]

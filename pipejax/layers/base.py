@@ -8,7 +8,7 @@ one-device simulators run any layer the same way.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 
@@ -18,6 +18,19 @@ SHARED = ("a pipeline places each layer's parameters on one stage and would trai
           "where Flax trains one (tied weights, such as input and output embeddings, cannot "
           "cross stages): give each layer its own module, or put the layers that share weights "
           "into one layer")
+
+
+class Decoder(NamedTuple):
+    """How a layer computes one new position from what it keeps of the
+    earlier ones (a key/value cache), for `pj.generate(cache=True)`.
+
+    `init(variables, x)`: the empty cache for inputs shaped like `x` (a
+    whole window, `ShapeDtypeStruct`s): as many positions as it holds.
+    `step(variables, cache, x)`: the output for `x`, one position `[B, 1,
+    ...]` after those the cache holds, and the cache with it added."""
+
+    init: Callable[[Variables, Any], Any]
+    step: Callable[[Variables, Any, Any], tuple[Any, Any]]
 
 
 class Layer(Protocol):
@@ -59,3 +72,6 @@ class Layer(Protocol):
     def same(self, other: Layer) -> bool:
         """Whether both are one function of (variables, input), so stages
         holding them may share one branch."""
+
+    def decoder(self) -> Decoder | None:
+        """Its decode step over a cache (decoding.py), None when it has none."""

@@ -53,3 +53,7 @@ class FunctionLayer:
     def same(self, other: Layer) -> bool:
         """The same function object."""
         return isinstance(other, FunctionLayer) and other.fn is self.fn
+
+    def decoder(self) -> None:
+        """None: nothing says whether a function computes each position alone."""
+        return None

@@ -16,9 +16,10 @@ from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from pipejax.errors import LayerError
-from pipejax.layers.base import SHARED, Layer, Variables
+from pipejax.layers.base import SHARED, Decoder, Layer, Variables
 
 
 # Where a mesh is in context, Flax turns every partitioning annotation into a
@@ -95,6 +96,31 @@ class LinenLayer:
             return bool(a == b)
         except Exception:  # noqa: BLE001 - fields that do not compare: not provably equal
             return False
+
+    def decoder(self) -> Decoder | None:
+        """Flax's decode mode, for a module with a `decode` field (Flax's
+        convention: `nn.MultiHeadDotProductAttention(decode=True)` keeps its
+        keys and values in the 'cache' collection): its clone with
+        `decode=True` makes the collection on a whole window, then computes
+        one position at a time with it mutable. None without the field."""
+        if "decode" not in {f.name for f in dataclasses.fields(self.module)}:
+            return None
+        module = self.module.clone(decode=True)
+        kwargs = _call_kwargs(module, False)
+
+        def run(variables: Variables, x: Any) -> tuple[Any, Any]:
+            with jax.sharding.use_abstract_mesh(_NO_MESH):
+                y, mutated = module.apply(variables, x, mutable=["cache"], **kwargs)
+            return y, dict(mutated).get("cache", {})
+
+        def init(variables: Variables, x: Any) -> Any:
+            made = jax.eval_shape(lambda v, x: run(v, x)[1], variables, x)
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), made)
+
+        def step(variables: Variables, cache: Any, x: Any) -> tuple[Any, Any]:
+            return run({**variables, "cache": cache}, x)
+
+        return Decoder(init, step)
 
 
 def _walk(value: Any, path: str) -> Iterator[tuple[str, nn.Module]]:

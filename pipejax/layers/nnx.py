@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from pipejax.errors import LayerError
-from pipejax.layers.base import SHARED, Layer, Variables
+from pipejax.layers.base import SHARED, Decoder, Layer, Variables
 
 
 def stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
@@ -163,6 +163,45 @@ class NnxLayer:
         mine, theirs = jax.tree.leaves(self.constants), jax.tree.leaves(other.constants)
         return bool(same_code and len(mine) == len(theirs)
                     and all(a is b for a, b in zip(mine, theirs)))
+
+    def decoder(self) -> Decoder | None:
+        """nnx.MultiHeadAttention's convention, for a module with
+        `init_cache(input_shape, dtype)`: a copy on the parameters makes its
+        nnx.Cache variables for a whole window's input, and is called with
+        `decode=True` on one position at a time. None without `init_cache`."""
+        if not callable(getattr(self.module, "init_cache", None)):
+            return None
+
+        def init(variables: nnx.State, x: Any) -> _Cache:
+            module = self._module(variables, self.constants, None, False)
+            leaf = jax.tree.leaves(x)[0]
+            module.init_cache(leaf.shape, leaf.dtype)
+            graphdef, _, _, cache, rest = nnx.split(module, nnx.Param, nnx.RngState, nnx.Cache, ...)
+            return _Cache((cache, rest), graphdef)
+
+        def step(variables: nnx.State, cache: _Cache, x: Any) -> tuple[Any, _Cache]:
+            module = nnx.merge(cache.graphdef, variables, self.rngs, *cache.states, copy=True)
+            y = module(x, decode=True)
+            _, _, _, new, rest = nnx.split(module, nnx.Param, nnx.RngState, nnx.Cache, ...)
+            return y, _Cache((new, rest), cache.graphdef)
+
+        return Decoder(init, step)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Cache:
+    """An NNX layer's cache and other non-parameter state, with (static) the
+    layer's graph that holds them."""
+
+    def __init__(self, states: tuple, graphdef: Any):
+        self.states, self.graphdef = states, graphdef
+
+    def tree_flatten(self):
+        return (self.states,), self.graphdef
+
+    @classmethod
+    def tree_unflatten(cls, graphdef, children):
+        return cls(children[0], graphdef)
 
 
 def _copy(state: nnx.State) -> nnx.State:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 from flax import nnx
 
 from pipejax.errors import ConfigError
@@ -39,12 +40,14 @@ from pipejax.models.common import (COLUMNS, ROWS, VECTOR, GPT_INIT as INIT,
 
 
 class TokenEmbed(nn.Module):
-    """Token embedding plus a learned position embedding of the first T positions."""
+    """Token embedding plus a learned position embedding of the first T
+    positions; with `decode`, of the positions after those it has seen."""
 
     vocab: int
     width: int
     context: int
     dropout: float = 0.0
+    decode: bool = False  # Flax's decode mode: count the positions in the 'cache' collection
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool = True):
@@ -52,7 +55,14 @@ class TokenEmbed(nn.Module):
         h = nn.Embed(self.vocab, self.width, embedding_init=nn.with_partitioning(INIT, ROWS),
                      name="token")(tokens)
         position = self.param("position", INIT, (self.context, self.width))
-        h = nn.Dropout(self.dropout, deterministic=deterministic)(h + positions(position, segments, h))
+        seen = self.has_variable("cache", "index")
+        index = self.variable("cache", "index", jnp.zeros, (), jnp.int32) if self.decode else None
+        if seen:  # the next positions, after those decoded so far
+            at, index.value = index.value, index.value + h.shape[1]
+            h = h + lax.dynamic_slice_in_dim(position, at, h.shape[1])[None].astype(h.dtype)
+        else:
+            h = h + positions(position, segments, h)
+        h = nn.Dropout(self.dropout, deterministic=deterministic)(h)
         return h if segments is None else (h, segments)
 
 
@@ -64,6 +74,7 @@ class CausalBlock(nn.Module):
     heads: int
     depth: int
     dropout: float = 0.0
+    decode: bool = False  # Flax's decode mode: keys and values in the 'cache' collection
 
     @nn.compact
     def __call__(self, x, deterministic: bool = True):
@@ -73,7 +84,8 @@ class CausalBlock(nn.Module):
         h = nn.MultiHeadDotProductAttention(
             self.heads, use_bias=False, kernel_init=split(INIT, COLUMNS),
             out_kernel_init=split(residual_init(self.depth), ROWS),
-            dropout_rate=self.dropout, deterministic=deterministic, name="attention")(
+            dropout_rate=self.dropout, deterministic=deterministic, decode=self.decode,
+            name="attention")(
                 h, h, mask=causal_mask(x, segments))
         x = x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
         h = nn.Dense(4 * self.width, kernel_init=split(INIT, COLUMNS),
@@ -89,6 +101,7 @@ class LMHead(nn.Module):
     """Final LayerNorm and a linear map to the vocabulary's logits (no bias)."""
 
     vocab: int
+    decode: bool = False  # each position alone: decodes as it computes
 
     @nn.compact
     def __call__(self, x):

@@ -221,11 +221,21 @@ class TokenEmbed(nnx.Module):
                                rngs=rngs)
         self.position = nnx.Param(GPT_INIT(rngs.params(), (context, width)))
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
+        self.index: nnx.Cache | None = nnx.data(None)  # positions decoded so far
 
-    def __call__(self, tokens):
+    def init_cache(self, input_shape: tuple, dtype=None) -> None:
+        """Decode from the first position (`pj.generate`)."""
+        self.index = nnx.Cache(jnp.zeros((), jnp.int32))
+
+    def __call__(self, tokens, decode: bool = False):
         tokens, segments = with_segments(tokens)
         h = self.token(tokens)
-        h = h + positions(self.position[...], segments, h)
+        if decode:  # the next positions, after those decoded so far
+            at = self.index[...]
+            self.index[...] = at + h.shape[1]
+            h = h + jax.lax.dynamic_slice_in_dim(self.position[...], at, h.shape[1])[None]
+        else:
+            h = h + positions(self.position[...], segments, h)
         h = h if self.dropout is None else self.dropout(h)
         return h if segments is None else (h, segments)
 
@@ -247,11 +257,15 @@ class CausalBlock(nnx.Module):
                                rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
 
-    def __call__(self, x):
+    def init_cache(self, input_shape: tuple, dtype=jnp.float32) -> None:
+        """Keys and values of a window of `input_shape` (`pj.generate`)."""
+        self.attention.init_cache(input_shape, dtype)
+
+    def __call__(self, x, decode: bool = False):
         x, segments = with_segments(x)
         drop = (lambda h: h) if self.dropout is None else self.dropout
         h = self.norm1(x)
-        x = x + drop(self.attention(h, h, mask=causal_mask(x, segments)))
+        x = x + drop(self.attention(h, h, mask=causal_mask(x, segments), decode=decode))
         x = x + drop(self.down(nn.gelu(self.up(self.norm2(x)))))
         return x if segments is None else (x, segments)
 
@@ -264,6 +278,9 @@ class LMHead(nnx.Module):
         self.logits = nnx.Linear(width, vocab, use_bias=False,
                                  kernel_init=nnx.with_partitioning(GPT_INIT, COLUMNS), rngs=rngs)
 
-    def __call__(self, x):
+    def init_cache(self, input_shape: tuple, dtype=None) -> None:
+        """Nothing to keep: each position alone."""
+
+    def __call__(self, x, decode: bool = False):
         x, _ = with_segments(x)
         return self.logits(self.norm(x))
