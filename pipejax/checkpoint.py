@@ -37,6 +37,7 @@ from pipejax.compile.state import Staged, TrainState, host_array, unstage
 from pipejax import checkpoint_files as files
 from pipejax.checkpoint_files import latest
 from pipejax.errors import CheckpointError
+from pipejax.layers.ties import names
 from pipejax.trainer import Trainer
 
 def _layout(trainer: Trainer) -> dict:
@@ -85,7 +86,10 @@ def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
         flushed = bool(np.asarray(inflight.start) == np.asarray(inflight.fed))
     tree["step"] = np.asarray(state.step)
     tree["key"] = np.asarray(jax.random.key_data(state.key))
-    meta = {"format": files.FORMAT, "step": int(state.step), "stages": K,
+    copies = _copies(trainer)  # tied weights: one copy saved, the others named
+    for key in [k for k in tree if files.parameter(k)[1] in copies]:
+        del tree[key]
+    meta = {"format": files.FORMAT, "step": int(state.step), "stages": K, "copies": copies,
             "layers": [[s.name, files.describe(s.variables)] for s in trainer.specs],
             "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
             "synchronous": trainer.schedule.synchronous, **_layout(trainer)}
@@ -98,6 +102,17 @@ def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
     manager.wait_until_finished()
     manager.close()
     return step
+
+
+def _copies(trainer: Trainer) -> dict[str, str]:
+    """Each tied copy's entry name (after an 'optJ.' prefix) -> its tie's
+    first holder's: 'layer3.params.embed.embedding' -> 'layer0.params.embed.embedding'."""
+    entry = {}
+    for i, spec in enumerate(trainer.specs):
+        for path, _ in jax.tree_util.tree_flatten_with_path(spec.variables)[0]:
+            entry[(i, names(path))] = f"layer{i}.{files.name(path)}"
+    return {entry[h]: entry[tie.holders[0]] for tie in trainer.build.code.model.ties
+            for h in tie.holders[1:]}
 
 
 def restore(path: str | os.PathLike, trainer: Trainer, step: int | None = None) -> TrainState:

@@ -82,7 +82,22 @@ def read(path: str | os.PathLike, step: int | None) -> tuple[dict, dict[str, np.
                               f"pipejax reads format {FORMAT}")
     tree = mgr.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
     mgr.close()
-    return meta, {k: np.asarray(v) for k, v in tree["arrays"].items()}
+    arrays = {k: np.asarray(v) for k, v in tree["arrays"].items()}
+    for key in list(arrays):  # a tied copy, saved once, read as its tie's first holder
+        prefix, rest = parameter(key)
+        for copy, first in meta.get("copies", {}).items():
+            if rest == first:
+                arrays[prefix + copy] = arrays[key]
+    return meta, arrays
+
+
+def parameter(key: str) -> tuple[str, str]:
+    """An entry name as (its 'optJ.' prefix or '', the layer's parameter
+    it is or belongs to: 'layerI.path')."""
+    if key.startswith("opt"):
+        prefix, rest = key.split(".", 1)
+        return prefix + ".", rest
+    return "", key
 
 
 def entries(tree: dict, prefix: str, template: Any,

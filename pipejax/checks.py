@@ -81,6 +81,25 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
             "(backward weights, stashed input)); use remat='stage' or weight_stashing=True")
 
 
+def ties(ties: tuple, specs: tuple, schedule: Schedule, mesh: Any) -> None:
+    """Raise unless the pipeline keeps tied copies equal: a synchronous
+    table, stages neither sharded over `fsdp` nor split over `tensor`."""
+    if not ties:
+        return
+    i, j = ties[0].holders[0][0], ties[0].holders[1][0]
+    held = f"layers {i} ({specs[i].name}) and {j} ({specs[j].name}) share a module (tied weights)"
+    if schedule.asynchronous:
+        raise ConfigError(
+            f"{held}, but {schedule.name!r} updates each stage with its own delayed gradient, "
+            "so the copies would part; use a synchronous schedule ('1f1b', 'gpipe', "
+            "'interleaved', ...), or give each layer its own module")
+    sharded = {a: n for a, n in mesh.shape.items() if a in ("fsdp", "tensor") and n > 1}
+    if sharded:
+        raise ConfigError(f"{held}; tied weights are kept equal on whole stages, not on a mesh "
+                          f"that shards them ({sharded}); use a mesh without fsdp and tensor "
+                          "axes, or give each layer its own module")
+
+
 def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:
     """(example, targets, fsdp_gather): one device's part of a micro-batch
     split over a stage's F devices, after checking that it splits, and where

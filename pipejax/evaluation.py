@@ -19,7 +19,7 @@ def evaluator(layers: Sequence[Layer], *,
     `train=False` on one variables dict per layer (`pj.unstage(state.params)`),
     `batch` examples at a time. The prediction is compiled once per `evaluator`.
     NNX modules run in `.eval()` mode on copies: `layers` are not written."""
-    layers = layer_list(layers)
+    layers = layer_list(layers, [])  # tied weights: each layer runs on its own copy
     predict = jax.jit(lambda v, x: jnp.argmax(apply_layers(layers, v, x, train=False), -1))
 
     def accuracy(variables: Sequence[Variables], x: Any, y: Any) -> float:
@@ -37,7 +37,7 @@ def loss_evaluator(layers: Sequence[Layer], loss: Callable[[Any, Any], jax.Array
     run with `train=False`; compiled once per chunk size. With
     `pj.losses.next_token` on `pj.data.evaluation_windows`, the validation
     loss in nats per token; over byte tokens, / ln 2 gives bits per byte."""
-    layers = layer_list(layers)
+    layers = layer_list(layers, [])  # tied weights: each layer runs on its own copy
     chunk_loss = jax.jit(lambda v, x, y: loss(apply_layers(layers, v, x, train=False), y))
 
     def mean_loss(variables: Sequence[Variables], x: Any, y: Any) -> float:

@@ -57,7 +57,7 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
                           "token, length ≥ 0, context ≥ 1 and temperature ≥ 0")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"generate: top_k={top_k}; draw among 1 or more tokens, or give None")
-    layers, n = layer_list(layers), len(prompt)
+    layers, n = layer_list(layers, []), len(prompt)  # tied weights: on their copies
     decoders = [layer.decoder() for layer in layers]
     missing = [i for i, d in enumerate(decoders) if d is None]
     if cache and missing:

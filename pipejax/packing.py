@@ -88,6 +88,7 @@ class Packing:
     # order (virtual stages); None when they are.
     order: tuple[int, ...] | None = None
     parts: int = 1  # T, the tensor devices a split leaf's slot (m, T) is split over
+    tied: tuple = ()  # leaves that hold one value (tied weights): (stage, leaf) groups
 
     @classmethod
     def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None,

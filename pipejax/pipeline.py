@@ -17,12 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from pipejax import checks
+from pipejax import checks as valid  # `checks` is pj.pipeline's flag
+from pipejax.checks import Remat
 from pipejax.compile.programs import (Build, Flags, Model, PipelinePrograms, Shapes, Staged,
                                       build, check_params, check_table, key_or_default,
-                                      pipeline_programs, stage_rows)
+                                      id_ranges, pipeline_programs, stage_rows)
 from pipejax.errors import BatchError, ConfigError
 from pipejax.layers import Layer, abstract, layer_list
+from pipejax.layers.ties import leaf_ties
 from pipejax.mesh import shards, stage_mesh
 from pipejax.partition import make_plan
 from pipejax.schedules import Schedule, capacities, make_schedule, placement_for
@@ -133,12 +135,13 @@ class Pipeline:
 
 def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: int,
              microbatches: int, targets: Any = None, schedule: str | Schedule = "gpipe",
-             partition: str | Sequence[int] = "variance", remat: checks.Remat = "stage",
+             partition: str | Sequence[int] = "variance", remat: Remat = "stage",
              mesh: Mesh | None = None, cost: str = "flops", max_bytes: float | None = None,
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,
              virtual: int | None = None, placement: str | None = None,
-             fsdp_gather: str | None = None, max_shapes: int | None = None) -> Pipeline:
+             fsdp_gather: str | None = None, max_shapes: int | None = None,
+             checks: bool = False) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
     Args:
@@ -210,35 +213,44 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
         traced at its shape with this pipeline's partition and runs on the
         same parameters and state (synchronous schedules). Default None: no
         bound.
+      checks: check every batch's integer inputs and targets against their
+        range before the step (token ids below the first layer's embedding
+        table's rows, targets below the output's last axis, none negative),
+        raising a `BatchError` that names them instead of a NaN loss or a
+        silent wrap; one device-to-host read a step (compile/ids.py).
 
     Returns:
       An immutable `Pipeline`: `.plan`, `.schedule`, `.layout`, `.init(key)`,
       `.value_and_grad(params, batch, key)`, `.trainer(optimizer)`.
     """
-    layers = layer_list(layers)
+    shared: list = []  # modules two layers hold: tied weights
+    layers = layer_list(layers, shared)
     placement = placement_for(schedule, stages, virtual, placement)
-    checks.counts(layers, placement, microbatches)
-    remat = checks.remat(remat)
-    compute_dtype = checks.dtype(compute_dtype)
+    valid.counts(layers, placement, microbatches)
+    remat = valid.remat(remat)
+    compute_dtype = valid.dtype(compute_dtype)
     table = make_schedule(schedule, placement, microbatches)
     check_table(table)
-    checks.staleness(table, remat, weight_stashing)
+    valid.staleness(table, remat, weight_stashing)
     mesh = stage_mesh(stages, mesh)
     example = abstract(example)
     mb = jax.tree.leaves(example)[0].shape[0]
     targets = abstract(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     # A stage sharded over F devices runs one F-th of each micro-batch on each.
-    example, targets, fsdp_gather = checks.sharded(shards(mesh), fsdp_gather, table, example,
+    example, targets, fsdp_gather = valid.sharded(shards(mesh), fsdp_gather, table, example,
                                                    targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
+    ties = leaf_ties(shared, [s.variables for s in specs], [s.name for s in specs])
+    valid.ties(ties, specs, table, mesh)
     in_flight = [capacities.in_flight(table, k) for k in range(stages)] if max_bytes else None
     plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
-                     keeps_activations=remat == "none", max_padding=checks.padding(max_padding))
-    model = Model(tuple(layers), loss, remat, example, targets, compute_dtype)
+                     keeps_activations=remat == "none", max_padding=valid.padding(max_padding))
+    model = Model(tuple(layers), loss, remat, example, targets, compute_dtype, ties)
     flags = Flags(weight_stashing, share_branches, fsdp_gather)
     b = build(model, plan, table, mesh, flags)
-    shapes = Shapes(b, lambda x, y: _at_shape(b, flags, x, y), max_shapes)
+    shapes = Shapes(b, lambda x, y: _at_shape(b, flags, x, y), max_shapes,
+                    id_ranges(specs, example, targets) if checks else None)
     return Pipeline(b, pipeline_programs(shapes), shapes)
 
 

@@ -164,7 +164,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     """
     if cost not in ("flops", "time"):
         raise ConfigError(f"unknown cost {cost!r}; use 'flops' or 'time'")
-    layers = layer_list(layers)
+    layers = layer_list(layers, [])  # tied weights: each layer runs on its own copy
     key = jax.random.key(0) if key is None else key
     key_struct = jax.eval_shape(lambda: key)
     h = abstract(example)

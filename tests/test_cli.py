@@ -397,7 +397,8 @@ def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
         capsys.readouterr().err)
     assert main(["train", "--model", "gpt", "--model-args", "depth=2,layers=3"]) == 2
     assert ("--model-args 'depth=2,layers=3': 'layers=3' is not KEY=VALUE of an argument of "
-            "pj.models.gpt (depth, width, heads, context, dropout)") in capsys.readouterr().err
+            "pj.models.gpt (depth, width, heads, context, dropout, tie_embeddings)"
+            ) in capsys.readouterr().err
     assert main(["train", "--model", "mlp", "--data", "shakespeare", "--stages", "2"]) == 2
     assert "--model mlp trains on a classification data set" in capsys.readouterr().err
     assert main(["train", "--model", "gpt", "--stages", "2", "--schedule", "pb",

@@ -46,6 +46,7 @@ from pipejax.schedules import FAMILIES
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import lead, local, params as rows, per_device, run_if, shard
 from pipejax.compile.state import Staged
+from pipejax.compile.ties import counted_once
 from pipejax.errors import ConfigError
 from pipejax.transforms import forecast, forecasts_backward, has_forecast
 from pipejax.transforms.per_stage import Optimizer, per_stage
@@ -189,7 +190,7 @@ class StageOptimizers:
         outer = self.outer
         grads, rule = outer.before(grads, s.rule, p)
         ok, when, skipped = self._guard(grads, when, scope)
-        grads = outer.clip(grads, ok)
+        grads = outer.clip(grads, ok, counted_once(self.params, grads))
         step = lambda ops, c: self.groups.switch(self._branches(apply=False), *ops, c[1])
         if when is None:
             updates, stages = step((p, grads), (None, s.stages))

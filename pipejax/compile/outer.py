@@ -40,13 +40,16 @@ def all_finite(grads: Buffers, scope: tuple[str, ...] = ()) -> jax.Array:
 
 
 def clip_by_global_norm(grads: Buffers, max_norm: float, ok: jax.Array | None = None,
-                        model: tuple[str, ...] = (AXIS,)) -> Buffers:
+                        model: tuple[str, ...] = (AXIS,), counted: Buffers | None = None
+                        ) -> Buffers:
     """`optax.clip_by_global_norm` over the gradients of ALL stages: the
     squared norm is summed over the mesh axes `model` that hold the model's
     parts (the stages; with FSDP their pieces; padding holds zeros), so the
-    clip means what it means for the unpipelined model. A stage whose
+    clip means what it means for the unpipelined model; over `counted`
+    where given (tied weights counted once, compile/ties.py). A stage whose
     gradient the guard drops (`ok` false) adds nothing to the norm."""
-    square = sum(jnp.sum(jnp.square(d.astype(jnp.float32))) for d in grads)
+    square = sum(jnp.sum(jnp.square(d.astype(jnp.float32)))
+                 for d in (grads if counted is None else counted))
     if ok is not None:
         square = jnp.where(ok, square, 0.0)
     norm = jnp.sqrt(lax.psum(square, model))
@@ -101,10 +104,12 @@ class Outer:
         tree, states[i] = (self.rule.before, self.rule.after)[i].update(tree, states[i], p)
         return tree, tuple(states)
 
-    def clip(self, grads: Buffers, ok: jax.Array | None) -> Buffers:
+    def clip(self, grads: Buffers, ok: jax.Array | None, counted: Buffers | None = None
+             ) -> Buffers:
+        """The clip by the global norm (of `counted` where given)."""
         if self.clip_norm is None:
             return grads
-        return clip_by_global_norm(grads, self.clip_norm, ok, self.model)
+        return clip_by_global_norm(grads, self.clip_norm, ok, self.model, counted)
 
     def consensus(self, p: Buffers) -> jax.Array | None:
         """Inside shard_map: the spread of the replicas' weights (all stages),

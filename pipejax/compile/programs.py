@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from pipejax.compile import asynchronous, synchronous
 from pipejax.compile.build import Build
 from pipejax.compile.guard import guarded
+from pipejax.compile.ids import ranges as id_ranges
 from pipejax.compile.lanes import compiled_lanes
 from pipejax.compile.layout import Layout
 from pipejax.compile.memory import MemoryEstimate, estimate
@@ -31,6 +32,7 @@ from pipejax.compile.spmd import REPLICATED, params, per_device, sharding
 from pipejax.compile.shapes import PerShape, Shapes
 from pipejax.compile.stages import Model, StageCode
 from pipejax.compile.tensor import slot_shardings
+from pipejax.compile.ties import initial
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
@@ -41,9 +43,9 @@ from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
 __all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers",
-           "Shapes", "Staged", "TrainPrograms", "TrainState", "build", "check_params", "check_table",
-           "key_or_default", "opt_states", "pipeline_programs", "stage_rows", "train_programs",
-           "unstage"]
+           "Shapes", "Staged", "TrainPrograms", "TrainState", "build", "check_params",
+           "check_table", "id_ranges", "key_or_default", "opt_states", "pipeline_programs",
+           "stage_rows", "train_programs", "unstage"]
 
 
 class Flags(NamedTuple):
@@ -120,8 +122,10 @@ def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
     holds one other stage's variables and their packed copy at once. A
     sharded stage (over `fsdp` or `tensor`) is packed in host memory and
     each device gets only its piece: no device holds a whole stage it does
-    not run. A process places the rows of its own devices (every replica's)."""
+    not run. A process places the rows of its own devices (every replica's).
+    A tied leaf takes its tie's first holder's value (compile/ties.py)."""
     plan, packing = b.code.plan, b.code.params
+    variables = initial(variables, b.code.model.ties)
     placed = slot_shardings(b.mesh, params(b.mesh, replicas=False), packing, 1)
     shapes = [(b.K, *shape) for _, shape in packing.slots]
     where = [s.addressable_devices_indices_map(shape) for s, shape in zip(placed, shapes)]

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipejax.compile import ids
 from pipejax.compile.build import Build
 from pipejax.errors import BatchError, ConfigError
 
@@ -57,11 +58,12 @@ class Shapes:
     it); else the build traced at the batch's shapes, made once."""
 
     def __init__(self, base: Build, rebuild: Callable[[Any, Any], Build],
-                 max_shapes: int | None = None):
+                 max_shapes: int | None = None, ranges: ids.Ranges | None = None):
         if max_shapes is not None and not (isinstance(max_shapes, int) and max_shapes >= 1):
             raise ConfigError(f"max_shapes={max_shapes!r}; use an int >= 1 (the micro-batch "
                               "shapes a pipeline compiles for) or None for no bound")
         self.base, self.max_shapes, self._rebuild = base, max_shapes, rebuild
+        self.ranges = ranges  # the ids checked before every step; None: unchecked
         whole = jax.tree.leaves((base.example, base.targets))
         self._builds: dict[Key, Build] = {_key(whole): base}
         self._rows = [base.R * base.M * base.F * leaf.shape[0] for leaf in whole]
@@ -73,7 +75,10 @@ class Shapes:
         return list(self._builds)
 
     def of(self, batch: Any, where: str) -> Build:
-        """The build that runs `batch` (see the class)."""
+        """The build that runs `batch` (see the class); with `ranges`
+        (`pj.pipeline(checks=True)`), its ids checked first (compile/ids.py)."""
+        if self.ranges is not None:
+            ids.check(batch, self.ranges, where)
         leaves = _leaves(batch)
         if (leaves is None or jax.tree.structure(tuple(batch)) != self._structure
                 or any(np.ndim(a) == 0 or np.shape(a)[0] != n

@@ -30,6 +30,7 @@ from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.packing import Packing
 from pipejax.compile.sharing import StageGroups
+from pipejax.compile.ties import tied
 from pipejax.layers import Layer, apply_layers, lasting, remembered
 from pipejax.layers.sharding import tensor_axes
 from pipejax.partition import Plan
@@ -48,6 +49,7 @@ class Model(NamedTuple):
     example: Any
     targets: Any
     compute_dtype: Any = None
+    ties: tuple = ()  # leaves several layers hold as one value (layers/ties.py)
 
 
 class Feed(NamedTuple):
@@ -88,10 +90,10 @@ class StageCode:
         shards, parts = degrees
         axes = [tensor_axes(s.variables, f"layer {s.index} ({s.name})", parts)
                 for s in plan.specs]
-        self.params = Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
-                                 order=[i for ls in layers for i in ls], shards=shards,
-                                 splits=[[a for i in ls for a in axes[i]] for ls in layers],
-                                 parts=parts)
+        self.params = tied(Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
+                                      order=[i for ls in layers for i in ls], shards=shards,
+                                      splits=[[a for i in ls for a in axes[i]] for ls in layers],
+                                      parts=parts), plan, model.ties)
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
                                      _same_structure, share)
         self.outputs = self._outputs()

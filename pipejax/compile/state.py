@@ -61,13 +61,28 @@ class Staged:
             rows = [b[replica] for b in host]
         else:
             raise ArgumentTypeError(f"replica={replica!r}; use 0 to {R - 1} or 'mean'")
-        return [jax.tree.map(jax.numpy.asarray, self.packing.unpack(k, tuple(b[k] for b in rows)))
-                for k in range(K)]
+        trees = [jax.tree.map(jax.numpy.asarray, self.packing.unpack(k, tuple(b[k] for b in rows)))
+                 for k in range(K)]
+        return _one_copy(trees, self.packing.tied)
 
     def __repr__(self) -> str:
         n = sum(int(np.prod(np.shape(b))) for b in self.buffers)
         return (f"Staged(stages={self.packing.stages}, replicas={self.replicas}, "
                 f"slots={len(self.buffers)}, elements={n})")
+
+
+def _one_copy(trees: list[Any], tied: tuple) -> list[Any]:
+    """Stage trees with the leaves of each tied group (equal copies of one
+    matrix, compile/ties.py) as one array, the first's."""
+    if not tied:
+        return trees
+    flat = [jax.tree.flatten(t) for t in trees]
+    leaves = [list(f[0]) for f in flat]
+    for group in tied:
+        (k0, n0), *rest = group
+        for k, n in rest:
+            leaves[k][n] = leaves[k0][n0]
+    return [jax.tree.unflatten(treedef, ls) for (_, treedef), ls in zip(flat, leaves)]
 
 
 def host_array(a: jax.Array) -> np.ndarray:

@@ -33,6 +33,7 @@ from pipejax.compile.state import Rings, Staged, TrainState
 from pipejax.compile.metrics import metrics
 from pipejax.compile.table import run_table
 from pipejax.compile.table_state import TableIn, TableOut
+from pipejax.compile.ties import summed
 
 
 def scratch(build: Build) -> Rings:
@@ -59,7 +60,8 @@ def value_and_grad(build: Build) -> Callable:
 
     def body(p, x, y, key):
         out = _pass(build, local(p), (x, y), key)
-        grads = lax.pmean(out.grads, axes) if axes else out.grads
+        grads = summed(build.code.params, out.grads)
+        grads = lax.pmean(grads, axes) if axes else grads
         return jnp.mean(out.losses), lead(grads)
 
     batch, staged = split_batch(build.mesh), params(build.mesh, replicas=False)
@@ -91,7 +93,8 @@ def train_step(build: Build, opts: StageOptimizers, carried: bool = True) -> Cal
             p, s, skipped = update(p, grads, OptState(s, rule), finite)
             return p, s.stages, s.rule, skipped
 
-        p, s, rule, skipped = in_place(apply)(p, lead(out.grads), s, rule)
+        grads = lead(summed(build.code.params, out.grads))
+        p, s, rule, skipped = in_place(apply)(p, grads, s, rule)
         skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
         rings = lead(out.rings) if carried else rings
         return p, s, rule, rings, out.losses, out.done, outer.consensus(local(p)), skipped

@@ -31,16 +31,16 @@ from pipejax.layers.nnx import NnxLayer
 _ADAPTERS = (LinenLayer, NnxLayer, FunctionLayer)
 
 
-def _wrap(layers: Sequence[Any], i: int, owner: dict) -> Layer:
+def _wrap(layers: Sequence[Any], i: int, owner: dict, shared: list | None) -> Layer:
     """Entry `i` of `layers` as its kind's adapter (an adapter as it is);
     `owner` records which layer holds each module, to find shared ones."""
     layer = layers[i]
     if isinstance(layer, _ADAPTERS):
         return layer
     if nnx.is_nnx(layer):
-        return nnx.wrap(layers, i, owner)
+        return nnx.wrap(layers, i, owner, shared)
     if isinstance(layer, nn.Module):
-        own_submodules(layers, i, owner)
+        own_submodules(layers, i, owner, shared)
         return LinenLayer(layer)
     if callable(layer):
         return FunctionLayer(layer)
@@ -49,14 +49,16 @@ def _wrap(layers: Sequence[Any], i: int, owner: dict) -> Layer:
                      "one array")
 
 
-def layer_list(layers: Any) -> tuple[Layer, ...]:
+def layer_list(layers: Any, shared: list | None = None) -> tuple[Layer, ...]:
     """The entries of `layers` (a list or tuple, an `nnx.Sequential` or an
-    `nnx.List`) as `Layer`s; entries that already are pass through.
+    `nnx.List`) as `Layer`s; entries that already are pass through. With a
+    `shared` list, modules two layers share are appended to it (tied
+    weights, ties.py) instead of being an error.
 
     Raises:
       LayerError: when `layers` is not a list, an entry is neither a module
-        nor a function, or two layers share variables or a module (nnx.py,
-        linen.py): a pipeline places each layer's parameters on one stage.
+        nor a function, or (without `shared`) two layers share variables or
+        a module (nnx.py, linen.py): each layer would train its own copy.
     """
     entries = nnx.items(layers)
     if entries is None:
@@ -64,7 +66,7 @@ def layer_list(layers: Any) -> tuple[Layer, ...]:
                          f"nnx.Sequential), not {type(layers).__name__}; a model is a list so it "
                          "can be split")
     owner: dict[int, int] = {}
-    return tuple(_wrap(entries, i, owner) for i in range(len(entries)))
+    return tuple(_wrap(entries, i, owner, shared) for i in range(len(entries)))
 
 
 def remembered(memory: collections.deque | list, layers: Sequence[Layer], kind: Any,
@@ -139,7 +141,7 @@ def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
     """Run a contiguous run of layers sequentially; `first` is the global index
     of `layers[0]`, so keys match however the list is split into stages.
     `layers` may be the user's list (wrapped here)."""
-    for i, (layer, v) in enumerate(zip(layer_list(layers), variables)):
+    for i, (layer, v) in enumerate(zip(layer_list(layers, []), variables)):  # tied: copies
         k = None if key is None else layer_key(key, first + i)
         h = layer.apply(v, h, k, train)
     return h

@@ -14,10 +14,9 @@ import jax
 
 Variables = Any  # linen: what `module.apply` takes; NNX: an nnx.State of its Params; {}: a function
 
-SHARED = ("a pipeline places each layer's parameters on one stage and would train two copies "
-          "where Flax trains one (tied weights, such as input and output embeddings, cannot "
-          "cross stages): give each layer its own module, or put the layers that share weights "
-          "into one layer")
+SHARED = ("here each layer would train its own copy where Flax trains one (pj.pipeline ties "
+          "them on synchronous schedules: a copy per stage, their gradients summed); give each "
+          "layer its own module, or put the layers that share weights into one layer")
 
 
 class Decoder(NamedTuple):

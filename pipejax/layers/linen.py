@@ -138,13 +138,15 @@ def _walk(value: Any, path: str) -> Iterator[tuple[str, nn.Module]]:
             yield from _walk(item, f"{path}[{key!r}]")
 
 
-def own_submodules(layers: Sequence[Any], i: int, owner: dict) -> None:
+def own_submodules(layers: Sequence[Any], i: int, owner: dict,
+                   shared: list | None = None) -> None:
     """Record the linen modules held in layer `i`'s fields (at any depth) as
     layer i's; one already held by, or listed as, another layer is shared.
 
-    Linen would train such a module's parameters once (tied input and output
-    embeddings); a pipeline would give each layer its own copy, silently. A
-    linen module listed twice at the top is two layers.
+    Linen trains such a module's parameters once (tied input and output
+    embeddings). With a `shared` list, each is appended to it as a pair of
+    (layer, path of its parameters) (layers/ties.py); without, it is an
+    error. A linen module listed twice at the top is two layers.
 
     Raises:
       LayerError: naming both layers and the shared module.
@@ -155,10 +157,22 @@ def own_submodules(layers: Sequence[Any], i: int, owner: dict) -> None:
     if top[id(layers[i])] != i:
         return  # a layer listed again: its copy was walked
     for path, module in list(_walk(layers[i], ""))[1:]:
-        j = owner.setdefault(id(module), i)
-        j = top.get(id(module), j) if j == i else j
-        if j != i:
+        j, at = owner.setdefault(id(module), (i, path))
+        j, at = (top[id(module)], "") if j == i and id(module) in top else (j, at)
+        if j != i and shared is not None:
+            shared.append(((j, _params_path(at, j, layers)), (i, _params_path(path, i, layers))))
+        elif j != i:
             raise LayerError(
                 f"layers {j} ({type(layers[j]).__name__}) and {i} ({type(layers[i]).__name__}) "
                 f"share the module {type(module).__name__} (layer {i}'s field {path[1:]}); "
                 f"{SHARED}")
+
+
+def _params_path(path: str, i: int, layers: Sequence[Any]) -> tuple[str, ...]:
+    """Where a module held at field path `path` of layer `i` keeps its
+    parameters in the layer's variables: Flax names a module held in a field
+    by the field ('.embed' -> params.embed; '' is the layer itself)."""
+    if "[" in path:
+        raise LayerError(f"layer {i} ({type(layers[i]).__name__}) holds a shared module in "
+                         f"{path[1:]}, inside a list or dict; tie a module held in a field")
+    return ("params", *[p for p in path.split(".") if p])

@@ -38,6 +38,7 @@ from flax import nnx
 
 from pipejax.errors import LayerError
 from pipejax.layers.base import SHARED, Decoder, Layer, Variables
+from pipejax.layers.decoding import cache_decoder
 
 
 def stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
@@ -166,42 +167,10 @@ class NnxLayer:
 
     def decoder(self) -> Decoder | None:
         """nnx.MultiHeadAttention's convention, for a module with
-        `init_cache(input_shape, dtype)`: a copy on the parameters makes its
-        nnx.Cache variables for a whole window's input, and is called with
-        `decode=True` on one position at a time. None without `init_cache`."""
+        `init_cache(input_shape, dtype)` (decoding.py); None without it."""
         if not callable(getattr(self.module, "init_cache", None)):
             return None
-
-        def init(variables: nnx.State, x: Any) -> _Cache:
-            module = self._module(variables, self.constants, None, False)
-            leaf = jax.tree.leaves(x)[0]
-            module.init_cache(leaf.shape, leaf.dtype)
-            graphdef, _, _, cache, rest = nnx.split(module, nnx.Param, nnx.RngState, nnx.Cache, ...)
-            return _Cache((cache, rest), graphdef)
-
-        def step(variables: nnx.State, cache: _Cache, x: Any) -> tuple[Any, _Cache]:
-            module = nnx.merge(cache.graphdef, variables, self.rngs, *cache.states, copy=True)
-            y = module(x, decode=True)
-            _, _, _, new, rest = nnx.split(module, nnx.Param, nnx.RngState, nnx.Cache, ...)
-            return y, _Cache((new, rest), cache.graphdef)
-
-        return Decoder(init, step)
-
-
-@jax.tree_util.register_pytree_node_class
-class _Cache:
-    """An NNX layer's cache and other non-parameter state, with (static) the
-    layer's graph that holds them."""
-
-    def __init__(self, states: tuple, graphdef: Any):
-        self.states, self.graphdef = states, graphdef
-
-    def tree_flatten(self):
-        return (self.states,), self.graphdef
-
-    @classmethod
-    def tree_unflatten(cls, graphdef, children):
-        return cls(children[0], graphdef)
+        return cache_decoder(self._module, self.rngs, self.constants)
 
 
 def _copy(state: nnx.State) -> nnx.State:
@@ -228,9 +197,11 @@ def is_nnx(obj: Any) -> bool:
     return isinstance(obj, nnx.Module) or (isinstance(obj, type) and issubclass(obj, nnx.Module))
 
 
-def wrap(layers: Sequence[Any], i: int, owner: dict) -> NnxLayer:
+def wrap(layers: Sequence[Any], i: int, owner: dict, shared: list | None = None) -> NnxLayer:
     """Layer `i` of `layers`, an NNX module, split into an `NnxLayer`; its
-    variables and submodules are recorded in `owner` (id -> layer index).
+    variables and submodules are recorded in `owner` (id -> (layer index,
+    path)). With a `shared` list, a parameter an earlier layer holds too is
+    appended to it as a pair of (layer, path) (tied weights, layers/ties.py).
 
     Raises:
       LayerError: naming the layers, when it is an NNX class rather than an
@@ -240,7 +211,7 @@ def wrap(layers: Sequence[Any], i: int, owner: dict) -> NnxLayer:
     """
     layer = layers[i]
     if isinstance(layer, nnx.Module) and id(layer) in owner:
-        j = owner[id(layer)]
+        j = owner[id(layer)][0]
         raise LayerError(
             f"layers {j} and {i} ({type(layer).__name__}) are one module object; {SHARED}")
     if isinstance(layer, type):
@@ -251,8 +222,11 @@ def wrap(layers: Sequence[Any], i: int, owner: dict) -> NnxLayer:
         # Random streams may be shared: they are reseeded at every call, never trained.
         if not isinstance(node, (nnx.Variable, nnx.Module)) or isinstance(node, nnx.RngState):
             continue
-        j = owner.setdefault(id(node), i)
-        if j != i:
+        j, at = owner.setdefault(id(node), (i, path))
+        if j != i and shared is not None:
+            if isinstance(node, nnx.Param):
+                shared.append(((j, tuple(map(str, at))), (i, tuple(map(str, path)))))
+        elif j != i:
             what = ".".join(map(str, path)) or "the whole module"
             raise LayerError(
                 f"layers {j} ({type(layers[j]).__name__}) and {i} ({name}) share {what} "

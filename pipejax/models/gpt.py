@@ -14,10 +14,11 @@ arithmetic (softmax ignores a shift shared by every key), and Adam turns its
 rounding noise into full-size steps. Weights are drawn from N(0, 0.02²), the
 two residual projections of a block from N(0, 0.02²/(2·depth)) (GPT-2 §2.3).
 
-The input embedding and the output head are separate matrices: tied weights
-cannot cross stages, since each layer's parameters live on the one stage that
-runs it. A layer list that shares one module between two layers is a
-`LayerError` (layers/).
+The input embedding and the output head are separate matrices, or with
+`tie_embeddings=True` one (GPT-2's): one `nn.Embed` held by `TokenEmbed` and
+by `LMHead`, which multiplies by its transpose (`Embed.attend`); a pipeline
+keeps a copy on each stage that holds one of them and sums their gradients
+(pipejax/compile/ties.py).
 
 The weights carry Megatron's layout for the mesh axis "tensor" as Flax
 annotations (models/common.py: attention heads, the MLP's hidden axis, the
@@ -48,12 +49,14 @@ class TokenEmbed(nn.Module):
     context: int
     dropout: float = 0.0
     decode: bool = False  # Flax's decode mode: count the positions in the 'cache' collection
+    embed: nn.Module | None = None  # a token embedding shared with the head (tied)
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool = True):
         tokens, segments = with_segments(tokens)
-        h = nn.Embed(self.vocab, self.width, embedding_init=nn.with_partitioning(INIT, ROWS),
-                     name="token")(tokens)
+        token = self.embed if self.embed is not None else nn.Embed(
+            self.vocab, self.width, embedding_init=nn.with_partitioning(INIT, ROWS), name="token")
+        h = token(tokens)
         position = self.param("position", INIT, (self.context, self.width))
         seen = self.has_variable("cache", "index")
         index = self.variable("cache", "index", jnp.zeros, (), jnp.int32) if self.decode else None
@@ -98,39 +101,51 @@ class CausalBlock(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Final LayerNorm and a linear map to the vocabulary's logits (no bias)."""
+    """Final LayerNorm and a linear map to the vocabulary's logits (no bias):
+    its own matrix, or the transpose of a shared token embedding's (tied)."""
 
     vocab: int
     decode: bool = False  # each position alone: decodes as it computes
+    embed: nn.Module | None = None  # the token embedding, shared (tied)
 
     @nn.compact
     def __call__(self, x):
         x, _ = with_segments(x)
+        if self.embed is not None:
+            return self.embed.attend(nn.LayerNorm(name="norm")(x))
         return nn.Dense(self.vocab, use_bias=False, kernel_init=nn.with_partitioning(INIT, COLUMNS),
                         name="logits")(
             nn.LayerNorm(name="norm")(x))
 
 
 def gpt(depth: int = 6, width: int = 128, heads: int = 4, context: int = 128, vocab: int = 256,
-        dropout: float = 0.0, *, api: str = "linen", rngs: nnx.Rngs | None = None) -> list:
+        dropout: float = 0.0, *, tie_embeddings: bool = False, api: str = "linen",
+        rngs: nnx.Rngs | None = None) -> list:
     """A GPT of `depth` blocks of `width` with `heads` heads over `context`
     tokens of a `vocab`-token vocabulary (256: bytes); `depth + 2` layers.
-    `api="nnx"` builds the NNX twins (models/nnx_modules.py) from `rngs`."""
+    `tie_embeddings`: the head is the token embedding's transpose (one
+    matrix, GPT-2's). `api="nnx"` builds the NNX twins (models/nnx_modules.py)
+    from `rngs`."""
     if width % heads:
         raise ConfigError(f"pj.models.gpt(width={width}, heads={heads}): the width must be a "
                       f"multiple of the heads; use width={width // heads * heads or heads}")
     with nnx.use_eager_sharding(False):  # annotated, placed by the pipeline
-        return _layers(depth, width, heads, context, vocab, dropout, api, rngs)
+        return _layers(depth, width, heads, context, vocab, dropout, tie_embeddings, api, rngs)
 
 
 def _layers(depth: int, width: int, heads: int, context: int, vocab: int, dropout: float,
-            api: str, rngs: nnx.Rngs | None) -> list:
+            tie: bool, api: str, rngs: nnx.Rngs | None) -> list:
     N = nnx_modules
     b = Builder("gpt", api, (context,), rngs, dtype=jnp.int32)
-    b.add(TokenEmbed(vocab, width, context, dropout),
-          lambda f, r: N.TokenEmbed(vocab, width, context, dropout, rngs=r))
+    embed = (nn.Embed(vocab, width, embedding_init=nn.with_partitioning(INIT, ROWS))
+             if tie and api == "linen" else None)
+    shared = (nnx.Embed(vocab, width, embedding_init=nnx.with_partitioning(INIT, ROWS),
+                        rngs=b.rngs) if tie and api == "nnx" else None)
+    b.add(TokenEmbed(vocab, width, context, dropout, embed=embed),
+          lambda f, r: N.TokenEmbed(vocab, width, context, dropout, embed=shared, rngs=r))
     for _ in range(depth):
         b.add(CausalBlock(width, heads, depth, dropout),
               lambda f, r: N.CausalBlock(width, heads, depth, dropout, rngs=r))
-    return b.add(LMHead(vocab), lambda f, r: N.LMHead(width, vocab, rngs=r)).layers
+    return b.add(LMHead(vocab, embed=embed),
+                 lambda f, r: N.LMHead(width, vocab, embed=shared, rngs=r)).layers
 

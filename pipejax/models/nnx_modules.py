@@ -215,10 +215,13 @@ class ResidualLSTM(nnx.Module):
 class TokenEmbed(nnx.Module):
     """Token embedding plus a learned position embedding of the first T positions."""
 
-    def __init__(self, vocab: int, width: int, context: int, dropout: float = 0.0, *,
-                 rngs: nnx.Rngs):
-        self.token = nnx.Embed(vocab, width, embedding_init=nnx.with_partitioning(GPT_INIT, ROWS),
-                               rngs=rngs)
+    def __init__(self, vocab: int, width: int, context: int, dropout: float = 0.0,
+                 embed: nnx.Embed | None = None, *, rngs: nnx.Rngs):
+        if embed is None:
+            self.token = nnx.Embed(vocab, width, rngs=rngs,
+                                   embedding_init=nnx.with_partitioning(GPT_INIT, ROWS))
+        else:  # shared with the head (tied), named as the linen twin's field
+            self.embed = embed
         self.position = nnx.Param(GPT_INIT(rngs.params(), (context, width)))
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if dropout > 0 else None
         self.index: nnx.Cache | None = nnx.data(None)  # positions decoded so far
@@ -229,7 +232,7 @@ class TokenEmbed(nnx.Module):
 
     def __call__(self, tokens, decode: bool = False):
         tokens, segments = with_segments(tokens)
-        h = self.token(tokens)
+        h = (self.embed if hasattr(self, "embed") else self.token)(tokens)
         if decode:  # the next positions, after those decoded so far
             at = self.index[...]
             self.index[...] = at + h.shape[1]
@@ -273,14 +276,19 @@ class CausalBlock(nnx.Module):
 class LMHead(nnx.Module):
     """Final LayerNorm and a linear map to the vocabulary's logits (no bias)."""
 
-    def __init__(self, width: int, vocab: int, *, rngs: nnx.Rngs):
+    def __init__(self, width: int, vocab: int, embed: nnx.Embed | None = None, *,
+                 rngs: nnx.Rngs):
         self.norm = nnx.LayerNorm(width, rngs=rngs)
-        self.logits = nnx.Linear(width, vocab, use_bias=False,
-                                 kernel_init=nnx.with_partitioning(GPT_INIT, COLUMNS), rngs=rngs)
+        if embed is None:
+            self.logits = nnx.Linear(width, vocab, use_bias=False, rngs=rngs,
+                                     kernel_init=nnx.with_partitioning(GPT_INIT, COLUMNS))
+        else:  # the token embedding's transpose (tied)
+            self.embed = embed
 
     def init_cache(self, input_shape: tuple, dtype=None) -> None:
         """Nothing to keep: each position alone."""
 
     def __call__(self, x, decode: bool = False):
         x, _ = with_segments(x)
-        return self.logits(self.norm(x))
+        x = self.norm(x)
+        return self.embed.attend(x) if hasattr(self, "embed") else self.logits(x)

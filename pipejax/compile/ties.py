@@ -1,0 +1,103 @@
+"""Tied weights across stages: every stage that uses a shared matrix holds a copy.
+
+Megatron-LM keeps the tied input embedding and output head as a copy on the
+first and on the last stage and all-reduces their gradients over its
+"embedding group" before the optimizer. So here: each layer that holds a
+shared module (layers/ties.py) has its copy in its stage's packed
+parameters, wherever its slot lands there; `tied` records each tie's
+leaves as (device, leaf index) groups in the parameter `Packing`, the one
+home every program reads them from. The copies start equal (`initial`: the
+first holder's values), and at every step `summed` gives each copy the sum
+of every copy's gradient, a psum over the stage axis: the gradient of the
+one matrix the sequential model has (the sum of both uses). The same update
+of the same gradient by the same optimizer keeps them bitwise equal.
+`counted_once` is the gradient with one copy of each tie, for the global
+norm (`clip_norm`). `Staged.per_stage` hands the copies back as one array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pipejax.layers.ties import Tie, names
+from pipejax.mesh import AXIS
+from pipejax.packing import Buffers, Packing
+from pipejax.partition import Plan
+
+
+def tied(packing: Packing, plan: Plan, ties: Sequence[Tie]) -> Packing:
+    """The parameter `packing` of `plan` with each tie's leaves recorded as
+    (device, leaf index in the device's packed tree) groups."""
+    if not ties:
+        return packing
+    where = {}
+    for k in range(packing.stages):
+        layers = plan.device_layers(k)
+        flat = jax.tree_util.tree_flatten_with_path(packing.abstract_tree(k))[0]
+        for n, (path, _) in enumerate(flat):
+            where[(layers[path[0].idx], names(path[1:]))] = (k, n)
+    return dataclasses.replace(packing, tied=tuple(tuple(where[h] for h in tie.holders)
+                                                   for tie in ties))
+
+
+def initial(variables: Callable[[int], Any], ties: Sequence[Tie]) -> Callable[[int], Any]:
+    """`variables` (layer i -> its variables) with each tied leaf taken from
+    its tie's first holder: the shared matrix is initialized once."""
+    if not ties:
+        return variables
+    first = {h: tie.holders[0] for tie in ties for h in tie.holders[1:]}
+
+    def tied_variables(i: int) -> Any:
+        seen: dict[int, dict] = {}  # a first holder's leaves by path, made once
+
+        def leaf(path: tuple, x: Any) -> Any:
+            source = first.get((i, names(path)))
+            if source is None:
+                return x
+            if source[0] not in seen:
+                seen[source[0]] = {names(p): v for p, v in jax.tree_util.tree_flatten_with_path(
+                    variables(source[0]))[0]}
+            return seen[source[0]][source[1]]
+        return jax.tree_util.tree_map_with_path(leaf, variables(i))
+
+    return tied_variables
+
+
+def summed(packing: Packing, grads: Buffers) -> Buffers:
+    """Inside shard_map: a device's packed gradient with each tied leaf
+    replaced by the sum over every copy on every stage."""
+    if not packing.tied:
+        return grads
+    k, out = lax.axis_index(AXIS), list(grads)
+    for group in packing.tied:
+        leaves = [(d, packing.leaves[d][n]) for d, n in group]
+        total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, out[s.slot]), 0.0)
+                             for d, s in leaves), AXIS)
+        for d, s in leaves:
+            out[s.slot] = jnp.where(k == d, _put(packing, s, out[s.slot], total), out[s.slot])
+    return tuple(out)
+
+
+def counted_once(packing: Packing, grads: Buffers) -> Buffers:
+    """Inside shard_map: `grads` with every copy of a tied leaf but the
+    first zeroed: what the global norm sums, one matrix counted once."""
+    if not packing.tied:
+        return grads
+    k, out = lax.axis_index(AXIS), list(grads)
+    for group in packing.tied:
+        for d, n in group[1:]:
+            s = packing.leaves[d][n]
+            zero = jnp.zeros(s.shape, out[s.slot].dtype)
+            out[s.slot] = jnp.where(k == d, _put(packing, s, out[s.slot], zero), out[s.slot])
+    return tuple(out)
+
+
+def _put(packing: Packing, s: Any, b: jax.Array, x: jax.Array) -> jax.Array:
+    """Slot buffer `b` with leaf `s` set to `x`."""
+    v = packing.to_slot(s, x).astype(b.dtype)
+    return v if v.shape == b.shape else b.at[:v.shape[0]].set(v)
