@@ -56,7 +56,7 @@ def test_pack_documents_fills_rows_in_order():
         pj.data.pack_documents(docs, length=8, rows=2)
 
 
-@pytest.mark.parametrize("api", ["linen", "nnx"])
+@pytest.mark.parametrize("api", ["linen", pytest.param("nnx", marks=pytest.mark.slow)])
 def test_a_packed_row_computes_each_document_alone(api):
     layers = pj.models.gpt(**SIZE, api=api, rngs=nnx.Rngs(0) if api == "nnx" else None)
     docs = _documents([6, 4, 7], seed=1)

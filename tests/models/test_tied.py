@@ -107,6 +107,7 @@ def test_the_global_norm_counts_the_shared_matrix_once():
     assert rel_err(moved, jax.tree.map(lambda d: d * 0.1 / norm, g)) < 1e-3
 
 
+@pytest.mark.slow  # NNX ties are found in tests/layers/test_nnx.py; the sums are the linen path's
 def test_the_nnx_twin_ties_its_embedding():
     layers = pj.models.gpt(**SIZE, api="nnx", rngs=nnx.Rngs(0))
     pipe = _pipeline(layers)
