@@ -61,7 +61,7 @@ def test_a_packed_row_computes_each_document_alone(api):
     layers = pj.models.gpt(**SIZE, api=api, rngs=nnx.Rngs(0) if api == "nnx" else None)
     docs = _documents([6, 4, 7], seed=1)
     (x, segments), _ = pj.data.pack_documents(docs, length=16).batch
-    run = lambda v, h: pj.apply_layers(layers, v, h, train=False)
+    run = jax.jit(lambda v, h: pj.apply_layers(layers, v, h, train=False))
     variables = (_variables(layers, jnp.asarray(x)) if api == "linen"
                  else [nnx.state(m) for m in layers])
     packed = run(variables, (jnp.asarray(x), jnp.asarray(segments)))
