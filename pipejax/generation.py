@@ -74,16 +74,18 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
     kind = ("generate", n, length, context, temperature, top_k, cached)
     program = remembered(memories.GENERATORS if lasting(layers) else [], layers, kind,
                          lambda: jax.jit(functools.partial(
-                             _run, layers, n, cached, context, _picker(temperature, top_k))))
+                             _run, layers, decoders, n, cached, context,
+                             _picker(temperature, top_k))))
     return np.asarray(program(variables, tokens, jax.random.split(key, length)))[n:]
 
 
-def _run(layers: Sequence[Layer], n: int, cached: int, context: int, pick: Pick,
-         variables: Sequence[Variables], tokens: jax.Array, keys: jax.Array) -> jax.Array:
+def _run(layers: Sequence[Layer], decoders: Sequence[Decoder | None], n: int, cached: int,
+         context: int, pick: Pick, variables: Sequence[Variables], tokens: jax.Array,
+         keys: jax.Array) -> jax.Array:
     """The prompt's `n` tokens followed by those generated: through the
-    caches up to position `cached`, then by recomputation."""
+    layers' `decoders` up to position `cached`, then by recomputation."""
     if cached > n:
-        tokens = _decode(layers, variables, tokens, n, cached, keys, pick)
+        tokens = _decode(layers, decoders, variables, tokens, (n, cached), keys, pick)
     return _recompute(layers, variables, tokens, max(cached, n), context, keys, pick)
 
 
@@ -117,13 +119,13 @@ def _recompute(layers: Sequence[Layer], variables: Sequence[Variables], tokens: 
     return jax.lax.scan(next_token, tokens, jnp.arange(start, total))[0]
 
 
-def _decode(layers: Sequence[Layer], variables: Sequence[Variables], tokens: jax.Array,
-            n: int, stop: int, keys: jax.Array, pick: Pick) -> jax.Array:
-    """`tokens` with positions n to `stop` − 1 generated through the layers'
-    caches, sized for `stop` positions: position t's logits come from one
-    step of every layer on token t alone, the prompt's tokens fed the same
-    way (prompt token t + 1 is taken, not drawn, while t + 1 < n)."""
-    decoders: list[Decoder] = [layer.decoder() for layer in layers]
+def _decode(layers: Sequence[Layer], decoders: Sequence[Decoder], variables: Sequence[Variables],
+            tokens: jax.Array, span: tuple[int, int], keys: jax.Array, pick: Pick) -> jax.Array:
+    """`tokens` with positions n to `stop` − 1 (`span`) generated through the
+    layers' caches, sized for `stop` positions: position t's logits come from
+    one step of every layer on token t alone, the prompt's tokens fed the
+    same way (prompt token t + 1 is taken, not drawn, while t + 1 < n)."""
+    n, stop = span
     h, caches = jax.ShapeDtypeStruct((1, stop), jnp.int32), []
     for layer, d, v in zip(layers, decoders, variables):  # each cache sized for its input
         caches.append(d.init(v, h))

@@ -25,8 +25,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-
+from pipejax.data import outside
 from pipejax.errors import BatchError
 from pipejax.layers.ties import names
 
@@ -54,9 +53,11 @@ def ranges(specs: Sequence[Any], example: Any, targets: Any) -> Ranges:
 
 
 def check(batch: Any, ranges: Ranges, where: str) -> None:
-    """Raise a `BatchError` if an id of `batch` (inputs, targets) is out of range."""
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-        return  # not a batch: the step's own check says so
+    """Raise a `BatchError` if an id of `batch` (inputs, targets) is out of
+    range; an abstract batch (`trainer.step.lower` on shapes) has no ids to check."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2) or any(
+            isinstance(a, (jax.ShapeDtypeStruct, jax.core.Tracer)) for a in jax.tree.leaves(batch)):
+        return  # not a batch (the step's own check says so), or not values
     for name, tree, highs in (("inputs", batch[0], ranges.inputs),
                               ("targets", batch[1], ranges.targets)):
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -65,9 +66,8 @@ def check(batch: Any, ranges: Ranges, where: str) -> None:
         counts = _outside(tuple(leaf for _, leaf in leaves), highs)
         for (path, leaf), high, count in zip(leaves, highs, counts):
             if high is not False and int(count):
-                ids = np.asarray(leaf).ravel()
-                bad = np.unique(ids[(ids < 0) | (ids >= (np.inf if high is None else high))])
-                shown = ", ".join(map(str, bad[:8])) + (" ..." if len(bad) > 8 else "")
+                _, values = outside(leaf, 0, high)
+                shown = ", ".join(map(str, values))
                 span = f"[0, {high})" if high is not None else "0 and above"
                 raise BatchError(
                     f"{where}: {name}{jax.tree_util.keystr(path)} holds {int(count)} ids "

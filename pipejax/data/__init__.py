@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
@@ -151,15 +151,20 @@ def check(data: Dataset | Corpus, where: str = "the data") -> None:
                             f"(first {bad[:5].tolist()})")
 
 
+def outside(ids: Any, low: int, high: int | None) -> tuple[np.ndarray, list[int]]:
+    """The flat positions of `ids` outside [low, high) (below `low` when
+    `high` is None), and the first few distinct values there."""
+    ids = np.asarray(ids)
+    at = np.flatnonzero((ids < low) | (ids >= high) if high is not None else ids < low)
+    return at, sorted(set(ids.flat[at[:1000]].tolist()))[:8]
+
+
 def _in_range(ids: np.ndarray, low: int, high: int | None, what: str, want: str) -> None:
     """Raise naming the values of `ids` outside [low, high) and where they are."""
-    ids = np.asarray(ids)
-    bad = (ids < low) | (ids >= high) if high is not None else ids < low
-    if bad.any():
-        at = np.flatnonzero(bad)
-        outside = f"below {low}" if high is None else f"outside [{low}, {high})"
-        values = sorted(set(ids.flat[at[:1000]].tolist()))[:8]
-        raise DataError(f"{what}: {at.size} {outside}, values {values} at positions "
+    at, values = outside(ids, low, high)
+    if at.size:
+        span = f"below {low}" if high is None else f"outside [{low}, {high})"
+        raise DataError(f"{what}: {at.size} {span}, values {values} at positions "
                         f"{at[:5].tolist()}; {what.split(': ')[-1]} must be {want}")
 
 

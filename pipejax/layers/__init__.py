@@ -65,7 +65,7 @@ def layer_list(layers: Any, shared: list | None = None) -> tuple[Layer, ...]:
         raise LayerError(f"layers must be a list of Flax modules or functions (or an "
                          f"nnx.Sequential), not {type(layers).__name__}; a model is a list so it "
                          "can be split")
-    owner: dict[int, int] = {}
+    owner: dict[int, tuple] = {}  # id of a module or variable -> (its layer, its path there)
     return tuple(_wrap(entries, i, owner, shared) for i in range(len(entries)))
 
 
@@ -148,6 +148,5 @@ def apply_layers(layers: Sequence[Any], variables: Sequence[Variables], h: Any,
 
 
 __all__ = ["Decoder", "FunctionLayer", "Layer", "LinenLayer", "NnxLayer", "Variables",
-           "abstract",
-           "apply_layers", "initial_variables", "layer_key", "layer_list", "layer_variables",
-           "nnx", "shapes"]
+           "abstract", "apply_layers", "initial_variables", "layer_key", "layer_list",
+           "layer_variables", "nnx", "shapes"]

@@ -31,6 +31,8 @@ def test_tokens_past_the_vocabulary_and_negative_targets_are_named():
         trainer.step(state, (x, x.at[2, 2].set(-1)))
     loss, _ = pipe.value_and_grad(params, (x.at[0, 1].set(255), x))  # in range: runs
     assert jnp.isfinite(loss)
+    shapes = jax.ShapeDtypeStruct(x.shape, x.dtype)  # lowered on shapes: no ids to check
+    pipe.shapes.of((shapes, shapes), "trainer.step.lower")
 
 
 def test_class_labels_are_bounded_by_the_outputs():
