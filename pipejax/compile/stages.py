@@ -114,11 +114,11 @@ class StageCode:
     def residuals(self, j: int, remat: Remat) -> Any:
         """The abstract residuals virtual stage j keeps from a forward to its
         backward under `remat` (with "none": its whole working set of one micro-batch)."""
-        return self._remembered(j, ("residuals", remat), lambda: jax.eval_shape(
+        return self.remembered(j, ("residuals", remat), lambda: jax.eval_shape(
             lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
             self.abstract_params(j), self.input_of(j), self.abstract_feed()))
 
-    def _remembered(self, j: int, kind: tuple, compute: Callable[[], Any]) -> Any:
+    def remembered(self, j: int, kind: tuple, compute: Callable[[], Any]) -> Any:
         """`compute()` of virtual stage j, once per process for equal layers
         in the same role on equal shapes, dtype and loss (`remembered`)."""
         layers = [self.model.layers[s.index] for s in self.plan.stage_specs(j)]
@@ -271,7 +271,7 @@ class StageCode:
 
         reread = [i < again for i in range(len(flat))]
         kind = ("split", self.model.remat, self.seed, shapes((args[3], args[4])))
-        return self._remembered(j, kind, lambda: split_backward(
+        return self.remembered(j, kind, lambda: split_backward(
             fn, flat, len(jax.tree.leaves(args[0])), reread))
 
     def backward_args(self, j: int) -> tuple:
