@@ -10,13 +10,14 @@ sends activations to the next virtual stage and gradients to the one before
 with `lax.ppermute`, outside the stage switch, between the devices that
 hold chunks j and j + 1, along the placement's routes (`Placement.routes`:
 the ring for a loop; down, up and the turn on one device for a V). A
-message carries (payload, micro-batch, chunk, valid); the receiver files a
-valid one in its slot.
+message carries its payload; the receiver reads off the table which task
+sent it (micro-batch, chunk, whether it ran) and files a valid one in its
+slot.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -53,51 +54,63 @@ def reads(rings: Rings, layout: Layout, op: Op, ring: jax.Array) -> tuple:
     return (h,) if op in (Op.F, Op.W) else (h, read(rings.grads, ring % layout.grad_slots))
 
 
-class Message(NamedTuple):
-    """What an op sends: its payload (packed activations or gradients) and
-    the task that made it (its micro-batch g, virtual stage j, whether it ran)."""
-
-    payload: Buffers
-    task: TickTask
+def either(a: TickTask, b: TickTask) -> TickTask:
+    """The task of whichever of two ops ran (a cell runs at most one op
+    that sends a gradient back: B or BW)."""
+    return TickTask(*(jnp.where(a.real, x, y) for x, y in zip(a, b)))
 
 
-def either(a: Message, b: Message) -> Message:
-    """The message of whichever of two ops ran (a cell runs at most one
-    op that sends a gradient back: B or BW)."""
-    pick = lambda x, y: jnp.where(a.task.real, x, y)
-    return Message(jax.tree.map(pick, a.payload, b.payload),
-                   TickTask(*map(pick, a.task, b.task)))
+def _deliver(placement: Placement, sender: jax.Array, task: TickTask, step: int,
+             shift: int | None) -> tuple:
+    """(micro-batch, the receiver's local chunk, valid) of the message that
+    device `sender`'s `task` sends from chunk j to chunk j + `step` along
+    the route of device shift `shift` (None: the placement's only route)."""
+    target = task.j + step
+    local = (placement.next_local(task.j, sender) if step > 0 else
+             placement.previous_local(task.j, sender))
+    valid = task.real & (target >= 0) & (target < placement.chunks)
+    if shift is not None:
+        valid = valid & ((placement.device(target) - sender) % placement.stages == shift)
+    return task.g, local, valid
 
 
-def _send(placement: Placement, k: jax.Array, message: Message, step: int) -> list[tuple]:
-    """`message` from chunk j to chunk j + `step`, along each of the
+def _send(placement: Placement, k: jax.Array, payload: Buffers, step: int,
+          sent_by: Callable[[jax.Array], TickTask]) -> list[tuple]:
+    """`payload` from chunk j to chunk j + `step`, along each of the
     placement's routes (a `lax.ppermute`, or none for a message that stays
     on its device): what each route delivers to this device, as (payload,
-    micro-batch, the receiver's local chunk, valid)."""
-    payload, task = message
-    target = task.j + step
-    local = (placement.next_local(task.j, k) if step > 0 else
-             placement.previous_local(task.j, k))
-    valid = task.real & (target >= 0) & (target < placement.chunks)
+    micro-batch, the receiver's local chunk, valid). Only the payload
+    travels: which task sent it, and so where it is filed, the receiver
+    reads off the table (`sent_by(device)`), every device holding the whole
+    table; a ppermute of the three scalars cost a collective each, at every
+    tick."""
     routes = placement.routes(step)
     got = []
     for route in routes:
-        on = valid if len(routes) == 1 else valid & (
-            (placement.device(target) - k) % placement.stages == route.shift)
-        sent = (payload, task.g, local, on)
-        got.append(sent if route.shift == 0 else lax.ppermute(sent, AXIS, route.pairs))
+        shift = None if len(routes) == 1 else route.shift
+        if route.shift == 0:
+            got.append((payload, *_deliver(placement, k, sent_by(k), step, shift)))
+            continue
+        sender = (k - route.shift) % placement.stages
+        receives = jnp.asarray([any(dst == d for _, dst in route.pairs)
+                                for d in range(placement.stages)])[k]
+        g, local, valid = _deliver(placement, sender, sent_by(sender), step, shift)
+        got.append((lax.ppermute(payload, AXIS, route.pairs), g, local, valid & receives))
     return got
 
 
 def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
-             forward: Message, back: Message) -> Rings:
-    """Inside shard_map, on device k: send `forward` on and `back` back;
-    file what arrives, under the receiver's own chunk (j + 1's, j − 1's)."""
+             payloads: tuple[Buffers, Buffers],
+             sent_by: Callable[[jax.Array], tuple[TickTask, TickTask]]) -> Rings:
+    """Inside shard_map, on device k: send the forward's payload on and the
+    backward's back (`payloads`); file what arrives, under the receiver's
+    own chunk (j + 1's, j − 1's). `sent_by(device)`: the (forward, backward)
+    tasks whose messages that device sends at this tick."""
     if placement.chunks == 1:  # one device, one chunk: no message
         return rings
     inputs, grads = rings.inputs, rings.grads
-    for payload, g, c, valid in _send(placement, k, forward, 1):
+    for payload, g, c, valid in _send(placement, k, payloads[0], 1, lambda d: sent_by(d)[0]):
         inputs = _file(inputs, placement.ring(g, c) % layout.input_slots, payload, valid)
-    for payload, g, c, valid in _send(placement, k, back, -1):
+    for payload, g, c, valid in _send(placement, k, payloads[1], -1, lambda d: sent_by(d)[1]):
         grads = _file(grads, placement.ring(g, c) % layout.grad_slots, payload, valid)
     return rings._replace(inputs=inputs, grads=grads)

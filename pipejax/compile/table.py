@@ -99,8 +99,7 @@ class _Tick(SplitBackwardOps, ShardedWeights):
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
         p, s, rings, grad_sum, held = carry
-        tasks = {lane.op: read_task(row[lane.index], lane.op, self.k, self.placement,
-                                    self.counters) for lane in self.lanes}
+        tasks = self._tasks(row, self.k)
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
         fused = None
         if self.fusion:
@@ -123,16 +122,30 @@ class _Tick(SplitBackwardOps, ShardedWeights):
                 ops, msg = self._input_grad(runs[op], ops)
             else:
                 ops, msg = self._weight_grad(runs[op], ops), None
-            sent[op] = messages.Message(msg, tasks[op])
-        back = [sent[op] for op in BACKWARD if op in sent]  # a cell runs one of B and BW
-        back = back[0] if len(back) == 1 else messages.either(*back)
-        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, sent[Op.F],
-                                  back)
+            sent[op] = msg
+        back = [op for op in BACKWARD if op in sent]  # a cell runs one of B and BW
+        pick = lambda x, y: jnp.where(tasks[back[0]].real, x, y)
+        payload = (sent[back[0]] if len(back) == 1
+                   else jax.tree.map(pick, *(sent[op] for op in back)))
+        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k,
+                                  (sent[Op.F], payload), lambda k: self._senders(row, k))
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         held = ops.whole[:len(held)] if held else ()
         return ((ops.p, ops.s, rings, ops.grad_sum, held),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
+
+    def _tasks(self, row: tuple, k: jax.Array) -> dict[Op, TickTask]:
+        """Device k's task in each compiled lane at this tick (`row`)."""
+        return {lane.op: read_task(row[lane.index], lane.op, k, self.placement, self.counters)
+                for lane in self.lanes}
+
+    def _senders(self, row: tuple, k: jax.Array) -> tuple[TickTask, TickTask]:
+        """The tasks whose messages device k sends at this tick: its
+        forward's and its backward's (B's or BW's)."""
+        tasks = self._tasks(row, k)
+        back = [tasks[op] for op in BACKWARD if op in tasks]
+        return tasks[Op.F], back[0] if len(back) == 1 else messages.either(*back)
 
     def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
         """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
