@@ -74,29 +74,53 @@ def _deliver(placement: Placement, sender: jax.Array, task: TickTask, step: int,
     return task.g, local, valid
 
 
-def _send(placement: Placement, k: jax.Array, payload: Buffers, step: int,
+def _send(placement: Placement, k: jax.Array, step: int,
           sent_by: Callable[[jax.Array], TickTask]) -> list[tuple]:
-    """`payload` from chunk j to chunk j + `step`, along each of the
-    placement's routes (a `lax.ppermute`, or none for a message that stays
-    on its device): what each route delivers to this device, as (payload,
-    micro-batch, the receiver's local chunk, valid). Only the payload
-    travels: which task sent it, and so where it is filed, the receiver
-    reads off the table (`sent_by(device)`), every device holding the whole
-    table; a ppermute of the three scalars cost a collective each, at every
-    tick."""
+    """Where the payload device k's task sends from chunk j to chunk j +
+    `step` goes: per route of the placement, (its pairs, or None for a
+    message that stays on its device; and what the route delivers to this
+    device: micro-batch, the receiver's local chunk, valid). Only the
+    payload travels: which task sent it, and so where it is filed, the
+    receiver reads off the table (`sent_by(device)`), every device holding
+    the whole table; a ppermute of the three scalars cost a collective
+    each, at every tick."""
     routes = placement.routes(step)
     got = []
     for route in routes:
         shift = None if len(routes) == 1 else route.shift
         if route.shift == 0:
-            got.append((payload, *_deliver(placement, k, sent_by(k), step, shift)))
+            got.append((None, _deliver(placement, k, sent_by(k), step, shift)))
             continue
         sender = (k - route.shift) % placement.stages
         receives = jnp.asarray([any(dst == d for _, dst in route.pairs)
                                 for d in range(placement.stages)])[k]
         g, local, valid = _deliver(placement, sender, sent_by(sender), step, shift)
-        got.append((lax.ppermute(payload, AXIS, route.pairs), g, local, valid & receives))
+        got.append((tuple(route.pairs), (g, local, valid & receives)))
     return got
+
+
+def _moved(sends: list[tuple[tuple | None, Buffers]]) -> list[Buffers]:
+    """Each (pairs, payload) moved by `lax.ppermute` along its pairs (None:
+    it stays). The leaves of one dtype that travel along equal pairs go in
+    one buffer, one collective: a V's activations down and its gradients
+    up share the pairs (k, k + 1), as do the other two ways; with a
+    collective each, a tick of zb-v ran four."""
+    out = [list(payload) for _, payload in sends]
+    together: dict[tuple, list] = {}
+    for i, (pairs, payload) in enumerate(sends):
+        for n, leaf in enumerate(payload if pairs is not None else ()):
+            together.setdefault((pairs, leaf.dtype), []).append((i, n, leaf))
+    for (pairs, _), leaves in together.items():
+        if len(leaves) == 1:
+            i, n, leaf = leaves[0]
+            out[i][n] = lax.ppermute(leaf, AXIS, pairs)
+            continue
+        moved = lax.ppermute(jnp.concatenate([leaf.ravel() for *_, leaf in leaves]), AXIS, pairs)
+        at = 0
+        for i, n, leaf in leaves:
+            out[i][n] = moved[at:at + leaf.size].reshape(leaf.shape)
+            at += leaf.size
+    return [tuple(payload) for payload in out]
 
 
 def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
@@ -108,9 +132,13 @@ def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
     tasks whose messages that device sends at this tick."""
     if placement.chunks == 1:  # one device, one chunk: no message
         return rings
-    inputs, grads = rings.inputs, rings.grads
-    for payload, g, c, valid in _send(placement, k, payloads[0], 1, lambda d: sent_by(d)[0]):
-        inputs = _file(inputs, placement.ring(g, c) % layout.input_slots, payload, valid)
-    for payload, g, c, valid in _send(placement, k, payloads[1], -1, lambda d: sent_by(d)[1]):
-        grads = _file(grads, placement.ring(g, c) % layout.grad_slots, payload, valid)
+    ways = [(payloads[0], 1, lambda d: sent_by(d)[0]), (payloads[1], -1, lambda d: sent_by(d)[1])]
+    routes = [[(pairs, payload, where) for pairs, where in _send(placement, k, step, by)]
+              for payload, step, by in ways]
+    moved = iter(_moved([(pairs, payload) for way in routes for pairs, payload, _ in way]))
+    (forward, back), (inputs, grads) = routes, (rings.inputs, rings.grads)
+    for _, _, (g, c, valid) in forward:
+        inputs = _file(inputs, placement.ring(g, c) % layout.input_slots, next(moved), valid)
+    for _, _, (g, c, valid) in back:
+        grads = _file(grads, placement.ring(g, c) % layout.grad_slots, next(moved), valid)
     return rings._replace(inputs=inputs, grads=grads)
