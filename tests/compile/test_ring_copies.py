@@ -39,3 +39,19 @@ def test_no_tick_copies_a_ring_or_the_weights(schedule, remat):
     assert found == {"tick": [], "loops": []}, found
     rows = hlo.tick_copies(text, ticks, hlo.buffer_shapes(pipe.layout))
     assert rows["loops"] == [] and len(rows["tick"]) <= 1, rows
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "dualpipev"])
+def test_a_v_tick_runs_two_collectives(schedule):
+    """A V's messages go down, up and round the turn, both ways: the
+    payloads along equal pairs share one collective-permute, and which task
+    sent them is read off the table, so a tick at K = 4 runs two, as a
+    loop's does (four with a collective per way, more with the task's
+    scalars sent too)."""
+    pipe = pj.pipeline(pj.models.mlp(depth=8, width=32), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((4, 40)), stages=4, microbatches=8, schedule=schedule)
+    trainer = pipe.trainer(optax.sgd(0.1))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    batch = (jnp.zeros((32, 40)), jnp.zeros((32,), jnp.int32))
+    text = trainer.step.lower(state, batch).compile().as_text()
+    assert hlo.per_tick(text, pipe.schedule.ticks, "collective-permute") == {"tick": 2, "step": 0}
