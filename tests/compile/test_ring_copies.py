@@ -41,7 +41,7 @@ def test_no_tick_copies_a_ring_or_the_weights(schedule, remat):
     assert rows["loops"] == [] and len(rows["tick"]) <= 1, rows
 
 
-@pytest.mark.parametrize("schedule", ["zb-v", "dualpipev"])
+@pytest.mark.parametrize("schedule", fast_and_slow(["zb-v", "dualpipev"], ["zb-v"]))
 def test_a_v_tick_runs_two_collectives(schedule):
     """A V's messages go down, up and round the turn, both ways: the
     payloads along equal pairs share one collective-permute, and which task
