@@ -76,10 +76,10 @@ def _deliver(placement: Placement, sender: jax.Array, task: TickTask, step: int,
 
 def _send(placement: Placement, k: jax.Array, step: int,
           sent_by: Callable[[jax.Array], TickTask]) -> list[tuple]:
-    """Where the payload device k's task sends from chunk j to chunk j +
-    `step` goes: per route of the placement, (its pairs, or None for a
-    message that stays on its device; and what the route delivers to this
-    device: micro-batch, the receiver's local chunk, valid). Only the
+    """The routes of the placement for messages from chunk j to chunk j +
+    `step`: per route, (its pairs, None for the one that stays on its
+    device; and what it delivers to device k: micro-batch, k's local
+    chunk, valid). Only the
     payload travels: which task sent it, and so where it is filed, the
     receiver reads off the table (`sent_by(device)`), every device holding
     the whole table; a ppermute of the three scalars cost a collective

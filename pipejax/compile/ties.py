@@ -79,7 +79,7 @@ def summed(packing: Packing, grads: Buffers) -> Buffers:
         total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, out[s.slot]), 0.0)
                              for d, s in leaves), AXIS)
         for d, s in leaves:
-            out[s.slot] = jnp.where(k == d, _put(packing, s, out[s.slot], total), out[s.slot])
+            _put(packing, out, k == d, s, total)
     return tuple(out)
 
 
@@ -92,12 +92,13 @@ def counted_once(packing: Packing, grads: Buffers) -> Buffers:
     for group in packing.tied:
         for d, n in group[1:]:
             s = packing.leaves[d][n]
-            zero = jnp.zeros(s.shape, out[s.slot].dtype)
-            out[s.slot] = jnp.where(k == d, _put(packing, s, out[s.slot], zero), out[s.slot])
+            _put(packing, out, k == d, s, jnp.zeros(s.shape, out[s.slot].dtype))
     return tuple(out)
 
 
-def _put(packing: Packing, s: Any, b: jax.Array, x: jax.Array) -> jax.Array:
-    """Slot buffer `b` with leaf `s` set to `x`."""
+def _put(packing: Packing, out: list, here: jax.Array, s: Any, x: jax.Array) -> None:
+    """Set leaf `s` of the slot buffers `out` to `x` on the device where
+    `here` is true; elsewhere the slot stays as it is."""
+    b = out[s.slot]
     v = packing.to_slot(s, x).astype(b.dtype)
-    return v if v.shape == b.shape else b.at[:v.shape[0]].set(v)
+    out[s.slot] = jnp.where(here, v if v.shape == b.shape else b.at[:v.shape[0]].set(v), b)
