@@ -15,6 +15,7 @@ from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.table_state import Ops
+from pipejax.packing import Buffers
 from pipejax.schedules import Op
 
 
@@ -41,10 +42,10 @@ class SplitBackwardOps:
         """The task's rows of the kept and the bridge rings."""
         return task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots
 
-    def _input_grad(self, task: TickTask, ops: Ops) -> tuple:
+    def _input_grad(self, task: TickTask, ops: Ops, msg: Buffers) -> tuple:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
-        gradient, sent back, and the bridge its W reads, written into its
-        slot."""
+        gradient, sent back in `msg`'s buffers, and the bridge its W reads,
+        written into its slot."""
         rows = self._rows(task)
 
         def input_grad(micro, c, rings, slots):
@@ -56,7 +57,7 @@ class SplitBackwardOps:
 
         (w, msg), rings = self._run_on_rings(Op.B, task, input_grad,
                                              self._inputs(task.g, task.j),
-                                             (self.weights(ops), self.code.acts.zeros()),
+                                             (self.weights(ops), msg),
                                              ops.rings)
         return self._with_weights(ops, w)._replace(rings=rings), msg
 

@@ -98,7 +98,7 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g), first
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
-        p, s, rings, grad_sum, held = carry
+        p, s, rings, grad_sum, held, mail = carry
         tasks = self._tasks(row, self.k)
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
         fused = None
@@ -111,29 +111,32 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         ops = Ops(p, s, grad_sum, rings)
         if self.F > 1:
             ops = ops._replace(whole=self._gather(runs, fused, ops, held))
-        sent = {}
+        on, back = mail  # a cell runs one of B and BW: both write the one message back
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
             if op == Op.F:
-                ops, msg, loss = self._forward(runs[op], ops, loss)
+                ops, on, loss = self._forward(runs[op], ops, loss, on)
             elif op == Op.BW:
-                ops, msg, loss, skipped = self._backward(runs[op], fused, ops, loss)
+                ops, back, loss, skipped = self._backward(runs[op], fused, ops, loss, back)
             elif op == Op.B:
-                ops, msg = self._input_grad(runs[op], ops)
+                ops, back = self._input_grad(runs[op], ops, back)
             else:
-                ops, msg = self._weight_grad(runs[op], ops), None
-            sent[op] = msg
-        back = [op for op in BACKWARD if op in sent]  # a cell runs one of B and BW
-        pick = lambda x, y: jnp.where(tasks[back[0]].real, x, y)
-        payload = (sent[back[0]] if len(back) == 1
-                   else jax.tree.map(pick, *(sent[op] for op in back)))
-        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k,
-                                  (sent[Op.F], payload), lambda k: self._senders(row, k))
+                ops = self._weight_grad(runs[op], ops)
+        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, (on, back),
+                                  lambda k: self._senders(row, k))
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         held = ops.whole[:len(held)] if held else ()
-        return ((ops.p, ops.s, rings, ops.grad_sum, held),
+        return ((ops.p, ops.s, rings, ops.grad_sum, held, (on, back)),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
+
+    def mail(self) -> tuple[Buffers, Buffers]:
+        """What the scan carries for the tick's two messages, on and back:
+        the buffers the last tick sent, which the ops write in place (a
+        message of no op is dropped by its receiver, whatever it holds).
+        Started from zeros at every tick, each message buffer was filled
+        anew: one activation-sized copy a tick on every table."""
+        return self.code.acts.zeros(), self.code.acts.zeros()
 
     def _tasks(self, row: tuple, k: jax.Array) -> dict[Op, TickTask]:
         """Device k's task in each compiled lane at this tick (`row`)."""
@@ -174,11 +177,11 @@ class _Tick(SplitBackwardOps, ShardedWeights):
 
         return self._run(task.real, body, operands, (carry, rings))
 
-    def _forward(self, task: TickTask, ops: Ops, loss: jax.Array) -> tuple:
+    def _forward(self, task: TickTask, ops: Ops, loss: jax.Array, msg: Buffers) -> tuple:
         """Stage k's forward of micro-batch g on virtual stage j at its
         weights (or their forecast): keeps its residuals (and with weight
         stashing the weights it used) in its slot; returns the ops' state,
-        the message on and the loss.
+        the message on (written into `msg`'s buffers) and the loss.
 
         The weights pass through the loop's carry, untouched: as an operand
         of the loop XLA would copy them at every tick (they live on into
@@ -189,7 +192,7 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         loops then own one; measured on PipeDream without weight stashing
         and PB)."""
         if not self.separate:
-            return ops, self.code.acts.zeros(), loss
+            return ops, msg, loss
         slot = task.ring % self.layout.kept_slots
         p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
@@ -210,13 +213,13 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         first = ops.whole[0] if ops.whole else s.ahead if ahead else p
         (w, msg, loss), rings = self._run_on_rings(
             Op.F, task, forward, (self._inputs(task.g, task.j), piece),
-            (first, self.code.acts.zeros(), loss), ops.rings)
+            (first, msg, loss), ops.rings)
         if not ops.whole:
             p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(p=p, s=s, rings=rings), msg, loss
 
     def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops,
-                  loss: jax.Array) -> tuple:
+                  loss: jax.Array, msg: Buffers) -> tuple:
         """Stage k's fused backward (BW) of micro-batch g on virtual stage j
         at the current weights (their backward forecast, or the stashed
         ones), or, for a pair the table fuses (`fused`), the last stage's
@@ -250,8 +253,7 @@ class _Tick(SplitBackwardOps, ShardedWeights):
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
             return (p, s, carried, msg, loss, skipped), rings
 
-        carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), self.code.acts.zeros(), loss,
-                 jnp.int32(0))
+        carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), msg, loss, jnp.int32(0))
         rings = ops.rings
         if self.separate:  # a slot exists: the table keeps residuals
             carry, rings = self._run_on_rings(Op.BW, task, backward,
@@ -280,8 +282,8 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     tick = _Tick(build, opts, inp, whole)
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
-    (p, s, rings, grad_sum, _), (losses, done, skipped) = lax.scan(
-        tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held()),
+    (p, s, rings, grad_sum, *_), (losses, done, skipped) = lax.scan(
+        tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held(), tick.mail()),
         lane_rows(schedule, tick.lanes))
     if whole is not None:
         grad_sum = fsdp.scatter(grad_sum, build.F, build.code.params)

@@ -24,8 +24,9 @@ CASES = [(s, r) for s in SYNCHRONOUS for r in ("none", "stage")]
 @pytest.mark.parametrize("schedule,remat", fast_and_slow(
     CASES, [c for c in CASES if c[1] == "none"], ids=lambda c: f"{c[0]}-{c[1]}"))
 def test_no_tick_copies_a_ring_or_the_weights(schedule, remat):
-    """The zoo GPT (4 layers) on K = 2 devices, M = 4, AdamW. At most one
-    activation-sized copy a tick: the zeros a message starts from."""
+    """The zoo GPT (4 layers) on K = 2 devices, M = 4, AdamW: no copy of
+    a ring, of a ring's row (activation-sized: a message, one micro-batch's
+    kept residuals) or of the weights."""
     tokens = jnp.zeros((2, 16), jnp.int32)
     pipe = pj.pipeline(pj.models.gpt(depth=2, width=32, heads=2, context=16),
                        loss=pj.losses.next_token, example=tokens, targets=tokens, stages=2,
@@ -35,10 +36,8 @@ def test_no_tick_copies_a_ring_or_the_weights(schedule, remat):
     batch = (jnp.zeros((8, 16), jnp.int32),) * 2
     text = trainer.step.lower(state, batch).compile().as_text()
     ticks = pipe.schedule.ticks
-    found = hlo.tick_copies(text, ticks, hlo.buffer_shapes(pipe.layout, rows=False))
+    found = hlo.tick_copies(text, ticks, hlo.buffer_shapes(pipe.layout))
     assert found == {"tick": [], "loops": []}, found
-    rows = hlo.tick_copies(text, ticks, hlo.buffer_shapes(pipe.layout))
-    assert rows["loops"] == [] and len(rows["tick"]) <= 1, rows
 
 
 @pytest.mark.parametrize("schedule", fast_and_slow(["zb-v", "dualpipev"], ["zb-v"]))
