@@ -179,7 +179,41 @@ def machine() -> dict:
     copy = jax.jit(lambda a: a * 1.0)
     link = big.nbytes / _seconds(lambda: jax.block_until_ready(copy(big)))
     return {"host_flops": host, "tick_seconds": tick, "link_bandwidth": link,
-            "model_gflop_per_step": flops / 1e9}
+            "memory_bandwidth": _ring_rate(split), "model_gflop_per_step": flops / 1e9}
+
+
+def _ring_rate(split: jax.sharding.NamedSharding, rows: int = 4, trips: int = 16) -> float:
+    """The memory's byte rate as the rings use it (`planner.ring_costs`
+    counts a value's bytes once written, once read): on each device a scan
+    whose every trip makes an activation with a matmul (1024 x 256, 1 MB)
+    and takes it into two more, either where it is made or through a ring
+    of `rows` rows (written into one, the one written `rows` − 1 trips
+    before read back), both alternated; twice the bytes through the ring
+    over the difference of the times."""
+    n, d = 1024, 256
+    w = jnp.full((d, d), 0.01)
+    x = jax.device_put(jnp.ones((DEVICES, n, d)), split)
+    ring_split = jax.sharding.NamedSharding(split.mesh, jax.sharding.PartitionSpec(None, "data"))
+
+    def steps(through: bool):
+        def body(carry, i):
+            c, ring = carry
+            y = jnp.tanh(jnp.einsum("bnd,de->bne", c, w))
+            if through:
+                ring = jax.lax.dynamic_update_slice(ring, y[None], (i % rows, 0, 0, 0))
+                y = jax.lax.dynamic_index_in_dim(ring, (i + 1) % rows, keepdims=False)
+            g = jnp.einsum("bnd,bne->bde", y, c)
+            return (c + 1e-3 * jnp.einsum("bnd,bde->bne", c, g), ring), None
+
+        def run(x):
+            ring = jax.lax.with_sharding_constraint(jnp.zeros((rows, *x.shape)), ring_split)
+            return jax.lax.scan(body, (x, ring), jnp.arange(trips))[0][0]
+        f = jax.jit(run)
+        return lambda: jax.block_until_ready(f(x))
+
+    times = alternate({"hot": steps(False), "ring": steps(True)}, REPEATS)
+    extra = float(np.median(times["ring"]) - np.median(times["hot"]))
+    return 2 * trips * x.nbytes / extra
 
 
 def step_time() -> dict:
@@ -192,7 +226,8 @@ def step_time() -> dict:
                            devices=DEVICES, batch=BATCH, device_flops=consts["host_flops"],
                            host_flops=consts["host_flops"],
                            tick_seconds=consts["tick_seconds"],
-                           link_bandwidth=consts["link_bandwidth"])
+                           link_bandwidth=consts["link_bandwidth"],
+                           memory_bandwidth=consts["memory_bandwidth"])
     found = sorted(found, key=lambda c: c.step_seconds)
     picked = [found[round(i)] for i in np.linspace(0, len(found) - 1, TIMED)]
     x, y = _gpt_batch(BATCH)

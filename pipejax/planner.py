@@ -7,8 +7,10 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
 
   - memory: `Trainer.memory()` of its training step (state, in-flight
     buffers, rings, working set), per device, before compiling;
-  - step time: the table's critical path (`step_seconds`): per tick, the
-    slowest device's ops at their FLOPs over `device_flops`, plus the
+  - step time: the table's critical path (`step_costs.step_seconds`): per
+    tick, the slowest device's ops at their FLOPs over `device_flops` and the bytes
+    they write to and read from the rings (kept residuals, zero bubble's
+    bridge) over `memory_bandwidth` (`step_costs.ring_costs`), plus the
     tick's two boundary messages over `link_bandwidth`, plus a fixed
     `tick_seconds`; a data-parallel mean of the gradients over the link
     once a step (synchronous) or once a tick (asynchronous); a sharded
@@ -17,7 +19,7 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     gathers (once, or at every tick: compile/fsdp.py); a stage split over
     T tensor devices: the split share of its FLOPs over T, and an
     all-reduce of activations for each matrix that takes a split input,
-    forward and backward (`_split`). Devices that
+    forward and backward (`step_costs.split_costs`). Devices that
     share one processor (`host_flops`: simulated CPU devices) take at
     least the FLOPs every replica's table executes over its rate;
   - staleness: the delay in effective steps (staleness.py).
@@ -41,16 +43,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pipejax.bench.op_costs import busy_ticks, critical_path, executed
-from pipejax.compile.tensor import split_parts
+from pipejax.bench.op_costs import busy_ticks
 from pipejax.errors import ConfigError, DeviceError, LayerError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
 from pipejax.pipeline import Pipeline, pipeline
-from pipejax.schedules import FAMILIES, Op, Schedule, names
+from pipejax.schedules import FAMILIES, Op, names
 from pipejax.schedules.bubbles import table_bubble_fraction
 from pipejax.staleness import STABLE_DELAY, advise, effective_delay
-from pipejax.trace import nbytes
+from pipejax.step_costs import op_costs, ring_costs, split_costs, step_seconds
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -83,30 +84,6 @@ class Candidate:
                           if self.data * self.fsdp * self.tensor > 1 else None))
 
 
-def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> dict:
-    """FLOPs of each op on each virtual stage from its forward + backward
-    FLOPs (the 1 : 2 split; a rematerialized backward recomputes its
-    forward, but for a `fused` last stage: a table that runs its forward and
-    backward in one tick runs them as one vjp, nothing replayed)."""
-    forward = np.asarray(chunk_flops, float) / 3
-    again = forward * remat
-    if fused:
-        again[-1] = 0.0
-    return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: forward + again, Op.W: forward}
-
-
-def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick: float,
-                 host_flops: float | None = None) -> float:
-    """Seconds of the table's ticks in lock step: per tick the slowest
-    device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
-    at least every op of the table over `host_flops` when the devices share
-    one processor, plus `per_tick` a tick (messages and its fixed cost)."""
-    compute = critical_path(schedule, costs) / device_flops
-    if host_flops is not None:
-        compute = max(compute, executed(schedule, costs) / host_flops)
-    return compute + schedule.ticks * per_tick
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -122,7 +99,8 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
            optimizer: optax.GradientTransformation | None = None,
            partition: str | Sequence[int] = "variance", device_flops: float = 50e12,
            link_bandwidth: float = 50e9, tick_seconds: float = 20e-6,
-           host_flops: float | None = None) -> list[Candidate]:
+           host_flops: float | None = None,
+           memory_bandwidth: float = 2e12) -> list[Candidate]:
     """The configurations of `layers` for `batch` examples a step on
     `devices` devices, best first: stable (or unknown) before unstable,
     then by predicted step time, then memory.
@@ -147,10 +125,12 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
       microbatches: the M to try (default: K·2^i dividing a replica's batch, up to 4 of them).
       remat, compute_dtypes: the settings to try; partition: as `pj.pipeline`.
       optimizer: whose state the memory counts (default SGD with momentum).
-      device_flops, link_bandwidth, tick_seconds: the machine (defaults: a
-        GPU at 50 TFLOP/s, 50 GB/s links, 20 µs a tick); host_flops: the
-        rate of the one processor the devices share, if they do (simulated
-        CPU devices: `benchmarks/planner.py --part time` measures it).
+      device_flops, link_bandwidth, tick_seconds, memory_bandwidth: the
+        machine (defaults: a GPU at 50 TFLOP/s, 50 GB/s links, 20 µs a
+        tick, 2 TB/s of memory); host_flops: the rate of the one processor
+        the devices share, if they do (simulated CPU devices:
+        `benchmarks/planner.py --part time` measures it and the rate of
+        its memory as the rings use it).
     """
     if devices < 1 or batch < 1:
         raise ConfigError(f"devices={devices}, batch={batch}; both must be positive")
@@ -205,7 +185,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                 # that no annotation or not every annotated axis takes, ...)
             out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
                                   momentum, reference, device_flops, link_bandwidth,
-                                  tick_seconds, host_flops))
+                                  tick_seconds, host_flops, memory_bandwidth))
     if memory is not None and out and min(c.memory_bytes for c in out) > memory:
         raise ConfigError(f"no candidate fits memory={human_bytes(memory)} a device: the "
                           f"smallest needs {human_bytes(min(c.memory_bytes for c in out))}; "
@@ -217,14 +197,16 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
 
 def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: str, dtype,
                optimizer, learning_rate, momentum, reference, device_flops, link_bandwidth,
-               tick_seconds, host_flops) -> Candidate:
+               tick_seconds, host_flops, memory_bandwidth) -> Candidate:
     """What `pipe` (one replica of R) is predicted to cost."""
     schedule, plan = pipe.schedule, pipe.plan
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
     costs = op_costs(flops, rm != "none", bool(schedule.fused.any()))
     params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.parts
     if T > 1:
-        costs = _split(pipe, costs, rm != "none", device_flops / link_bandwidth)
+        costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)
+    moved = ring_costs(pipe, device_flops / memory_bandwidth)
+    costs = {op: cost + moved[op] for op, cost in costs.items()}
     message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth if pipe.K > 1 else 0.0
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
     shared = None if host_flops is None else host_flops / (R * F * T)  # all devices share it
@@ -245,24 +227,6 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
         bubble=table_bubble_fraction(schedule), effective_delay=delay,
         stable=None if delay is None else delay <= STABLE_DELAY,
         advice=advise(delay, update, reference))
-
-
-def _split(pipe: Pipeline, costs: dict, remat: bool, flops_per_byte: float) -> dict:
-    """`costs` of a pipeline whose stages are split over T tensor devices:
-    each chunk's FLOPs with its split share over T, plus its all-reduces
-    of activations (Megatron: one per matrix that takes a split input in
-    the forward, one more in the backward, and the forward's again when
-    rematerialized), 2(T − 1)/T of the activation after the chunk's first
-    layer over the link each, counted as the FLOPs of that time
-    (`flops_per_byte`: the device's rate over the link's)."""
-    code, T = pipe.build.code, pipe.layout.params.parts
-    parts = [split_parts(code, j) for j in range(code.S)]
-    scale = np.array([1 - share + share / T for share, _ in parts])
-    reduce = np.array([rows * 2 * (T - 1) / T * nbytes(code.plan.stage_specs(j)[0].output)
-                       for j, (_, rows) in enumerate(parts)]) * flops_per_byte
-    extra = {Op.F: reduce, Op.B: reduce * (1 + remat), Op.BW: reduce * (1 + remat),
-             Op.W: np.zeros_like(reduce)}
-    return {op: cost * scale + extra[op] for op, cost in costs.items()}
 
 
 def render(candidates: Sequence[Candidate], limit: int = 20) -> str:

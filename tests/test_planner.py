@@ -6,7 +6,7 @@ import optax
 import pytest
 
 import pipejax as pj
-from pipejax import planner
+from pipejax import planner, step_costs
 from pipejax.bench import peak_bytes
 from pipejax.compile.tensor import split_parts
 
@@ -51,16 +51,36 @@ def test_gpipes_critical_path_is_counted_by_hand(remat, backward):
     backwards; a stage of 3 FLOPs at 1 FLOP/s: forward 1 s, backward 2 s
     (3 s when it recomputes its forward)."""
     schedule = pj.schedules.make_schedule("gpipe", pj.Placement(2), 2)
-    costs = planner.op_costs([3.0, 3.0], remat)
-    assert planner.step_seconds(schedule, costs, 1.0, 0.0) == 3 * 1.0 + 3 * backward
-    assert planner.step_seconds(schedule, costs, 1.0, 0.5) == 3 * 1.0 + 3 * backward + 6 * 0.5
+    costs = step_costs.op_costs([3.0, 3.0], remat)
+    assert step_costs.step_seconds(schedule, costs, 1.0, 0.0) == 3 * 1.0 + 3 * backward
+    assert step_costs.step_seconds(schedule, costs, 1.0, 0.5) == 3 * 1.0 + 3 * backward + 6 * 0.5
     # both devices on one processor of 1 FLOP/s: all 2 · 2 · (1 + backward) FLOPs in turn
     shared = 2 * 2 * (1.0 + backward)
-    assert planner.step_seconds(schedule, costs, 1.0, 0.0, host_flops=1.0) == shared
-    assert planner.step_seconds(schedule, costs, 1.0, 0.0, host_flops=100.0) == 3 + 3 * backward
+    assert step_costs.step_seconds(schedule, costs, 1.0, 0.0, host_flops=1.0) == shared
+    assert step_costs.step_seconds(schedule, costs, 1.0, 0.0, host_flops=100.0) == 3 + 3 * backward
     # a table that fuses the last stage's forward and backward replays nothing there
-    fused = planner.op_costs([3.0, 3.0], remat, fused=True)
+    fused = step_costs.op_costs([3.0, 3.0], remat, fused=True)
     assert list(fused[pj.schedules.Op.BW]) == [backward, 2.0]
+
+
+@pytest.mark.parametrize("schedule,remat", [("1f1b", "none"), ("zb-h1", "stage")])
+def test_ring_traffic_counts_each_row_written_and_read(schedule, remat):
+    """Without remat a forward writes its kept residuals and its backward
+    reads them (1F1B's last stage, fused, keeps none); zero bubble's B
+    writes the bridge and W reads it. At 1 FLOP a byte each op costs its
+    rows' bytes."""
+    Op = pj.schedules.Op
+    pipe = pj.pipeline(pj.models.mlp(depth=4, width=16), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((4, 40)), stages=2, microbatches=4, schedule=schedule,
+                       remat=remat)
+    code = pipe.build.code
+    moved = step_costs.ring_costs(pipe, 1.0)
+    kept, bridge = code.kept.slot_bytes(), code.bridge.slot_bytes() if code.bridge else 0
+    assert (kept > 0) == (remat == "none") and (bridge > 0) == (schedule == "zb-h1")
+    last = 0 if pipe.schedule.fused.any() else kept
+    assert list(moved[Op.F]) == list(moved[Op.BW]) == [kept, last]
+    assert list(moved[Op.B]) == [kept + bridge, last + bridge]
+    assert list(moved[Op.W]) == [bridge, bridge]
 
 
 def test_byte_counts_read_and_bad_ones_are_named():

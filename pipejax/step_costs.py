@@ -1,0 +1,80 @@
+"""The step-time model `pj.search` ranks by: each op's cost on each virtual
+stage in FLOPs (its arithmetic, its ring traffic, a tensor split's share
+and all-reduces, all at the device's rate), and the table's ticks in lock
+step over them. The planner's module docstring lists its assumptions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from pipejax.bench.op_costs import critical_path, executed
+from pipejax.compile.tensor import split_parts
+from pipejax.schedules import Op, Schedule
+from pipejax.trace import nbytes
+
+if TYPE_CHECKING:
+    from pipejax.pipeline import Pipeline
+
+
+def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> dict:
+    """FLOPs of each op on each virtual stage from its forward + backward
+    FLOPs (the 1 : 2 split; a rematerialized backward recomputes its
+    forward, but for a `fused` last stage: a table that runs its forward and
+    backward in one tick runs them as one vjp, nothing replayed)."""
+    forward = np.asarray(chunk_flops, float) / 3
+    again = forward * remat
+    if fused:
+        again[-1] = 0.0
+    return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: forward + again, Op.W: forward}
+
+
+def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
+    """FLOPs of each op on each virtual stage that count its ring traffic
+    (`flops_per_byte`: the device's FLOP rate over its memory's byte rate):
+    a forward writes its kept residuals (remat "none"), the backward that
+    takes them (BW, B) reads them back; B writes the bridge and W reads
+    it. A row is padded to the largest stage, so every chunk moves a whole
+    one; a fused last stage keeps nothing. A value that goes through a ring
+    is written and read again where the fused vjp of a plain jit uses it
+    where it is made: without this term the planner predicted the GPT
+    6x64's zero-bubble and remat "none" steps 10–31 % fast on simulated
+    CPU devices (`benchmarks/planner.py --part time`)."""
+    code = pipe.build.code
+    kept = np.full(code.S, float(code.kept.slot_bytes()))
+    if pipe.schedule.fused.any():
+        kept[-1] = 0.0
+    bridge = np.full(code.S, float(code.bridge.slot_bytes() if code.bridge else 0))
+    moved = {Op.F: kept, Op.BW: kept, Op.B: kept + bridge, Op.W: bridge}
+    return {op: flops_per_byte * b for op, b in moved.items()}
+
+
+def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick: float,
+                 host_flops: float | None = None) -> float:
+    """Seconds of the table's ticks in lock step: per tick the slowest
+    device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
+    at least every op of the table over `host_flops` when the devices share
+    one processor, plus `per_tick` a tick (messages and its fixed cost)."""
+    compute = critical_path(schedule, costs) / device_flops
+    if host_flops is not None:
+        compute = max(compute, executed(schedule, costs) / host_flops)
+    return compute + schedule.ticks * per_tick
+
+
+def split_costs(pipe: Pipeline, costs: dict, remat: bool, flops_per_byte: float) -> dict:
+    """`costs` of a pipeline whose stages are split over T tensor devices:
+    each chunk's FLOPs with its split share over T, plus its all-reduces
+    of activations (Megatron: one per matrix that takes a split input in
+    the forward, one more in the backward, and the forward's again when
+    rematerialized), 2(T − 1)/T of the activation after the chunk's first
+    layer over the link each, counted as the FLOPs of that time
+    (`flops_per_byte`: the device's rate over the link's)."""
+    code, T = pipe.build.code, pipe.layout.params.parts
+    parts = [split_parts(code, j) for j in range(code.S)]
+    scale = np.array([1 - share + share / T for share, _ in parts])
+    reduce = np.array([rows * 2 * (T - 1) / T * nbytes(code.plan.stage_specs(j)[0].output)
+                       for j, (_, rows) in enumerate(parts)]) * flops_per_byte
+    extra = {Op.F: reduce, Op.B: reduce * (1 + remat), Op.BW: reduce * (1 + remat),
+             Op.W: np.zeros_like(reduce)}
+    return {op: cost * scale + extra[op] for op, cost in costs.items()}
