@@ -52,7 +52,7 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
                  "--batch-size", "8", "--schedules", "1f1b", "--pick", "99"]) == 2
     assert "--pick 99: the search found" in capsys.readouterr().err
     assert main(["plan", "--data", _data(tmp_path), "--search", "--machine", "1e9,1e9"]) == 2
-    assert "--machine '1e9,1e9': give 3 or 4 comma-separated numbers" in capsys.readouterr().err
+    assert "--machine '1e9,1e9': give 3 or 4 or 5 comma-separated numbers" in capsys.readouterr().err
 
 
 def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):
@@ -305,6 +305,10 @@ def test_machine_reads_the_device_rate_a_gpu_bench_measured(tmp_path, capsys):
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(pj.errors.ConfigError, match="not the JSON of a GPU bench"):
         machine_rates(str(tmp_path / "list.json"), "bfloat16")
+    # numbers: a HOST of 0 shares no processor; a fifth is the memory's rate
+    assert machine_rates("1e9,2e9,1e-4,0,5e9", "float32") == {
+        "device_flops": 1e9, "link_bandwidth": 2e9, "tick_seconds": 1e-4,
+        "memory_bandwidth": 5e9}
 
 
 def test_bench_gpu_without_a_gpu_says_so(capsys):

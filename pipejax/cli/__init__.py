@@ -188,10 +188,12 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
                       help="with --search: the asynchronous update's own rate (with --momentum)")
     plan.add_argument("--momentum", type=float, default=0.0,
                       help="with --search and --lr: the update's momentum")
-    plan.add_argument("--machine", default=None, metavar="FLOPS,BYTES/S,SECONDS[,HOST] | JSON",
+    plan.add_argument("--machine", default=None,
+                      metavar="FLOPS,BYTES/S,SECONDS[,HOST[,MEMORY]] | JSON",
                       help="with --search: a device's FLOP/s, the link's bytes/s, a tick's fixed "
-                           "seconds and, for devices sharing one processor (simulated CPU "
-                           "devices), its FLOP/s (default 50e12,50e9,20e-6: a GPU); or the "
+                           "seconds, for devices sharing one processor (simulated CPU "
+                           "devices) its FLOP/s (0: none shared), and the bytes/s of a "
+                           "device's memory (default 50e12,50e9,20e-6,0,2e12: a GPU); or the "
                            "bench_gpu.json of `make gpu`, for the device rate it measured")
     plan.add_argument("--pick", type=int, default=None, metavar="N",
                       help="with --search: build candidate N and print its plan and schedule")

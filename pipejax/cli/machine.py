@@ -28,7 +28,8 @@ def measured_flops(path: Path, dtype: str) -> tuple[float, str]:
 
 
 def machine_rates(machine: str | None, dtype: str) -> dict:
-    """`pj.search`'s machine from --machine: its numbers, or the device rate a
+    """`pj.search`'s machine from --machine: its numbers (a HOST of 0: no
+    processor shared), or the device rate a
     `pipejax bench --only gpu` JSON measured in `dtype` (one GPU has no link
     to measure: the link and the tick keep their defaults)."""
     if machine is None:
@@ -39,5 +40,9 @@ def machine_rates(machine: str | None, dtype: str) -> dict:
               f"model FLOP/s in {machine}); link and tick: the defaults (one GPU has no link "
               f"to measure)")
         return {"device_flops": flops}
-    rates = parse_numbers(machine, "--machine", (3, 4), "50e12,50e9,20e-6")
-    return dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops"), rates))
+    rates = parse_numbers(machine, "--machine", (3, 4, 5), "50e12,50e9,20e-6")
+    out = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops",
+                    "memory_bandwidth"), rates))
+    if not out.get("host_flops", 1):  # 0: the devices have processors of their own
+        del out["host_flops"]
+    return out
