@@ -38,9 +38,10 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
     it. A row is padded to the largest stage, so every chunk moves a whole
     one; a fused last stage keeps nothing. A value that goes through a ring
     is written and read again where the fused vjp of a plain jit uses it
-    where it is made: without this term the planner predicted the GPT
-    6x64's zero-bubble and remat "none" steps 10–31 % fast on simulated
-    CPU devices (`benchmarks/planner.py --part time`)."""
+    where it is made: without this term the GPT 6x64's steps that keep
+    residuals or a bridge at K = 2 and 4 were predicted 23–40 % fast on
+    simulated CPU devices, and the mean error of its timed steps is 2–4
+    points higher (`benchmarks/planner.py --part time` reports both)."""
     code = pipe.build.code
     kept = np.full(code.S, float(code.kept.slot_bytes()))
     if pipe.schedule.fused.any():
