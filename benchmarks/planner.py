@@ -36,7 +36,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
-import dataclasses
 import json
 from collections import defaultdict
 from typing import Any, Callable
@@ -228,7 +227,11 @@ def _ring_rate(split: jax.sharding.NamedSharding, rows: int = 4, trips: int = 32
         return lambda: jax.block_until_ready(f(x))
 
     times = alternate({"hot": steps(False), "ring": steps(True)}, 3 * REPEATS)
-    return 2 * trips * x.nbytes / float(np.median(times["ring"] - times["hot"]))
+    extra = float(np.median(times["ring"] - times["hot"]))
+    if extra <= 0:
+        raise RuntimeError(f"the ring was no slower than the hot path ({extra * 1e3:.1f} ms): "
+                           "the machine is too loaded to measure its memory; run again")
+    return 2 * trips * x.nbytes / extra
 
 
 def _search(consts: dict) -> list:
@@ -263,7 +266,8 @@ def step_time() -> dict:
     plain, flops = _plain_gradient()
     measured = alternate({**runs, "plain": plain}, REPEATS)
     consts["host_flops"] = flops / float(np.median(measured["plain"]))
-    key = lambda c: dataclasses.astuple(c)[:10]  # the configuration, not its predictions
+    key = lambda c: (c.schedule, c.stages, c.data, c.fsdp, c.tensor, c.virtual, c.microbatches,
+                     c.remat, c.compute_dtype)  # the configuration, not its predictions
     again = {key(c): c for c in _search(consts)}
     picked = [again[key(c)] for c in picked]
     # the same steps predicted without the ring traffic, for comparison

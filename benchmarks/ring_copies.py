@@ -1,11 +1,12 @@
-"""The weight-sized copies of an asynchronous step: PipeDream with and
+"""The copies of an asynchronous step: PipeDream with and
 without weight stashing, and PB (MLP 8x512, K = 4, M = 8, micro-batch 32,
 Adam), counted in `compiled.as_text()` by `pipejax.bench.hlo.tick_copies`:
 those of the tick itself, which run at every tick, and those inside its
 0-or-1-trip loops (the forward, the backward and each stage group's update),
-which run when the loop does. Weight-sized: the shape of a packed parameter
-slot (or a ring of them, the stashed weights). The synchronous tables' copies
-are `table_speed.py`'s.
+which run when the loop does: copies of a ring, of one of its rows
+(activation-sized: a message, a micro-batch's kept residuals) or of a packed
+parameter slot (weight-sized; or a ring of them, the stashed weights). The
+synchronous tables' copies are `table_speed.py`'s.
 Run: python benchmarks/ring_copies.py
 """
 
@@ -38,8 +39,7 @@ def asynchronous() -> list[dict]:
         trainer = pipe.trainer(optax.adam(1e-3))
         state = trainer.init(pipe.init(jax.random.key(0)))
         text = trainer.step.lower(state, (x, y)).compile().as_text()
-        found = hlo.tick_copies(text, pipe.schedule.ticks,
-                                hlo.buffer_shapes(pipe.layout, rows=False))
+        found = hlo.tick_copies(text, pipe.schedule.ticks, hlo.buffer_shapes(pipe.layout))
         rows.append({"schedule": schedule, "weight_stashing": stash, "remat": remat,
                      **{f"{where}_copies": len(b) for where, b in found.items()},
                      **{f"{where}_mb": round(sum(b) / 2**20, 2) for where, b in found.items()}})

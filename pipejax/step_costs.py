@@ -33,21 +33,20 @@ def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> 
 def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
     """FLOPs of each op on each virtual stage that count its ring traffic
     (`flops_per_byte`: the device's FLOP rate over its memory's byte rate):
-    a forward writes its kept residuals (remat "none"), the backward that
-    takes them (BW, B) reads them back; B writes the bridge and W reads
-    it. A row is padded to the largest stage, so every chunk moves a whole
+    a forward writes its kept residuals (none under remat "stage"), the
+    backward that takes them (BW; B and W) reads them back; B writes the
+    bridge and W reads it. A row is padded to the largest stage, so every chunk moves a whole
     one; a fused last stage keeps nothing. A value that goes through a ring
     is written and read again where the fused vjp of a plain jit uses it
-    where it is made: without this term the GPT 6x64's steps that keep
-    residuals or a bridge at K = 2 and 4 were predicted 23–40 % fast on
-    simulated CPU devices, and the mean error of its timed steps is 2–4
-    points higher (`benchmarks/planner.py --part time` reports both)."""
+    where it is made: without this term the mean error of the GPT 6x64's
+    timed steps on simulated CPU devices is higher (21 % against 17 %,
+    `benchmarks/planner.py --part time` reports both)."""
     code = pipe.build.code
     kept = np.full(code.S, float(code.kept.slot_bytes()))
     if pipe.schedule.fused.any():
         kept[-1] = 0.0
     bridge = np.full(code.S, float(code.bridge.slot_bytes() if code.bridge else 0))
-    moved = {Op.F: kept, Op.BW: kept, Op.B: kept + bridge, Op.W: bridge}
+    moved = {Op.F: kept, Op.BW: kept, Op.B: kept + bridge, Op.W: kept + bridge}
     return {op: flops_per_byte * b for op, b in moved.items()}
 
 

@@ -52,7 +52,8 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
                  "--batch-size", "8", "--schedules", "1f1b", "--pick", "99"]) == 2
     assert "--pick 99: the search found" in capsys.readouterr().err
     assert main(["plan", "--data", _data(tmp_path), "--search", "--machine", "1e9,1e9"]) == 2
-    assert "--machine '1e9,1e9': give 3 or 4 or 5 comma-separated numbers" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--machine '1e9,1e9': give 3 or 4 or 5 comma-separated numbers" in err
 
 
 def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):
@@ -309,6 +310,8 @@ def test_machine_reads_the_device_rate_a_gpu_bench_measured(tmp_path, capsys):
     assert machine_rates("1e9,2e9,1e-4,0,5e9", "float32") == {
         "device_flops": 1e9, "link_bandwidth": 2e9, "tick_seconds": 1e-4,
         "memory_bandwidth": 5e9}
+    with pytest.raises(pj.errors.ConfigError, match="every rate must be positive"):
+        machine_rates("1e9,2e9,1e-4,0,0", "float32")
 
 
 def test_bench_gpu_without_a_gpu_says_so(capsys):

@@ -66,8 +66,8 @@ def test_gpipes_critical_path_is_counted_by_hand(remat, backward):
 @pytest.mark.parametrize("schedule,remat", [("1f1b", "none"), ("zb-h1", "stage")])
 def test_ring_traffic_counts_each_row_written_and_read(schedule, remat):
     """Without remat a forward writes its kept residuals and its backward
-    reads them (1F1B's last stage, fused, keeps none); zero bubble's B
-    writes the bridge and W reads it. At 1 FLOP a byte each op costs its
+    reads them (zero bubble's B and W both; 1F1B's last stage, fused, keeps
+    none); B writes the bridge and W reads it. At 1 FLOP a byte each op costs its
     rows' bytes."""
     Op = pj.schedules.Op
     pipe = pj.pipeline(pj.models.mlp(depth=4, width=16), loss=pj.losses.cross_entropy,
@@ -80,7 +80,7 @@ def test_ring_traffic_counts_each_row_written_and_read(schedule, remat):
     last = 0 if pipe.schedule.fused.any() else kept
     assert list(moved[Op.F]) == list(moved[Op.BW]) == [kept, last]
     assert list(moved[Op.B]) == [kept + bridge, last + bridge]
-    assert list(moved[Op.W]) == [bridge, bridge]
+    assert list(moved[Op.W]) == [kept + bridge, last + bridge]
 
 
 def test_byte_counts_read_and_bad_ones_are_named():

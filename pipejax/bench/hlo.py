@@ -117,11 +117,11 @@ HLO_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "s
              "uint32": "u32", "int8": "s8", "uint8": "u8", "bool": "pred"}
 
 
-def buffer_shapes(layout: "Layout", rows: bool = True) -> set[str]:
-    """The HLO shapes of a pipeline's ring buffers (`compile/layout.Layout`)
-    and of its packed parameter slots (weight-sized), and with `rows` of one
-    slot of each ring (activation-sized: a message, one micro-batch's kept
-    residuals)."""
+def buffer_shapes(layout: "Layout") -> set[str]:
+    """The HLO shapes of a pipeline's ring buffers (`compile/layout.Layout`),
+    of one slot of each ring (activation-sized: a message, one
+    micro-batch's kept residuals) and of its packed parameter slots
+    (weight-sized)."""
     rings = [(layout.acts, layout.input_slots), (layout.acts, layout.grad_slots),
              (layout.kept, layout.kept_slots), (layout.bridge, layout.bridge_slots),
              (layout.pieces, layout.kept_slots if layout.weight_stashing else 1),
@@ -129,6 +129,6 @@ def buffer_shapes(layout: "Layout", rows: bool = True) -> set[str]:
     out = set()
     for packing, n in rings:
         for dtype, shape in packing.slots if packing is not None else ():
-            for dims in ((n, *shape), *([(1, *shape), shape] if rows or n == 1 else [])):
+            for dims in ((n, *shape), (1, *shape), shape):
                 out.add(f"{HLO_TYPES.get(dtype, dtype)}[{','.join(map(str, dims))}]")
     return out

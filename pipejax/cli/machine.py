@@ -29,9 +29,9 @@ def measured_flops(path: Path, dtype: str) -> tuple[float, str]:
 
 def machine_rates(machine: str | None, dtype: str) -> dict:
     """`pj.search`'s machine from --machine: its numbers (a HOST of 0: no
-    processor shared), or the device rate a
-    `pipejax bench --only gpu` JSON measured in `dtype` (one GPU has no link
-    to measure: the link and the tick keep their defaults)."""
+    processor shared), or the device rate a `pipejax bench --only gpu` JSON
+    measured in `dtype` (one GPU has no link to measure: the link and the
+    tick keep their defaults)."""
     if machine is None:
         return {}
     if machine.lower().endswith(".json"):
@@ -45,4 +45,7 @@ def machine_rates(machine: str | None, dtype: str) -> dict:
                     "memory_bandwidth"), rates))
     if not out.get("host_flops", 1):  # 0: the devices have processors of their own
         del out["host_flops"]
+    if min(rates) < 0 or 0 in (rates[:3] + rates[4:]):
+        raise ConfigError(f"--machine {machine}: every rate must be positive (HOST may be 0: "
+                          f"no processor shared), e.g. 50e12,50e9,20e-6,0,2e12")
     return out

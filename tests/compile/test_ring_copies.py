@@ -1,6 +1,7 @@
 """The table interpreter updates its rings in place: no tick of any
-synchronous table copies a ring buffer or a weight-sized buffer, counted in
-the compiled step's text (`pipejax.bench.hlo.tick_copies`)."""
+synchronous table copies a ring buffer, a ring's row, a message or a
+weight-sized buffer, counted in the compiled step's text
+(`pipejax.bench.hlo.tick_copies`)."""
 
 from __future__ import annotations
 
