@@ -39,7 +39,7 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
     one; a fused last stage keeps nothing. A value that goes through a ring
     is written and read again where the fused vjp of a plain jit uses it
     where it is made: without this term the mean error of the GPT 6x64's
-    timed steps on simulated CPU devices is higher (21 % against 17 %,
+    timed steps on simulated CPU devices is higher (16 % against 11 %,
     `benchmarks/planner.py --part time` reports both)."""
     code = pipe.build.code
     kept = np.full(code.S, float(code.kept.slot_bytes()))
