@@ -40,12 +40,10 @@ def machine_rates(machine: str | None, dtype: str) -> dict:
               f"model FLOP/s in {machine}); link and tick: the defaults (one GPU has no link "
               f"to measure)")
         return {"device_flops": flops}
-    rates = parse_numbers(machine, "--machine", (3, 4, 5), "50e12,50e9,20e-6")
-    out = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops",
-                    "memory_bandwidth"), rates))
-    if not out.get("host_flops", 1):  # 0: the devices have processors of their own
-        del out["host_flops"]
-    if min(rates) < 0 or 0 in (rates[:3] + rates[4:]):
+    rates = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops",
+                      "memory_bandwidth"), parse_numbers(machine, "--machine", (3, 4, 5),
+                                                         "50e12,50e9,20e-6")))
+    if any(r < 0 or r == 0 and name != "host_flops" for name, r in rates.items()):
         raise ConfigError(f"--machine {machine}: every rate must be positive (HOST may be 0: "
                           f"no processor shared), e.g. 50e12,50e9,20e-6,0,2e12")
-    return out
+    return {name: r for name, r in rates.items() if r}  # HOST 0: processors of their own

@@ -79,11 +79,10 @@ def _send(placement: Placement, k: jax.Array, step: int,
     """The routes of the placement for messages from chunk j to chunk j +
     `step`: per route, (its pairs, None for the one that stays on its
     device; and what it delivers to device k: micro-batch, k's local
-    chunk, valid). Only the
-    payload travels: which task sent it, and so where it is filed, the
-    receiver reads off the table (`sent_by(device)`), every device holding
-    the whole table; a ppermute of the three scalars cost a collective
-    each, at every tick."""
+    chunk, valid). Only the payload travels: which task sent it, and so
+    where it is filed, the receiver reads off the table (`sent_by(device)`),
+    every device holding the whole table; a ppermute of the three scalars
+    cost a collective each, at every tick."""
     routes = placement.routes(step)
     got = []
     for route in routes:
