@@ -17,7 +17,7 @@ from pipejax.schedules import Schedule
 REMATS = ("none", "stage")
 GATHERS = ("tick", "step")  # where a sharded stage gathers its weights (compile/fsdp.py)
 # What a stage keeps for its backward: "stage" (its input: the forward runs
-# again), "none" (every residual) or a `jax.checkpoint` policy.
+# again), "none" (what its costly primitives made) or a `jax.checkpoint` policy.
 Remat = Literal["none", "stage"] | Callable[..., bool]
 
 

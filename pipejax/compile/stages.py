@@ -12,8 +12,8 @@ split into B and W (split.py). A device's parameters are one tree, its
 chunks' layers in chunk order. The switch branches built from this code are
 in branches.py. Re-materialization (GPipe §2): with
 `remat="stage"` nothing is kept and the vjp replays the forward; with
-`remat="none"` the pruned residuals are kept; a `jax.checkpoint` policy keeps
-what it saves.
+`remat="none"` the values of its costly primitives are kept (residuals.py);
+a `jax.checkpoint` policy keeps what it saves.
 """
 
 from __future__ import annotations
@@ -207,10 +207,8 @@ class StageCode:
                                    feed.y)
 
         remat = self.model.remat if remat is None else remat
-        if remat == "none":
-            return f
-        policy = jax.checkpoint_policies.nothing_saveable if remat == "stage" else remat
-        return jax.checkpoint(f, policy=policy)
+        policy = {"none": residuals.costly, "stage": jax.checkpoint_policies.nothing_saveable}
+        return jax.checkpoint(f, policy=policy[remat] if isinstance(remat, str) else remat)
 
     def vjp(self, j: int, params: Any, h: Any, feed: Feed, remat: Remat | None = None):
         """Virtual stage j's output (the loss on the last), the residuals to

@@ -1,5 +1,7 @@
 """The buffer layout a compiled pipeline reports: slots, padding, stash memory."""
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 import pipejax as pj
@@ -31,3 +33,14 @@ def test_heterogeneous_padding_and_slots():
     assert layout.weight_stash_bytes == 0
     text = str(pipe)
     assert "padding" in text and "ring: stage inputs" in text and "4 x" in text
+
+
+def test_remat_none_keeps_what_the_matmuls_made():
+    """A stage of Dense then a tanh GELU keeps the Dense's output alone under
+    remat "none" (the GELU's intermediates are made again in the backward);
+    a policy that saves everything keeps them too."""
+    layers = [nn.Dense(32), jax.nn.gelu, nn.Dense(10)]
+    kept = lambda remat: [a.shape for a in jax.tree.leaves(_pipe(
+        layers, 2, remat=remat, partition=(2, 1)).build.code.kept.abstract_tree(0))]
+    assert kept("none") == [(4, 32)]
+    assert len(kept(jax.checkpoint_policies.everything_saveable)) > 2
