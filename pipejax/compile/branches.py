@@ -150,10 +150,13 @@ def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
     """Inside shard_map: the last virtual stage's forward and backward of
     one micro-batch as one vjp, for a table that runs both in one tick
     (`Schedule.fused`): (loss, packed parameter gradients, message for
-    the stage before). Nothing is kept, so `remat="stage"` would only
-    replay the forward: it runs without; a checkpoint policy still applies."""
+    the stage before). Nothing crosses a ring, so the pair keeps what XLA
+    chooses, as a plain jit does: `remat="stage"` would only replay the
+    forward and "none"'s policy remake values XLA holds anyway; a
+    checkpoint policy of the user's still applies."""
     j = code.S - 1
-    remat = "none" if code.model.remat == "stage" else code.model.remat
+    remat = code.model.remat
+    remat = jax.checkpoint_policies.everything_saveable if isinstance(remat, str) else remat
     loss, vjp_fn = jax.vjp(code.fn(j, Feed(*micro), remat), _chunk(code, j, p),
                            _stage_input(code, j, h))
     dparams, dh = vjp_fn(code.seed_like(loss))
