@@ -9,10 +9,11 @@ runs its part and files the values W reads that only B's tick has: the
 replay made). W later runs its part from the bridge and what it reads
 again where it lives: the weights, the stage input, the micro-batch's feed
 and the forward's kept residuals.
-Every equation of the backward runs once, in B or in W: nothing is
-recomputed, so B + W cost what the fused backward costs (the naive split, a
-second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
-#6532). Call-like equations (jit, remat) are inlined first, so that a
+Every costly equation of the backward runs once, in B or in W, so B + W
+cost what the fused backward costs (the naive split, a second `jax.vjp` for
+W, replays the forward and loses to 1F1B: marin #6532); W makes again the
+elementwise values it can from what it reads itself (`_remade`), where the
+bridge would carry them. Call-like equations (jit, remat) are inlined first, so that a
 rematerialized stage's replayed forward runs in B and W reads what it
 needs of it from the bridge. Equations with sub-programs that are not
 calls (a `lax.scan`, `cond` or `while` in a layer) stay whole: where one
@@ -28,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 import jax
 from jax.extend import core
+
+from pipejax.compile.residuals import costly
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat"}
 
@@ -132,6 +135,22 @@ def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict) -> None:
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
 
 
+def _remade(nodes: Sequence[_Node], b: Sequence[int], again: set[int]) -> set[int]:
+    """The values of B's elementwise and layout equations (`residuals.costly`
+    says which) that W can make again from what it reads itself (the
+    reread inputs) or makes again: W runs those equations too, fused into
+    its own reads, instead of reading their values from the bridge. On XLA's
+    CPU backend B's write of a bridge row and W's copy of it out (a matmul
+    does not read a dynamic row in place) cost more than the arithmetic."""
+    remade: set[int] = set()
+    for i in b:
+        node = nodes[i]
+        if (not node.effects and not costly(node.primitive)
+                and all(not isinstance(r, int) or r in again or r in remade for r in node.ins)):
+            remade.update(node.outs)
+    return remade
+
+
 def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequence[bool]
                    ) -> SplitBackward:
     """Split `fn(*args)` -> (weight gradient leaves..., input gradient
@@ -143,9 +162,11 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
     outs = _flatten(closed.jaxpr, closed.consts, list(range(len(args))), nodes, count)
     w_outs, b_outs = outs[:weights], outs[weights:]
     b = _needed(nodes, b_outs, set(), effects=True)  # a callback runs once, in B
-    made_by_b = {o for i in b for o in nodes[i].outs}
     again = {i for i, r in enumerate(reread) if r}
-    w = [i for i in _needed(nodes, w_outs, made_by_b | set(range(len(args)))) if i not in set(b)]
+    remade = _remade(nodes, b, again)
+    made_by_b = {o for i in b for o in nodes[i].outs} - remade
+    w = [i for i in _needed(nodes, w_outs, made_by_b | set(range(len(args))))
+         if i not in set(b) or remade.issuperset(nodes[i].outs)]
     made_by_w = {o for i in w for o in nodes[i].outs}
     read_by_w = [r for i in w for r in nodes[i].ins] + list(w_outs)
     bridge = sorted({r for r in read_by_w if isinstance(r, int) and r not in made_by_w

@@ -3,6 +3,7 @@ over chunks) and the zero-bubble split (B, W) give the sequential model's
 loss and gradients, W reuses what B computed (no forward again, the fused
 backward's FLOPs), and a device's chunks unstage into layer order."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 import pipejax as pj
 from pipejax.bench.op_costs import executed, op_flops
+from pipejax.compile.residuals import costly
 from pipejax.compile.split import _needed
 from pipejax.errors import ConfigError
 from pipejax.placement import Placement
@@ -67,15 +69,16 @@ def test_chunks_sit_round_the_devices_and_unstage_in_layer_order():
 
 
 def test_w_reuses_what_b_computed():
-    """B and W run disjoint parts of one backward; together they are the
+    """B and W run disjoint parts of one backward but for the elementwise
+    values W makes again from what it reads itself; together they are the
     fused backward's equations, none of the forward's, and cost its FLOPs,
     so a zero-bubble step executes 1F1B's FLOPs (from table × op costs)."""
     for remat in ("none", "stage"):
         pipe = _pipe("zb-h1", 2, 1, remat=remat)
         for split in pipe.build.code.splits:
-            assert not set(split.b) & set(split.w)
+            assert all(not costly(split.nodes[i].primitive) for i in set(split.b) & set(split.w))
             whole = _needed(split.nodes, [*split.b_outs, *split.w_outs], set())
-            assert sorted([*split.b, *split.w]) == whole
+            assert sorted({*split.b, *split.w}) == whole
             assert len(split.bridge) > 0 and split.w  # the weight path waits in the bridge
         costs = op_flops(pipe.build.code)
         for j in range(pipe.build.code.S):
@@ -84,6 +87,21 @@ def test_w_reuses_what_b_computed():
         one_f_one_b = make_schedule("1f1b", Placement(2), 4)
         ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
         assert abs(ratio - 1) < 0.05, (remat, ratio)
+
+
+def test_the_bridge_carries_cotangents_and_w_makes_the_gelu_again():
+    """The middle stage of [Dense] | [Dense(32), tanh GELU, Dense(16)] |
+    [Dense] under remat "none": B files the cotangents of its two Dense
+    outputs; W makes the GELU it multiplies by again from the kept Dense
+    output."""
+    layers = [nn.Dense(20), nn.Dense(32), jax.nn.gelu, nn.Dense(16), nn.Dense(10)]
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
+                       stages=3, microbatches=4, schedule="zb-h1", remat="none",
+                       partition=(1, 3, 1))
+    code = pipe.build.code
+    split = code.splits[code.groups.of[1]]
+    assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 32)]
+    assert any(split.nodes[i].primitive.name == "tanh" for i in set(split.b) & set(split.w))
 
 
 def test_a_trainer_steps_on_interleaved_and_zero_bubble_tables_as_on_one_stage():
