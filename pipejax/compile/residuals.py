@@ -3,13 +3,14 @@
 With `remat="none"` a stage's forward runs under the `jax.checkpoint`
 policy `costly`: it keeps what a matmul, a reduction, a gather or any other
 costly primitive made, and its backward makes the elementwise and layout
-values again from those, inside the fusions that read them, as XLA's fusion
-does in a plain jit. Then `jax.vjp` closes over residuals of three kinds. Some are values the backward
-tick has anyway (the weights, the stashed stage input, the micro-batch data,
-the key): those are looked up again, never copied. Some the vjp never reads
-(jax carries them along): those are rebuilt as zeros of the right shape.
-Only the rest is packed into the kept-residual ring buffer. With
-`remat="none"` this halved what a stage keeps (measured on the MLP).
+values again from those, inside the fusions that read them, as XLA's
+fusion does in a plain jit. Then `jax.vjp` closes over residuals of three
+kinds. Some are values the backward tick has anyway (the weights, the
+stashed stage input, the micro-batch data, the key): those are looked up
+again, never copied. Some the vjp never reads (jax carries them along):
+those are rebuilt as zeros of the right shape. Only the rest is packed into
+the kept-residual ring buffer. With `remat="none"` this halved what a stage
+keeps (measured on the MLP).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 # annotations are here because shard_map stages them on constants.
 _REMADE = frozenset("""
     abs acos acosh add add_any and asin asinh atan atan2 atanh broadcast_in_dim cbrt ceil clamp
-    complex concatenate conj convert_element_type copy copy_p cos cosh div dynamic_slice eq erf
+    complex concatenate conj convert_element_type copy cos cosh div dynamic_slice eq erf
     erf_inv erfc exp exp2 expand_dims expm1 floor ge gt imag integer_pow iota is_finite le log
     log1p logistic lt max mesh_cast min mul ne neg nextafter not or pad pow pvary real
     reduce_precision rem reshape reshard rev round rsqrt select_n sharding_constraint shift_left
@@ -39,11 +40,11 @@ def costly(prim: Any, *_: Any, **__: Any) -> bool:
     """remat "none"'s `jax.checkpoint` policy: keep the values of costly
     primitives, make the elementwise ones again in the backward.
 
-    Kept whole, jax.vjp's residuals held every intermediate of a layer (the
-    tanh GELU's five, layer norm's centred and scaled input): on the zoo GPT
+    Kept whole, jax.vjp's residuals held every intermediate of a layer (a
+    tanh GELU's, layer norm's centred and scaled input): on the zoo GPT
     (depth 14, width 128, K = 4, micro-batch 4x128) 49.1 MB a micro-batch
     per stage against 13.8 MB under this policy, and 1F1B's step took 0.86
-    of remat "stage"'s time against 0.78 (`benchmarks/table_speed.py`): the
+    of remat "stage"'s time against 0.78 (alternated in one process): the
     ring's writes and reads cost more than the arithmetic they saved."""
     return prim.name not in _REMADE
 
