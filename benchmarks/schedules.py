@@ -113,8 +113,8 @@ def tables() -> dict[str, str]:
 
 def main() -> None:
     rows = [measure(s, K, M, v) for K in (2, 4, 8) for M in (8, 32) for s, v in CASES]
-    held = lambda r: r["temp_bytes"] + r["ring_bytes"]
-    check = {s: held(measure(s, 4, 16)) for s in ("gpipe", "1f1b")}
+    check = {s: (row := measure(s, 4, 16))["temp_bytes"] + row["ring_bytes"]
+             for s in ("gpipe", "1f1b")}
     print(table(rows))
     print(f"\nK=4, M=16: temp and ring bytes 1F1B {check['1f1b']} < GPipe {check['gpipe']}: "
           f"{check['1f1b'] < check['gpipe']}")

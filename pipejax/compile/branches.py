@@ -152,7 +152,7 @@ def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
     (`Schedule.fused`): (loss, packed parameter gradients, message for
     the stage before). Nothing crosses a ring, so the pair keeps what XLA
     chooses, as a plain jit does: `remat="stage"` would only replay the
-    forward and "none"'s policy remake values XLA holds anyway; a
+    forward and "none"'s policy remakes values XLA holds anyway; a
     checkpoint policy of the user's still applies."""
     j = code.S - 1
     remat = code.model.remat

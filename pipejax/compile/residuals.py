@@ -27,10 +27,10 @@ import jax.numpy as jnp
 # their consumers. Any other primitive's values are kept; the sharding
 # annotations are here because shard_map stages them on constants.
 _REMADE = frozenset("""
-    abs acos acosh add add_any and asin asinh atan atan2 atanh broadcast_in_dim cbrt ceil clamp
-    complex concatenate conj convert_element_type copy cos cosh div dynamic_slice eq erf
-    erf_inv erfc exp exp2 expand_dims expm1 floor ge gt imag integer_pow iota is_finite le log
-    log1p logistic lt max mesh_cast min mul ne neg nextafter not or pad pow pvary real
+    abs acos acosh add add_any and asin asinh atan atan2 atanh bitcast_convert_type
+    broadcast_in_dim cbrt ceil clamp complex concatenate conj convert_element_type copy cos cosh
+    div dynamic_slice eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow iota
+    is_finite le log log1p logistic lt max min mul ne neg nextafter not or pad pow pvary real
     reduce_precision rem reshape reshard rev round rsqrt select_n sharding_constraint shift_left
     shift_right_arithmetic shift_right_logical sign sin sinh slice split sqrt square squeeze
     stop_gradient sub tan tanh transpose xor""".split())

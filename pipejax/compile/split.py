@@ -15,11 +15,11 @@ W, replays the forward and loses to 1F1B: marin #6532); W makes again the
 elementwise values it can from what it reads itself (`_remade`), where the
 bridge would carry them. Call-like equations (jit, remat) are inlined
 first, so that a rematerialized stage's replayed forward runs in B and W
-reads what it needs of it from the bridge. Equations with sub-programs that are not
-calls (a `lax.scan`, `cond` or `while` in a layer) stay whole: where one
-makes both gradients, it runs in B and its weight gradients wait in the
-bridge for W (correct, but no work is left for W to move). Equations with
-side effects (callbacks) run in B.
+reads what it needs of it from the bridge. Equations with sub-programs
+that are not calls (a `lax.scan`, `cond` or `while` in a layer) stay
+whole: where one makes both gradients, it runs in B and its weight
+gradients wait in the bridge for W (correct, but no work is left for W to
+move). Equations with side effects (callbacks) run in B.
 """
 
 from __future__ import annotations
@@ -168,8 +168,9 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
     again = {i for i, r in enumerate(reread) if r}
     remade = _remade(nodes, b, again)
     made_by_b = {o for i in b for o in nodes[i].outs} - remade
+    in_b = set(b)
     w = [i for i in _needed(nodes, w_outs, made_by_b | set(range(len(args))))
-         if i not in set(b) or remade.issuperset(nodes[i].outs)]
+         if i not in in_b or remade.issuperset(nodes[i].outs)]
     made_by_w = {o for i in w for o in nodes[i].outs}
     read_by_w = [r for i in w for r in nodes[i].ins] + list(w_outs)
     bridge = sorted({r for r in read_by_w if isinstance(r, int) and r not in made_by_w

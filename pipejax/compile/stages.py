@@ -113,7 +113,8 @@ class StageCode:
 
     def residuals(self, j: int, remat: Remat) -> Any:
         """The abstract residuals virtual stage j keeps from a forward to its
-        backward under `remat` (with "none": its whole working set of one micro-batch)."""
+        backward under `remat` (with "none": what its costly primitives made
+        of one micro-batch)."""
         return self.remembered(j, ("residuals", remat), lambda: jax.eval_shape(
             lambda p, h, f: self.vjp(j, p, h, f, remat)[1],
             self.abstract_params(j), self.input_of(j), self.abstract_feed()))
@@ -207,6 +208,8 @@ class StageCode:
                                    feed.y)
 
         remat = self.model.remat if remat is None else remat
+        if remat is jax.checkpoint_policies.everything_saveable:
+            return f  # keeps what jax.vjp keeps: no checkpoint, no barrier
         policy = {"none": residuals.costly, "stage": jax.checkpoint_policies.nothing_saveable}
         return jax.checkpoint(f, policy=policy[remat] if isinstance(remat, str) else remat)
 

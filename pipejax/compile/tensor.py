@@ -93,7 +93,8 @@ def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
                                    [place(s) for s in code.param_leaves(j)])
     whole = NamedSharding(devices, P())
     h = code.input_of(j)
-    kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, "none")[1],
+    everything = jax.checkpoint_policies.everything_saveable
+    kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, everything)[1],
                    in_shardings=(shardings, None if h is None else whole, None))
     compiled = kept.lower(params, h, code.abstract_feed()).compile()
     return int(compiled.memory_analysis().output_size_in_bytes)
