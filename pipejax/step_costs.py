@@ -35,12 +35,12 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
     (`flops_per_byte`: the device's FLOP rate over its memory's byte rate):
     a forward writes its kept residuals (none under remat "stage"), the
     backward that takes them (BW; B and W) reads them back; B writes the
-    bridge and W reads it. A row is padded to the largest stage, so every chunk moves a whole
-    one; a fused last stage keeps nothing. A value that goes through a ring
-    is written and read again where the fused vjp of a plain jit uses it
-    where it is made: without this term the mean error of the GPT 6x64's
-    timed steps on simulated CPU devices is higher (16 % against 11 %,
-    `benchmarks/planner.py --part time` reports both)."""
+    bridge and W reads it. A row is padded to the largest stage, so every
+    chunk moves a whole one; a fused last stage keeps nothing. A value that
+    goes through a ring is written and read again where the fused vjp of a
+    plain jit uses it where it is made: without this term the mean error of
+    the GPT 6x64's timed steps on simulated CPU devices is higher (16 %
+    against 11 %, `benchmarks/planner.py --part time` reports both)."""
     code = pipe.build.code
     kept = np.full(code.S, float(code.kept.slot_bytes()))
     if pipe.schedule.fused.any():
