@@ -148,7 +148,7 @@ def _remade(nodes: Sequence[_Node], b: Sequence[int], again: set[int]) -> set[in
     remade: set[int] = set()
     for i in b:
         node = nodes[i]
-        if (not node.effects and not costly(node.primitive)
+        if (not node.effects and not costly(node.primitive, **node.params)
                 and all(not isinstance(r, int) or r in again or r in remade for r in node.ins)):
             remade.update(node.outs)
     return remade

@@ -44,3 +44,12 @@ def test_remat_none_keeps_what_the_matmuls_made():
         layers, 2, remat=remat, partition=(2, 1)).build.code.kept.abstract_tree(0))]
     assert kept("none") == [(4, 32)]
     assert len(kept(jax.checkpoint_policies.everything_saveable)) > 2
+
+
+def test_remat_none_makes_relu_again():
+    """nn.relu is a custom_jvp_call of elementwise primitives: under remat
+    "none" a Dense, relu, Dense stage keeps the first Dense's output alone,
+    not the relu's beside it."""
+    layers = [nn.Dense(32), nn.relu, nn.Dense(32), nn.Dense(10)]
+    pipe = _pipe(layers, 2, remat="none", partition=(3, 1))
+    assert [a.shape for a in jax.tree.leaves(pipe.build.code.kept.abstract_tree(0))] == [(4, 32)]
