@@ -76,7 +76,8 @@ def test_w_reuses_what_b_computed():
     for remat in ("none", "stage"):
         pipe = _pipe("zb-h1", 2, 1, remat=remat)
         for split in pipe.build.code.splits:
-            assert all(not costly(split.nodes[i].primitive) for i in set(split.b) & set(split.w))
+            shared = [split.nodes[i] for i in set(split.b) & set(split.w)]
+            assert all(not costly(node.primitive, **node.params) for node in shared)
             whole = _needed(split.nodes, [*split.b_outs, *split.w_outs], set())
             assert sorted({*split.b, *split.w}) == whole
             assert len(split.bridge) > 0 and split.w  # the weight path waits in the bridge
@@ -87,6 +88,21 @@ def test_w_reuses_what_b_computed():
         one_f_one_b = make_schedule("1f1b", Placement(2), 4)
         ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
         assert abs(ratio - 1) < 0.05, (remat, ratio)
+
+
+def test_the_first_stage_runs_its_cotangents_in_b():
+    """The first stage has no input gradient to send, yet its B runs the
+    cotangents' chain through it and its W the weight gradients alone, as on
+    the other stages: [Dense, relu, Dense] | [Dense]: B one matmul (the
+    second Dense's input gradient), W two (each Dense's weight gradient)."""
+    layers = [nn.Dense(32), nn.relu, nn.Dense(16), nn.Dense(10)]
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
+                       stages=2, microbatches=4, schedule="zb-h1", remat="none",
+                       partition=(3, 1))
+    split = pipe.build.code.splits[0]
+    dots = lambda part: sum(split.nodes[i].primitive.name == "dot_general" for i in part)
+    assert (dots(split.b), dots(split.w)) == (1, 2)
+    assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 32)]
 
 
 def test_the_bridge_carries_cotangents_and_w_makes_the_gelu_again():
