@@ -16,10 +16,13 @@ keeps (measured on the MLP).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+
+from pipejax.errors import ConfigError
 
 
 # Primitives a backward makes again for free from the values it reads anyway
@@ -107,3 +110,23 @@ def rebuild(recipe: Recipe, known: Sequence[Any], kept: Sequence[Any]) -> Callab
     pick = {"known": lambda j: known[j], "kept": lambda i: kept[i],
             "unused": lambda aval: jnp.zeros(aval.shape, aval.dtype)}
     return jax.tree.unflatten(recipe.treedef, [pick[kind](arg) for kind, arg in recipe.steps])
+
+
+def check(kept: Sequence[Any], layout: Sequence[Any], stage: str, remat: Any) -> None:
+    """Raise unless the residuals a stage keeps inside the program are its
+    kept ring's `layout`, traced outside `shard_map`. A policy that saves
+    values made of constants sees them only inside, where `shard_map`
+    stages them (the `reshard` of a constant); without this check the
+    ring's write failed deep in XLA's shape checks."""
+    got = [(tuple(jnp.shape(x)), jnp.result_type(x)) for x in kept]
+    want = [(tuple(a.shape), jnp.dtype(a.dtype)) for a in layout]
+    if got != want:
+        i = next(i for i, pair in enumerate(itertools.zip_longest(got, want)) if len(set(pair)) > 1)
+        show = lambda avals: f"{jnp.dtype(avals[i][1]).name}{list(avals[i][0])}" \
+            if i < len(avals) else "nothing"
+        raise ConfigError(
+            f"{stage}: remat={remat!r} keeps {len(got)} residuals inside the pipeline's program "
+            f"but {len(want)} in its kept ring's layout (traced outside shard_map); residual {i} "
+            f"is {show(got)} inside and {show(want)} in the layout. The policy saves a value "
+            "made of constants, which shard_map stages: save only values computed from the "
+            "stage's inputs (e.g. jax.checkpoint_policies.dots_saveable) or use remat=\"none\"")

@@ -228,6 +228,10 @@ class StageCode:
         known = [*jax.tree.leaves((weights, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
                  feed.first]
         kept, recipe = residuals.split(vjp_fn, known, out)
+        if remat is None:  # in the program, whose kept ring was laid out outside it
+            names = ", ".join(s.name for s in self.plan.stage_specs(j))
+            residuals.check(kept, jax.tree.leaves(self.kept.abstract_tree(j)),
+                            f"virtual stage {j} ({names})", self.model.remat)
 
         def rebuild(kept_again: Sequence[Any]) -> Callable:
             inner = residuals.rebuild(recipe, known, kept_again)

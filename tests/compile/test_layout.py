@@ -3,8 +3,10 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import pytest
 
 import pipejax as pj
+from pipejax.errors import ConfigError
 from tests.reference import heterogeneous_layers
 
 
@@ -53,3 +55,17 @@ def test_remat_none_makes_relu_again():
     layers = [nn.Dense(32), nn.relu, nn.Dense(32), nn.Dense(10)]
     pipe = _pipe(layers, 2, remat="none", partition=(3, 1))
     assert [a.shape for a in jax.tree.leaves(pipe.build.code.kept.abstract_tree(0))] == [(4, 32)]
+
+
+def test_a_policy_that_saves_constants_gets_a_clear_error():
+    """A policy saving `reshard`'s values keeps a scalar made of constants
+    inside the program (shard_map stages it) that the kept ring, laid out
+    outside it, has no slot for: a ConfigError says so."""
+    policy = lambda prim, *_, **__: prim.name in ("reshard", "dot_general")
+    tokens = jnp.zeros((2, 16), jnp.int32)
+    pipe = pj.pipeline(pj.models.gpt(depth=1, width=32, heads=2, context=16),
+                       loss=pj.losses.next_token, example=tokens, targets=tokens, stages=2,
+                       microbatches=2, remat=policy)
+    x = jnp.zeros((4, 16), jnp.int32)
+    with pytest.raises(ConfigError, match=r"virtual stage \d \(.*kept ring's layout.*dots_saveable"):
+        pipe.value_and_grad(pipe.init(jax.random.key(0)), (x, x), jax.random.key(1))
