@@ -38,9 +38,8 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
     bridge and W reads it. A row is padded to the largest stage, so every
     chunk moves a whole one; a fused last stage keeps nothing. A value that
     goes through a ring is written and read again where the fused vjp of a
-    plain jit uses it where it is made: without this term the mean error of
-    the GPT 6x64's timed steps on simulated CPU devices is higher (16 %
-    against 11 %, `benchmarks/planner.py --part time` reports both)."""
+    plain jit uses it where it is made (`benchmarks/planner.py --part time`
+    reports the timed steps' errors with and without this term)."""
     code = pipe.build.code
     kept = np.full(code.S, float(code.kept.slot_bytes()))
     if pipe.schedule.fused.any():
