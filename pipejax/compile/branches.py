@@ -156,7 +156,8 @@ def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
     checkpoint policy of the user's still applies."""
     j = code.S - 1
     remat = code.model.remat
-    remat = jax.checkpoint_policies.everything_saveable if isinstance(remat, str) else remat
+    if isinstance(remat, str):
+        remat = jax.checkpoint_policies.everything_saveable
     loss, vjp_fn = jax.vjp(code.fn(j, Feed(*micro), remat), _chunk(code, j, p),
                            _stage_input(code, j, h))
     dparams, dh = vjp_fn(code.seed_like(loss))

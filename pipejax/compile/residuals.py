@@ -118,15 +118,15 @@ def check(kept: Sequence[Any], layout: Sequence[Any], stage: str, remat: Any) ->
     values made of constants sees them only inside, where `shard_map`
     stages them (the `reshard` of a constant); without this check the
     ring's write failed deep in XLA's shape checks."""
-    got = [(tuple(jnp.shape(x)), jnp.result_type(x)) for x in kept]
+    got = [(tuple(jnp.shape(x)), jnp.dtype(jnp.result_type(x))) for x in kept]
     want = [(tuple(a.shape), jnp.dtype(a.dtype)) for a in layout]
     if got != want:
-        i = next(i for i, pair in enumerate(itertools.zip_longest(got, want)) if len(set(pair)) > 1)
-        show = lambda avals: f"{jnp.dtype(avals[i][1]).name}{list(avals[i][0])}" \
-            if i < len(avals) else "nothing"
+        i, (inside, laid) = next((i, pair) for i, pair in
+                                 enumerate(itertools.zip_longest(got, want)) if pair[0] != pair[1])
+        show = lambda aval: "nothing" if aval is None else f"{aval[1].name}{list(aval[0])}"
         raise ConfigError(
             f"{stage}: remat={remat!r} keeps {len(got)} residuals inside the pipeline's program "
             f"but {len(want)} in its kept ring's layout (traced outside shard_map); residual {i} "
-            f"is {show(got)} inside and {show(want)} in the layout. The policy saves a value "
+            f"is {show(inside)} inside and {show(laid)} in the layout. The policy saves a value "
             "made of constants, which shard_map stages: save only values computed from the "
             "stage's inputs (e.g. jax.checkpoint_policies.dots_saveable) or use remat=\"none\"")
