@@ -6,16 +6,18 @@ fall in two parts: W, the weight gradients' own contractions and
 reductions and what follows them (`_tails`), and B, the rest: the
 cotangents' chain through the stage, and so the input gradient, what the
 previous stage waits for (the first stage runs the chain in B too). B
-runs its part and files the values W reads that only B's tick has: the
-*bridge* (the weight path's cotangents, and what a rematerialized stage's
-replay made). W later runs its part from the bridge and what it reads
-again where it lives: the weights, the stage input, the micro-batch's feed
-and the forward's kept residuals.
+runs its part and files the *bridge*, the fewest bytes of what only B's
+tick has (the weight path's cotangents, what a rematerialized stage's
+replay made) from which W makes what it reads (`_bridge`). W later runs
+its part from the bridge and what it reads again where it lives: the
+weights, the stage input, the micro-batch's feed and the forward's kept
+residuals, running again the elementwise and layout equations between
+those and its reads.
 Every costly equation of the backward runs once, in B or in W, so B + W
-cost what the fused backward costs (the naive split, a second `jax.vjp` for
-W, replays the forward and loses to 1F1B: marin #6532); W makes again the
-elementwise values it can from what it reads itself (`_remade`), where the
-bridge would carry them. Call-like equations (jit, remat) are inlined
+cost what the fused backward costs and those equations (the naive split, a
+second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
+#6532; on the zoo GPT the equations W runs again add 0.9 % to the
+backward's FLOPs, `pipejax.bench.op_costs.op_flops`). Call-like equations (jit, remat) are inlined
 first, so that a rematerialized stage's replayed forward runs in B and W
 reads what it needs of it from the bridge. Equations with sub-programs
 that are not calls (a `lax.scan`, `cond` or `while` in a layer) stay
@@ -32,6 +34,7 @@ from typing import Any, Callable, Sequence
 import jax
 from jax.extend import core
 
+from pipejax.compile.cut import min_vertex_cut
 from pipejax.compile.residuals import costly
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat"}
@@ -137,23 +140,38 @@ def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict) -> None:
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
 
 
-def _remade(nodes: Sequence[_Node], b: Sequence[int], again: set[int]) -> set[int]:
-    """The values of B's elementwise and layout equations (`residuals.costly`
-    says which) that W can make again from what it reads itself (the
-    reread inputs) or makes again: W runs those equations too, fused into
-    its own reads, instead of reading their values from the bridge. On XLA's
-    CPU backend B's write of a bridge row and W's copy of it out (a matmul
-    does not read a dynamic row in place) cost more than the arithmetic: on
-    the zoo GPT (depth 14, width 128, K = 4, remat "none") the bridge holds
-    13.0 MiB a micro-batch instead of 25.0, and zb-h1's step over 1F1B's
-    went from 1.23 to 1.19 (from 1.22 to 1.11 at K = 8; table_speed.py)."""
-    remade: set[int] = set()
+def _bridge(nodes: Sequence[_Node], b: Sequence[int], tails: set[int], w_outs: Sequence[Ref],
+            reread: Sequence[bool], aval: dict) -> list[int]:
+    """The values B files for W: the fewest bytes from which W makes what
+    it reads (its own equations' inputs, the weight gradients it does not
+    make), running elementwise and layout equations again (`residuals.costly`
+    says which) on the bridge and on the inputs it reads itself (`reread`).
+    A minimum cut (cut.py) between what only B makes (a costly equation's
+    values, one with side effects, the inputs W does not read) and what W
+    reads. Filing every value W reads that it cannot make from its own
+    inputs held a layer norm's dy and dy·x̂ (W sums each) and an
+    attention's dq before and after its heads' transpose: the zoo GPT
+    (depth 14, width 128, K = 4, remat "none") filed 13.0 MiB a
+    micro-batch on a stage of 4 blocks, the cut files 9.3, and zb-h1's
+    rings hold 93.7 MiB instead of 108.6 (zb-v's 130.2 instead of 144.1).
+    The step time did not move on 2 CPU cores (over 1F1B's, alternated:
+    zb-h1 1.111 before, 1.118 after; zb-v 1.008, 1.038; a run's noise is
+    about 0.03): there B's write of a row and W's copy of it out (a matmul
+    does not read a dynamic row in place) cost about what W's elementwise
+    equations run again cost."""
+    made_by_w = {o for i in tails for o in nodes[i].outs}
+    arcs, sources = [], [i for i, again in enumerate(reread) if not again]
     for i in b:
         node = nodes[i]
-        if (not node.effects and not costly(node.primitive, **node.params)
-                and all(not isinstance(r, int) or r in again or r in remade for r in node.ins)):
-            remade.update(node.outs)
-    return remade
+        if node.effects or costly(node.primitive, **node.params):
+            sources += node.outs
+        else:
+            arcs += [(r, o) for r in node.ins if isinstance(r, int) for o in node.outs]
+    reads = [r for i in tails for r in nodes[i].ins] + list(w_outs)
+    sinks = {r for r in reads if isinstance(r, int) and r not in made_by_w}
+    values = {r for arc in arcs for r in arc} | set(sources) | sinks
+    weight = {r: max(1, aval[r].size * aval[r].dtype.itemsize) for r in values}
+    return sorted(min_vertex_cut(arcs, weight, sources, sinks))
 
 
 def _tails(nodes: Sequence[_Node], chain: set[int]) -> set[int]:
@@ -194,19 +212,13 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
     chain = set(_needed(nodes, b_outs, set(), effects=True))  # a callback runs once, in B
     tails = _tails(nodes, chain)
     b = sorted(chain | {i for i in _needed(nodes, w_outs, set()) if i not in tails})
-    again = {i for i, r in enumerate(reread) if r}
-    remade = _remade(nodes, b, again)
-    made_by_b = {o for i in b for o in nodes[i].outs} - remade
-    in_b = set(b)
-    w = [i for i in _needed(nodes, w_outs, made_by_b | set(range(len(args))))
-         if i not in in_b or remade.issuperset(nodes[i].outs)]
-    made_by_w = {o for i in w for o in nodes[i].outs}
-    read_by_w = [r for i in w for r in nodes[i].ins] + list(w_outs)
-    bridge = sorted({r for r in read_by_w if isinstance(r, int) and r not in made_by_w
-                     and r not in again})
     aval = dict(enumerate(args))
     for node in nodes:
         aval.update(zip(node.outs, node.avals))
+    bridge = _bridge(nodes, b, tails, w_outs, reread, aval)
+    again = {i for i, r in enumerate(reread) if r}
+    w = _needed(nodes, w_outs, set(bridge) | again)
+    b = _needed(nodes, [*b_outs, *bridge], set(), effects=True)  # what the bridge spares B
     return SplitBackward(tuple(nodes), len(args), tuple(b), tuple(w), tuple(b_outs),
                          tuple(w_outs), tuple(bridge), tuple(sorted(again)),
                          tuple(jax.ShapeDtypeStruct(aval[r].shape, aval[r].dtype) for r in bridge))

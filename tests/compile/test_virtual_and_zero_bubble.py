@@ -70,9 +70,11 @@ def test_chunks_sit_round_the_devices_and_unstage_in_layer_order():
 
 def test_w_reuses_what_b_computed():
     """B and W run disjoint parts of one backward but for the elementwise
-    values W makes again from what it reads itself; together they are the
-    fused backward's equations, none of the forward's, and cost its FLOPs,
-    so a zero-bubble step executes 1F1B's FLOPs (from table × op costs)."""
+    and layout equations W runs again between the bridge and its reads;
+    together they are the fused backward's equations, none of the
+    forward's, and cost its FLOPs and those equations' (on these small
+    stages, mostly elementwise, up to a tenth more), so a zero-bubble step
+    executes 1F1B's FLOPs within 5 % (from table × op costs)."""
     for remat in ("none", "stage"):
         pipe = _pipe("zb-h1", 2, 1, remat=remat)
         for split in pipe.build.code.splits:
@@ -84,10 +86,20 @@ def test_w_reuses_what_b_computed():
         costs = op_flops(pipe.build.code)
         for j in range(pipe.build.code.S):
             b_w = costs[Op.B][j] + costs[Op.W][j]
-            assert abs(b_w - costs[Op.BW][j]) <= 0.05 * costs[Op.BW][j], (remat, j)
+            assert costs[Op.BW][j] <= b_w <= 1.1 * costs[Op.BW][j], (remat, j)
         one_f_one_b = make_schedule("1f1b", Placement(2), 4)
         ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
         assert abs(ratio - 1) < 0.05, (remat, ratio)
+
+
+def _split(layers: list, partition: tuple[int, ...], stage: int):
+    """Stage `stage`'s B/W split of `layers` over len(partition) stages,
+    zb-h1, remat "none"."""
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
+                       stages=len(partition), microbatches=4, schedule="zb-h1", remat="none",
+                       partition=partition)
+    code = pipe.build.code
+    return code.splits[code.groups.of[stage]]
 
 
 def test_the_first_stage_runs_its_cotangents_in_b():
@@ -95,11 +107,7 @@ def test_the_first_stage_runs_its_cotangents_in_b():
     cotangents' chain through it and its W the weight gradients alone, as on
     the other stages: [Dense, relu, Dense] | [Dense]: B one matmul (the
     second Dense's input gradient), W two (each Dense's weight gradient)."""
-    layers = [nn.Dense(32), nn.relu, nn.Dense(16), nn.Dense(10)]
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
-                       stages=2, microbatches=4, schedule="zb-h1", remat="none",
-                       partition=(3, 1))
-    split = pipe.build.code.splits[0]
+    split = _split([nn.Dense(32), nn.relu, nn.Dense(16), nn.Dense(10)], (3, 1), stage=0)
     dots = lambda part: sum(split.nodes[i].primitive.name == "dot_general" for i in part)
     assert (dots(split.b), dots(split.w)) == (1, 2)
     assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 32)]
@@ -110,14 +118,20 @@ def test_the_bridge_carries_cotangents_and_w_makes_the_gelu_again():
     [Dense] under remat "none": B files the cotangents of its two Dense
     outputs; W makes the GELU it multiplies by again from the kept Dense
     output."""
-    layers = [nn.Dense(20), nn.Dense(32), jax.nn.gelu, nn.Dense(16), nn.Dense(10)]
-    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
-                       stages=3, microbatches=4, schedule="zb-h1", remat="none",
-                       partition=(1, 3, 1))
-    code = pipe.build.code
-    split = code.splits[code.groups.of[1]]
+    split = _split([nn.Dense(20), nn.Dense(32), jax.nn.gelu, nn.Dense(16), nn.Dense(10)],
+                   (1, 3, 1), stage=1)
     assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 32)]
     assert any(split.nodes[i].primitive.name == "tanh" for i in set(split.b) & set(split.w))
+
+
+def test_the_bridge_holds_a_layer_norms_cotangent_once():
+    """The middle stage of [Dense] | [LayerNorm, Dense(16)] | [Dense] under
+    remat "none": W sums the norm's output cotangent dy for its bias and
+    dy·x̂ for its scale; the bridge files dy alone (the least bytes), and W
+    makes dy·x̂ again, not both."""
+    split = _split([nn.Dense(20), nn.LayerNorm(), nn.Dense(16), nn.Dense(10)], (1, 2, 1),
+                   stage=1)
+    assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 20)]
 
 
 def test_a_trainer_steps_on_interleaved_and_zero_bubble_tables_as_on_one_stage():
