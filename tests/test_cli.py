@@ -284,6 +284,7 @@ def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
                and {"gb_accessed", "peak_gb", "compile_s"} <= set(r) for r in rows.values())
     assert rows["pb"]["over_plain"] > 0 and "over_plain" not in rows["1f1b K=2"]
     assert section["flops_per_step"] > 0 and section["peaks"]["bfloat16"] is None
+    assert section["budget_s"] > 0
     assert {r["mfu"] for r in rows.values()} == {None}
     assert rows["1f1b remat=none"]["bytes_over_plain"] > 0
     assert "1f1b remat=none" in capsys.readouterr().out

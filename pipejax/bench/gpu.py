@@ -269,4 +269,4 @@ def gpu(smoke: bool = False, budget: float = BUDGET) -> dict:
     for i, dtype in enumerate(size.dtypes):
         result[dtype] = _group(size, jnp.dtype(dtype), opt, variables,
                                start + (i + 0.8) * share, start + (i + 1) * share, strict=smoke)
-    return {**result, "seconds": round(time.perf_counter() - start, 1)}
+    return {**result, "seconds": round(time.perf_counter() - start, 1), "budget_s": budget}
