@@ -17,8 +17,8 @@ Every costly equation of the backward runs once, in B or in W, so B + W
 cost what the fused backward costs and those equations (the naive split, a
 second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
 #6532; on the zoo GPT the equations W runs again add 0.9 % to the
-backward's FLOPs, `pipejax.bench.op_costs.op_flops`). Call-like equations (jit, remat) are inlined
-first, so that a rematerialized stage's replayed forward runs in B and W
+backward's FLOPs, `pipejax.bench.op_costs.op_flops`). Call-like equations
+(jit, remat) are inlined first, so that a rematerialized stage's replayed forward runs in B and W
 reads what it needs of it from the bridge. Equations with sub-programs
 that are not calls (a `lax.scan`, `cond` or `while` in a layer) stay
 whole: where one makes both gradients, it runs in B and its weight
@@ -150,10 +150,10 @@ def _bridge(nodes: Sequence[_Node], b: Sequence[int], tails: set[int], w_outs: S
     values, one with side effects, the inputs W does not read) and what W
     reads. Filing every value W reads that it cannot make from its own
     inputs held a layer norm's dy and dy·x̂ (W sums each) and an
-    attention's dq before and after its heads' transpose: the zoo GPT
-    (depth 14, width 128, K = 4, remat "none") filed 13.0 MiB a
-    micro-batch on a stage of 4 blocks, the cut files 9.3, and zb-h1's
-    rings hold 93.7 MiB instead of 108.6 (zb-v's 130.2 instead of 144.1).
+    attention's dq before and after its heads' transpose: on the zoo GPT
+    (depth 14, width 128, K = 4, M = 8, remat "none", `print(pipe)`)
+    zb-h1's bridge slots, 4 a device, hold 9.3 MiB each where they held
+    13.0, its rings 93.7 MiB where they held 108.6 (zb-v's 130.2, 144.1).
     The step time did not move on 2 CPU cores (over 1F1B's, alternated:
     zb-h1 1.111 before, 1.118 after; zb-v 1.008, 1.038; a run's noise is
     about 0.03): there B's write of a row and W's copy of it out (a matmul
