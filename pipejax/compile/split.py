@@ -18,12 +18,13 @@ cost what the fused backward costs and those equations (the naive split, a
 second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
 #6532; on the zoo GPT the equations W runs again add 0.9 % to the
 backward's FLOPs, `pipejax.bench.op_costs.op_flops`). Call-like equations
-(jit, remat) are inlined first, so that a rematerialized stage's replayed forward runs in B and W
-reads what it needs of it from the bridge. Equations with sub-programs
-that are not calls (a `lax.scan`, `cond` or `while` in a layer) stay
-whole: where one makes both gradients, it runs in B and its weight
-gradients wait in the bridge for W (correct, but no work is left for W to
-move). Equations with side effects (callbacks) run in B.
+(jit, remat) are inlined first, so that a rematerialized stage's
+replayed forward runs in B and W reads what it needs of it from the
+bridge. Equations with sub-programs that are not calls (a `lax.scan`,
+`cond` or `while` in a layer) stay whole: where one makes both gradients,
+it runs in B and its weight gradients wait in the bridge for W (correct,
+but no work is left for W to move). Equations with side effects
+(callbacks) run in B.
 """
 
 from __future__ import annotations
@@ -140,12 +141,18 @@ def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict) -> None:
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
 
 
+def _remakable(node: _Node) -> bool:
+    """Whether W may run `node` again: elementwise or layout
+    (`residuals.costly` says which), with no side effects."""
+    return not node.effects and not costly(node.primitive, **node.params)
+
+
 def _bridge(nodes: Sequence[_Node], b: Sequence[int], tails: set[int], w_outs: Sequence[Ref],
             reread: Sequence[bool], aval: dict) -> list[int]:
     """The values B files for W: the fewest bytes from which W makes what
     it reads (its own equations' inputs, the weight gradients it does not
-    make), running elementwise and layout equations again (`residuals.costly`
-    says which) on the bridge and on the inputs it reads itself (`reread`).
+    make), running again the equations it may (`_remakable`) on the bridge
+    and on the inputs it reads itself (`reread`).
     A minimum cut (cut.py) between what only B makes (a costly equation's
     values, one with side effects, the inputs W does not read) and what W
     reads. Filing every value W reads that it cannot make from its own
@@ -163,10 +170,10 @@ def _bridge(nodes: Sequence[_Node], b: Sequence[int], tails: set[int], w_outs: S
     arcs, sources = [], [i for i, again in enumerate(reread) if not again]
     for i in b:
         node = nodes[i]
-        if node.effects or costly(node.primitive, **node.params):
-            sources += node.outs
-        else:
+        if _remakable(node):
             arcs += [(r, o) for r in node.ins if isinstance(r, int) for o in node.outs]
+        else:
+            sources += node.outs
     reads = [r for i in tails for r in nodes[i].ins] + list(w_outs)
     sinks = {r for r in reads if isinstance(r, int) and r not in made_by_w}
     values = {r for arc in arcs for r in arc} | set(sources) | sinks
@@ -193,8 +200,7 @@ def _tails(nodes: Sequence[_Node], chain: set[int]) -> set[int]:
     tails: set[int] = set()
     for i in range(len(nodes) - 1, -1, -1):
         if i not in chain and not nodes[i].effects and all(
-                c in tails and not costly(nodes[c].primitive, **nodes[c].params)
-                for c in readers[i]):
+                c in tails and _remakable(nodes[c]) for c in readers[i]):
             tails.add(i)
     return tails
 
@@ -211,14 +217,14 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
     w_outs, b_outs = outs[:weights], outs[weights:]
     chain = set(_needed(nodes, b_outs, set(), effects=True))  # a callback runs once, in B
     tails = _tails(nodes, chain)
-    b = sorted(chain | {i for i in _needed(nodes, w_outs, set()) if i not in tails})
+    b_side = sorted(chain | {i for i in _needed(nodes, w_outs, set()) if i not in tails})
     aval = dict(enumerate(args))
     for node in nodes:
         aval.update(zip(node.outs, node.avals))
-    bridge = _bridge(nodes, b, tails, w_outs, reread, aval)
+    bridge = _bridge(nodes, b_side, tails, w_outs, reread, aval)
     again = {i for i, r in enumerate(reread) if r}
     w = _needed(nodes, w_outs, set(bridge) | again)
-    b = _needed(nodes, [*b_outs, *bridge], set(), effects=True)  # what the bridge spares B
+    b = _needed(nodes, [*b_outs, *bridge], set(), effects=True)  # b_side less what W makes
     return SplitBackward(tuple(nodes), len(args), tuple(b), tuple(w), tuple(b_outs),
                          tuple(w_outs), tuple(bridge), tuple(sorted(again)),
                          tuple(jax.ShapeDtypeStruct(aval[r].shape, aval[r].dtype) for r in bridge))
