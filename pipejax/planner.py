@@ -27,8 +27,9 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
 Cost model assumptions: a layer's traced FLOPs (forward + backward) split
 1 : 2 between forward and backward; with rematerialization a backward
 recomputes its forward (not the last stage's when the table fuses its
-forward and backward into one tick); a zero-bubble B and W take a third
-each (plus the recomputation in B); every device runs at one rate,
+forward and backward into one tick); a zero-bubble W takes its share of
+the backward as XLA counts the split's B and W (`step_costs.w_shares`),
+B the rest and the recomputation; every device runs at one rate,
 whatever the dtype or the micro-batch's size.
 """
 
@@ -51,7 +52,7 @@ from pipejax.pipeline import Pipeline, pipeline
 from pipejax.schedules import FAMILIES, Op, names
 from pipejax.schedules.bubbles import table_bubble_fraction
 from pipejax.staleness import STABLE_DELAY, advise, effective_delay
-from pipejax.step_costs import op_costs, ring_costs, split_costs, step_seconds
+from pipejax.step_costs import op_costs, ring_costs, split_costs, step_seconds, w_shares
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -201,7 +202,9 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     """What `pipe` (one replica of R) is predicted to cost."""
     schedule, plan = pipe.schedule, pipe.plan
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
-    costs = op_costs(flops, rm != "none", bool(schedule.fused.any()))
+    code = pipe.build.code
+    share = w_shares(code, flops, rm != "none") if code.splits else None
+    costs = op_costs(flops, rm != "none", bool(schedule.fused.any()), share)
     params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.parts
     if T > 1:
         costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)

@@ -7,27 +7,50 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import jax
 import numpy as np
 
-from pipejax.bench.op_costs import critical_path, executed
+from pipejax.bench.op_costs import critical_path, executed, split_ops
 from pipejax.compile.tensor import split_parts
 from pipejax.schedules import Op, Schedule
-from pipejax.trace import nbytes
+from pipejax.trace import nbytes, xla_flops
 
 if TYPE_CHECKING:
+    from pipejax.compile.stages import StageCode
     from pipejax.pipeline import Pipeline
 
 
-def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False) -> dict:
+def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False,
+             w_share: Sequence[float] | None = None) -> dict:
     """FLOPs of each op on each virtual stage from its forward + backward
     FLOPs (the 1 : 2 split; a rematerialized backward recomputes its
     forward, but for a `fused` last stage: a table that runs its forward and
-    backward in one tick runs them as one vjp, nothing replayed)."""
+    backward in one tick runs them as one vjp, nothing replayed); W does
+    `w_share` of the backward (`w_shares`; default half) and B the rest."""
     forward = np.asarray(chunk_flops, float) / 3
     again = forward * remat
     if fused:
         again[-1] = 0.0
-    return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: forward + again, Op.W: forward}
+    w = 2 * forward * (0.5 if w_share is None else np.asarray(w_share, float))
+    return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: 2 * forward - w + again, Op.W: w}
+
+
+def w_shares(code: StageCode, chunk_flops: Sequence[float], remat: bool) -> np.ndarray:
+    """W's share of each virtual stage's backward, its replay of the forward
+    left out (a third of `chunk_flops`, as `op_costs` counts it): XLA's
+    count of W over B's and W's as the zero-bubble split runs them, each
+    lowered alone, once per process for equal stages. Not half: on the zoo
+    GPT 6x64 at K = 4, W does 0.42 of a stage's backward, B the input
+    gradients and the attention's chain. A lock-step tick waits for its slowest op,
+    so the share moves the step of devices of their own; devices that share
+    one processor run the same total either way."""
+    def share(j: int) -> float:
+        b, w = (xla_flops(jax.jit(fn).lower(*args)) for fn, args in split_ops(code, j))
+        whole = None if b is None or w is None else b + w - remat * chunk_flops[j] / 3
+        return w / whole if whole and whole > 0 else 0.5
+
+    return np.array([code.remembered(j, ("w share", code.model.remat), lambda j=j: share(j))
+                     for j in range(code.S)])
 
 
 def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:

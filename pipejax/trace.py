@@ -90,10 +90,14 @@ def _analyse(layer: Layer, h: Any, key_struct: Any, key: jax.Array) -> tuple:
 
 
 def _flops(layer: Layer, variables: Any, h: Any, key: jax.Array) -> float | None:
-    """Operations of one forward+backward by XLA's cost analysis: FLOPs plus
+    """Operations of one forward+backward by XLA's cost analysis."""
+    return xla_flops(jax.jit(_fwd_bwd(layer)).lower(variables, h, key))
+
+
+def xla_flops(lowered: Any) -> float | None:
+    """The operations of a lowered program by XLA's cost analysis: FLOPs plus
     transcendentals (XLA leaves out a count that is zero: a reshape has none,
     tanh only transcendentals); None when XLA gives no analysis at all."""
-    lowered = jax.jit(_fwd_bwd(layer)).lower(variables, h, key)
     analysis = _first(lowered.cost_analysis())
     if not analysis:  # some backends (GPU) analyse only the compiled program
         analysis = _first(lowered.compile().cost_analysis())

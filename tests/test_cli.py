@@ -356,7 +356,7 @@ def test_train_a_language_model_split_over_tensor(tmp_path, capsys, corpus_cache
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["tensor"] == 2 and np.isfinite([r["loss"] for r in rows if "loss" in r]).all()
     assert main(["plan", "--model", "gpt", "--model-args", "depth=2,width=16,heads=2,context=32",
-                 "--search", "--tensor", "2", "--devices", "4", "--batch-size", "8",
+                 "--search", "--tensor", "2", "--devices", "2", "--batch-size", "2",
                  "--schedules", "1f1b"]) == 0
     assert " x 2  " in capsys.readouterr().out  # K x R x F x T
 
@@ -436,7 +436,7 @@ def test_train_your_own_language_model_then_sample_from_it(tmp_path, capsys, cor
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("Once")
     assert main(["plan", "--model", "tests.user_models:tiny_decoder", "--model-args", "context=16",
-                 "--data", "shakespeare", "--search", "--devices", "2", "--batch-size", "4",
+                 "--data", "shakespeare", "--search", "--devices", "2", "--batch-size", "2",
                  "--schedules", "1f1b"]) == 0
 
 

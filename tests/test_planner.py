@@ -2,12 +2,14 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
 import pipejax as pj
 from pipejax import planner, step_costs
 from pipejax.bench import peak_bytes
+from pipejax.bench.op_costs import op_flops
 from pipejax.compile.tensor import split_parts
 
 
@@ -81,6 +83,28 @@ def test_ring_traffic_counts_each_row_written_and_read(schedule, remat):
     assert list(moved[Op.F]) == list(moved[Op.BW]) == [kept, last]
     assert list(moved[Op.B]) == [kept + bridge, last + bridge]
     assert list(moved[Op.W]) == [kept + bridge, last + bridge]
+
+
+def test_w_takes_its_share_of_the_backward_as_xla_counts_the_split():
+    """W's share of a rematerialized stage's backward is XLA's count of the
+    split's W over B's and W's, B's replay of the forward left out: the
+    share the compiled ops' counts give, not half; B + W cost BW."""
+    Op = pj.schedules.Op
+    tokens = jnp.zeros((2, 32), jnp.int32)
+    pipe = pj.pipeline(pj.models.gpt(depth=2, width=64, heads=2, context=32),
+                       loss=pj.losses.next_token, example=tokens, targets=tokens, stages=2,
+                       microbatches=4, schedule="zb-h1", remat="stage")
+    code = pipe.build.code
+    flops = [sum(s.flops for s in pipe.plan.stage_specs(j)) for j in range(code.S)]
+    share = step_costs.w_shares(code, flops, remat=True)
+    compiled = op_flops(code)
+    for j in range(code.S):
+        backward = compiled[Op.B][j] + compiled[Op.W][j] - compiled[Op.F][j]  # less B's replay
+        assert share[j] == pytest.approx(compiled[Op.W][j] / backward, rel=0.03)
+    assert not np.allclose(share, 0.5, atol=0.02)  # 0.53 and 0.46
+    costs = step_costs.op_costs(flops, True, w_share=share)
+    assert costs[Op.B] + costs[Op.W] == pytest.approx(costs[Op.BW])
+    assert costs[Op.W] == pytest.approx(2 * costs[Op.F] * share)
 
 
 def test_byte_counts_read_and_bad_ones_are_named():

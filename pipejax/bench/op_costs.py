@@ -31,7 +31,7 @@ def op_flops(code: StageCode) -> dict[Op, list[float]]:
     residuals it keeps), BW, and with a split (`code.splits`) B and W."""
     out: dict[Op, list[float]] = {op: [] for op in (Op.F, Op.BW, Op.B, Op.W)}
     per_group: dict[Op, list[float]] = {op: [] for op in out}
-    for g, j in enumerate(code.groups.first):
+    for j in code.groups.first:
         args = code.backward_args(j)
         params, h, feed, _, _ = args
         leaves, tree = jax.tree.flatten(args)
@@ -39,14 +39,22 @@ def op_flops(code: StageCode) -> dict[Op, list[float]]:
         per_group[Op.BW].append(_flops(lambda *a: code.backward(j, *jax.tree.unflatten(tree, a)),
                                        *leaves))
         if code.splits:
-            split = code.splits[g]
-            bridge = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in split.avals]
-            per_group[Op.B].append(_flops(lambda *a: split.run_b(a), *leaves))
-            per_group[Op.W].append(_flops(split.run_w, [leaves[i] for i in split.reread],
-                                          bridge))
+            (b, b_args), (w, w_args) = split_ops(code, j)
+            per_group[Op.B].append(_flops(b, *b_args))
+            per_group[Op.W].append(_flops(w, *w_args))
     for op, costs in per_group.items():
         out[op] = [costs[g] for g in code.groups.of] if costs else []
     return out
+
+
+def split_ops(code: StageCode, j: int) -> tuple[tuple[Callable, tuple], ...]:
+    """B and W of virtual stage j's split backward (`code.splits`), each a
+    function with its abstract arguments."""
+    split = code.splits[code.groups.of[j]]
+    leaves = jax.tree.leaves(code.backward_args(j))
+    bridge = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in split.avals]
+    return ((lambda *a: split.run_b(a), tuple(leaves)),
+            (split.run_w, ([leaves[i] for i in split.reread], bridge)))
 
 
 def _task_costs(schedule: Schedule, costs: dict[Op, list[float]]):
