@@ -41,9 +41,9 @@ def w_shares(code: StageCode, chunk_flops: Sequence[float], remat: bool) -> np.n
     count of W over B's and W's as the zero-bubble split runs them, each
     lowered alone, once per process for equal stages. Not half: on the zoo
     GPT 6x64 at K = 4, W does 0.42 of a stage's backward, B the input
-    gradients and the attention's chain. A lock-step tick waits for its slowest op,
-    so the share moves the step of devices of their own; devices that share
-    one processor run the same total either way."""
+    gradients and the attention's chain. A lock-step tick waits for its
+    slowest op, so the share moves the step of devices of their own;
+    devices that share one processor run the same total either way."""
     def share(j: int) -> float:
         b, w = (xla_flops(jax.jit(fn).lower(*args)) for fn, args in split_ops(code, j))
         whole = None if b is None or w is None else b + w - remat * chunk_flops[j] / 3
