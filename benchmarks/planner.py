@@ -9,7 +9,7 @@ staleness  The `stable` flag (the delay in effective steps, η/(1 − m)·D, at
            from the schedule's table and the run's rate and momentum.
 memory     Predicted bytes per device against the compiled step's
            (argument + output − aliased + temp) for candidates across
-           schedules, remat and virtual stages, an MLP and a GPT at K = 4,
+           schedules, remat and virtual stages, two MLPs and a GPT at K = 4,
            and the asynchronous tables at K = 1 on 8 data replicas.
 time       Predicted step time against the measured one on the 4 simulated
            CPU devices, for `TIMED` candidates of a GPT spread evenly over
@@ -101,6 +101,8 @@ CASES += [(s, "stage", 1) for s in ("pipedream", "pb")]
 def memory() -> list[dict]:
     models = {"MLP 8x256": (pj.models.mlp(depth=8, width=256), jnp.zeros((40,)), None,
                             pj.losses.cross_entropy),
+              "MLP 16x512": (pj.models.mlp(depth=16, width=512), jnp.zeros((40,)), None,
+                             pj.losses.cross_entropy),  # weights outweigh activations
               "GPT 6x64": (pj.models.gpt(depth=6, width=64, heads=4, context=32),
                            jnp.zeros((32,), jnp.int32), jnp.zeros((32,), jnp.int32),
                            pj.losses.next_token)}
