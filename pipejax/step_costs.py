@@ -35,18 +35,20 @@ def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False,
     return {Op.F: forward, Op.BW: 2 * forward + again, Op.B: 2 * forward - w + again, Op.W: w}
 
 
-def w_shares(code: StageCode, chunk_flops: Sequence[float], remat: bool) -> np.ndarray:
-    """W's share of each virtual stage's backward, its replay of the forward
-    left out (a third of `chunk_flops`, as `op_costs` counts it): XLA's
-    count of W over B's and W's as the zero-bubble split runs them, each
-    lowered alone, once per process for equal stages. Not half: on the zoo
-    GPT 6x64 at K = 4, W does 0.42 of a stage's backward, B the input
-    gradients and the attention's chain. A lock-step tick waits for its
-    slowest op, so the share moves the step of devices of their own;
+def w_shares(code: StageCode, chunk_flops: Sequence[float]) -> np.ndarray:
+    """W's share of each virtual stage's backward, B's replay of the forward
+    under remat left out (a third of `chunk_flops`, as `op_costs` counts
+    it): XLA's count of W over B's and W's as the zero-bubble split runs
+    them, each lowered alone, once per process for equal stages. Not half:
+    on the zoo GPT 6x64 at K = 4, W does 0.42 of a stage's backward, B the
+    input gradients and the attention's chain. A lock-step tick waits for
+    its slowest op, so the share moves the step of devices of their own;
     devices that share one processor run the same total either way."""
+    replay = code.model.remat != "none"
+
     def share(j: int) -> float:
         b, w = (xla_flops(jax.jit(fn).lower(*args)) for fn, args in split_ops(code, j))
-        whole = None if b is None or w is None else b + w - remat * chunk_flops[j] / 3
+        whole = None if b is None or w is None else b + w - replay * chunk_flops[j] / 3
         return w / whole if whole and whole > 0 else 0.5
 
     return np.array([code.remembered(j, ("w share", code.model.remat), lambda j=j: share(j))

@@ -96,7 +96,7 @@ def test_w_takes_its_share_of_the_backward_as_xla_counts_the_split():
                        microbatches=4, schedule="zb-h1", remat="stage")
     code = pipe.build.code
     flops = [sum(s.flops for s in pipe.plan.stage_specs(j)) for j in range(code.S)]
-    share = step_costs.w_shares(code, flops, remat=True)
+    share = step_costs.w_shares(code, flops)
     compiled = op_flops(code)
     for j in range(code.S):
         backward = compiled[Op.B][j] + compiled[Op.W][j] - compiled[Op.F][j]  # less B's replay
