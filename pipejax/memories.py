@@ -30,13 +30,16 @@ ANALYSES: collections.deque = collections.deque(maxlen=256)
 # A stage's residuals and split backward, for its layers in one role on
 # equal shapes, dtype and loss (pipejax.compile.stages).
 STAGES: collections.deque = collections.deque(maxlen=256)
+# A stage's optax update's temporary bytes, for one transform on equal packings
+# (pipejax.compile.memory.update_bytes).
+UPDATES: collections.deque = collections.deque(maxlen=256)
 # The jitted generation program of equal layers and settings (pipejax.generation).
 GENERATORS: collections.deque = collections.deque(maxlen=64)
 # A schedule's ring capacities (pipejax.schedules.capacities).
 CAPACITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 MEMORIES = {"layer inits": INITS, "layer analyses": ANALYSES, "stage residuals": STAGES,
-            "generators": GENERATORS, "ring capacities": CAPACITIES}
+            "stage updates": UPDATES, "generators": GENERATORS, "ring capacities": CAPACITIES}
 
 
 def clear_caches() -> None:

@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -64,6 +65,7 @@ def test_the_process_memories_are_counted_and_cleared():
     pipe = build()
     first = pj.unstage(pipe.init(jax.random.key(0)))
     pj.schedules.ring_capacities(pipe.schedule)
+    pipe.trainer(optax.sgd(0.1)).memory()
     built = {k: n for k, n in pj.cache_sizes().items() if k != "generators"}  # pj.generate's
     assert all(n > 0 for n in built.values()), built
     pj.clear_caches()

@@ -10,8 +10,6 @@ the largest stage: SPMD buffers have one shape):
   - its state, donated (the step writes the new state into the old one's
     buffers): the parameters and optimizer state, the in-flight state of
     an asynchronous pipeline (rings, data rings, stashed weights); the batch;
-  - a synchronous step's copy of the weights that its scan reads while the
-    donated buffers take the new ones;
   - the ring buffers of the table (stage inputs, output gradients and, in
     a synchronous step, kept residuals), which a synchronous trainer's
     state carries from step to step (`TrainState.scratch`);
@@ -20,7 +18,8 @@ the largest stage: SPMD buffers have one shape):
     output buffers of the stage's backward compiled alone (`backward_bytes`:
     with remat, what the forward it replays keeps; without, its cotangents,
     the forward having written each residual into its ring row,
-    compile/rows.py; and its gradient);
+    compile/rows.py; and its gradient); after the scan, in the same
+    place, a synchronous step's update (`update_bytes`): the larger of the two;
   - an asynchronous step updates parameters and optimizer state at every
     tick, the update's result beside the values it reads (one copy; the
     forward's loop hands the weights on through an optimization barrier,
@@ -49,7 +48,9 @@ import functools
 import jax
 import numpy as np
 
+from pipejax import memories
 from pipejax.compile.build import Build
+from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.stages import StageCode
 from pipejax.compile.tensor import working_bytes
 from pipejax.packing import Packing
@@ -92,19 +93,21 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def estimate(build: Build, opt_state: Packing, forecasting: bool = False) -> MemoryEstimate:
-    """The `MemoryEstimate` of the training step of `build` whose optimizer
-    state is packed by `opt_state` (`forecasting`: some stage's forward runs
-    on a forecast of its weights)."""
+def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
+    """The `MemoryEstimate` of the training step of `build` updated by `opts`."""
     code, layout, schedule = build.code, build.layout, build.schedule
+    opt_state, forecasting = opts.packing, any(opts.forecasting)
     micro = nbytes(build.example) + nbytes(build.targets)
     batch = schedule.microbatches * micro  # a device's part of the batch
     unsplit = code.params.parts == 1
     working = [backward_bytes(code, j) if unsplit else working_bytes(code, j, build.mesh)
                for j in code.groups.first]
+    updates = [update_bytes(opts, k) if unsplit and schedule.synchronous else 0
+               for k in range(build.K)]
     # A sharded stage whose forward and backward read different weights gathers both.
     twice = layout.weight_stashing or forecasting
-    def parts(used, chunk_used, act_in: int, act_out: int, work: int) -> dict[str, int]:
+    def parts(used, chunk_used, act_in: int, act_out: int, work: int,
+              update: int) -> dict[str, int]:
         """One stage's parts; `used(packing)` is its bytes of a packing per
         device, `chunk_used(packing)` the most one of its chunks uses."""
         P, S, kept = used(layout.pieces), used(opt_state), chunk_used(code.kept)
@@ -118,8 +121,11 @@ def estimate(build: Build, opt_state: Packing, forecasting: bool = False) -> Mem
             whole = used(code.params)
             out["gathered weights"] = whole * (2 if twice else 1)
         if schedule.synchronous:
-            out.update({"weights the scan reads": P, "rings": moving + layout.kept_slots * kept,
-                        "gradient sum": whole if step else P, "working set": work})
+            out.update({"rings": moving + layout.kept_slots * kept,
+                        "gradient sum": whole if step else P})
+            # A split stage's update is XLA's to partition: a copy of its weights instead.
+            out.update({"working set or update": max(work, update)} if unsplit else
+                       {"weights the scan reads": P, "working set": work})
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
@@ -133,9 +139,10 @@ def estimate(build: Build, opt_state: Packing, forecasting: bool = False) -> Mem
                          lambda p, k=k: most(k, p.used_bytes),
                          most(k, lambda j: acts.used_bytes(j - 1) if j > 0 else 0),
                          most(k, lambda j: acts.used_bytes(j) if j < S - 1 else 0),
-                         most(k, lambda j: working[code.groups.of[j]])) for k in range(build.K))
+                         most(k, lambda j: working[code.groups.of[j]]), updates[k])
+                   for k in range(build.K))
     device = parts(Packing.slot_bytes, Packing.slot_bytes, acts.slot_bytes(), acts.slot_bytes(),
-                   max(working))
+                   max(working), max(updates))
     return MemoryEstimate(stages, device)
 
 
@@ -159,3 +166,36 @@ def backward_bytes(code: StageCode, j: int) -> int:
         return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
 
     return code.remembered(j, ("backward bytes", code.model.remat), compiled)
+
+
+def update_bytes(opts: StageOptimizers, k: int) -> int:
+    """The temporary buffers of stage k's optax update compiled alone, its
+    packed parameters and state donated as the step donates them. Where a
+    slot is flat (a padded or reshaped leaf of a heterogeneous stage), XLA
+    fuses the state's update into the weights' a second time, so it copies
+    the old state first and writes the new weights beside the old: Adam on
+    the MLP 8x256's first stage (K = 4) holds three slot-sized copies, 778
+    KiB; where every slot keeps its leaves' shape, none. These buffers live
+    after the scan, where the backward's working set lived during it:
+    counting a copy of the weights beside the working set instead
+    over-predicted an MLP 16x512's steps by 15-19 % (`python
+    benchmarks/planner.py --part memory`). Compiled once per process for
+    equal stages and transform (`memories.UPDATES`)."""
+    params, state = opts.params, opts.packing
+    transform = opts.transforms[k]
+    key = (params.slots, params.structure(k), state.slots, state.structure(k))
+
+    def compiled() -> int:
+        update = opts.stage_update(k)
+        slots = lambda packing: tuple(jax.ShapeDtypeStruct(shape, dtype)
+                                      for dtype, shape in packing.slots)
+        program = jax.jit(update, donate_argnums=(0, 2))
+        lowered = program.lower(slots(params), slots(params), slots(state))
+        return int(lowered.compile(FAST_COMPILE).memory_analysis().temp_size_in_bytes)
+
+    for other, other_key, value in memories.UPDATES:
+        if other is transform and other_key == key:
+            return value
+    value = compiled()
+    memories.UPDATES.append((transform, key, value))
+    return value

@@ -125,28 +125,29 @@ class StageOptimizers:
 
         return run
 
-    def _branches(self, apply: bool) -> list[Callable]:
-        """The branch of stage k's group: stage k's optax update of its packed (params, grads,
-        state): the new params and state, and the forecast the next forward runs on
+    def stage_update(self, k: int, apply: bool = True) -> Callable:
+        """Stage k's optax update of its packed (params, grads, state): the
+        new params and state, and the forecast the next forward runs on
         (computed here, where XLA fuses it with the update: one more write of
         the weights instead of a pass at every forward); or (`apply=False`)
         the packed update and state."""
         pp, sp, ahead = self.params, self.packing, any(self.forecasting)
 
-        def branch(k):
-            def run(p, packed_grads, s):
-                params, grads = pp.unpack(k, p), pp.unpack(k, packed_grads)
-                updates, s = self.transforms[k].update(grads, sp.unpack(k, s), params)
-                if not apply:
-                    return pp.pack(k, updates), sp.pack(k, s)
-                new = optax.apply_updates(params, updates)
-                if not ahead:
-                    return pp.pack(k, new), sp.pack(k, s), ()
-                seen = forecast(new, s) if self.forecasting[k] else new
-                return pp.pack(k, new), sp.pack(k, s), pp.pack(k, seen)
-            return run
+        def run(p, packed_grads, s):
+            params, grads = pp.unpack(k, p), pp.unpack(k, packed_grads)
+            updates, s = self.transforms[k].update(grads, sp.unpack(k, s), params)
+            if not apply:
+                return pp.pack(k, updates), sp.pack(k, s)
+            new = optax.apply_updates(params, updates)
+            if not ahead:
+                return pp.pack(k, new), sp.pack(k, s), ()
+            seen = forecast(new, s) if self.forecasting[k] else new
+            return pp.pack(k, new), sp.pack(k, s), pp.pack(k, seen)
+        return run
 
-        return self.groups.branches(branch)
+    def _branches(self, apply: bool) -> list[Callable]:
+        """One `stage_update` per stage group."""
+        return self.groups.branches(lambda k: self.stage_update(k, apply))
 
     def updater(self, scope: tuple[str, ...] = ()) -> Update:
         """The update a program runs, chosen once for it: `update(p, grads,

@@ -219,7 +219,7 @@ def train_programs(shapes: Shapes, optimizer: Optimizer, rule: DataRule | None,
                                   "trainer.step", check=check("trainer.step")),
                          PerShape(shapes, lambda _: jitted(flush, "trainer.flush"),
                                   "trainer.flush", batch=None, check=check("trainer.flush")),
-                         lambda: estimate(b, opts.packing, any(opts.forecasting)))
+                         lambda: estimate(b, opts))
 
 
 def _check_state(b: Build, opts: StageOptimizers, state: Any, where: str) -> None:
