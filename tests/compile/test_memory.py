@@ -52,10 +52,10 @@ def test_step_donates_its_state_and_says_so_when_it_is_reused():
     trainer.step(kept, batch)  # a copy made before is a state of its own
 
 
-def test_a_recomputed_transformer_stage_is_predicted_within_a_tenth():
+def test_a_recomputed_transformer_stage_is_predicted_within_three_percent():
     # The working set is the backward's own buffers as XLA compiles it: the
     # residuals its vjp names without remat over-count a recomputed block
-    # (+18 % on this step).
+    # (+18 % on this step). Beside it the tick's messages (−4.3 % without).
     M, mb = 4, 8
     tokens = jnp.zeros((mb, 32), jnp.int32)
     pipe = pj.pipeline(pj.models.gpt(depth=2, width=64, heads=4, context=32),
@@ -65,7 +65,7 @@ def test_a_recomputed_transformer_stage_is_predicted_within_a_tenth():
     state = trainer.init(pipe.init(jax.random.key(0)))
     batch = (jnp.zeros((M * mb, 32), jnp.int32),) * 2
     compiled = peak_bytes(trainer.step.lower(state, batch).compile())
-    assert abs(trainer.memory().total / compiled - 1) < 0.10, (trainer.memory().total, compiled)
+    assert abs(trainer.memory().total / compiled - 1) < 0.03, (trainer.memory().total, compiled)
 
 
 def test_a_step_whose_weights_outweigh_its_activations_is_predicted_within_two_percent():
