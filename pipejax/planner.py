@@ -45,6 +45,7 @@ import numpy as np
 import optax
 
 from pipejax.bench.op_costs import busy_ticks
+from pipejax.compile.memory import estimate
 from pipejax.errors import ConfigError, DeviceError, LayerError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
@@ -53,6 +54,7 @@ from pipejax.schedules import FAMILIES, Op, names
 from pipejax.schedules.bubbles import table_bubble_fraction
 from pipejax.staleness import STABLE_DELAY, advise, effective_delay
 from pipejax.step_costs import op_costs, ring_costs, split_costs, step_seconds, w_shares
+from pipejax.transforms.data_parallel import ssgd
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -226,10 +228,23 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
         schedule=name, stages=pipe.K, data=R, fsdp=F, tensor=T, virtual=v, microbatches=M,
         microbatch=mb,
         remat=rm, compute_dtype=str(np.dtype(dtype)) if dtype is not None else "float32",
-        step_seconds=step, memory_bytes=pipe.trainer(optimizer).memory().total,
+        step_seconds=step, memory_bytes=_memory_bytes(pipe, optimizer, R),
         bubble=table_bubble_fraction(schedule), effective_delay=delay,
         stable=None if delay is None else delay <= STABLE_DELAY,
         advice=advise(delay, update, reference))
+
+
+def _memory_bytes(pipe: Pipeline, optimizer, R: int) -> int:
+    """The predicted peak bytes per device of `pipe`'s trainer on R replicas.
+    `pipe` is one replica, on a mesh without the data axis, whose trainer
+    has no data rule; on R > 1 the trainer runs SSGD's mean around the
+    stage chains (`Outer.collective`), which holds other buffers."""
+    trainer = pipe.trainer(optimizer)
+    if R == 1:
+        return trainer.memory().total
+    opts = trainer.optimizers
+    outer = dataclasses.replace(opts.outer, rule=ssgd())
+    return estimate(pipe.build, dataclasses.replace(opts, outer=outer)).total
 
 
 def render(candidates: Sequence[Candidate], limit: int = 20) -> str:

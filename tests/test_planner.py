@@ -155,6 +155,24 @@ def test_predicted_memory_is_the_compiled_steps(candidates):
     assert abs(best.memory_bytes / compiled - 1) < 0.25
 
 
+def test_an_asynchronous_candidate_on_replicas_is_estimated_as_its_trainer_runs():
+    """The search builds one replica, whose trainer has no data rule and so
+    updates in the stage switch; on 2 replicas the trainer runs SSGD's mean
+    around the switch, which holds the update's result beside the weights
+    and state it reads: the candidate's bytes are that trainer's."""
+    layers = pj.models.mlp(depth=4, width=64)
+    found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
+                           devices=4, batch=32, stages=[2], schedules=["pb"], microbatches=[4],
+                           remat=["stage"], optimizer=optax.adam(1e-3))
+    c = next(c for c in found if c.data == 2)
+    replicated = pj.pipeline(layers, loss=pj.losses.cross_entropy,
+                             example=jnp.zeros((c.microbatch, 40)), **c.pipeline_args())
+    one = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((c.microbatch, 40)),
+                      **{**c.pipeline_args(), "mesh": None})
+    assert replicated.trainer(optax.adam(1e-3)).memory().total == c.memory_bytes
+    assert one.trainer(optax.adam(1e-3)).memory().total != c.memory_bytes
+
+
 def test_a_stage_sharded_over_two_devices_is_a_candidate_that_builds_as_ranked():
     found = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
                            example=jnp.zeros((40,)), devices=4, batch=32, stages=[2],
