@@ -188,12 +188,13 @@ def update_bytes(opts: StageOptimizers, k: int) -> int:
     fuses the state's update into the weights' a second time, so it copies
     the old state first and writes the new weights beside the old: Adam on
     the MLP 8x256's first stage (K = 4) holds three slot-sized copies, 778
-    KiB; where every slot keeps its leaves' shape, none. These buffers live
-    after the scan, where the backward's working set lived during it:
-    counting a copy of the weights beside the working set instead
-    over-predicted an MLP 16x512's steps by 15-19 % (`python
-    benchmarks/planner.py --part memory`). Compiled once per process for
-    equal stages and transform (`memories.UPDATES`)."""
+    KiB; where every slot keeps its leaves' shape, none. A synchronous
+    step holds these buffers after the scan, where the backward's working
+    set was (counting a copy of the weights beside the working set instead
+    over-predicted an MLP 16x512's steps by 15-19 %, `python
+    benchmarks/planner.py --part memory`); an asynchronous one in the
+    backward's op, beside it. Compiled once per process for equal stages
+    and transform (`memories.UPDATES`)."""
     params, state = opts.params, opts.packing
     transform = opts.transforms[k]
     key = (params.slots, params.structure(k), state.slots, state.structure(k))
