@@ -9,7 +9,9 @@ What a step holds on one device (every device allocates the padded size of
 the largest stage: SPMD buffers have one shape):
   - its state, donated (the step writes the new state into the old one's
     buffers): the parameters and optimizer state, the in-flight state of
-    an asynchronous pipeline (rings, data rings, stashed weights); the batch;
+    an asynchronous pipeline (rings, data rings, stashed weights, which
+    the tick loop updates in place: counting its rings again over-predicted
+    the ResNet's PB step by 20 %); the batch;
   - the ring buffers of the table (stage inputs, output gradients and, in
     a synchronous step, kept residuals), which a synchronous trainer's
     state carries from step to step (`TrainState.scratch`);
@@ -141,7 +143,7 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
-            out.update({"in-flight state": held, "rings": moving,
+            out.update({"in-flight state": held,  # its rings updated in place by the loop
                         "working set or update copy": work + update if fused and unsplit
                         else max(work, P + S)})
         return out
