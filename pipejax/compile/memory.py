@@ -127,8 +127,6 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         if layout.bridge_slots:
             moving += layout.bridge_slots * chunk_used(code.bridge)
         out = {"parameters": P, "optimizer state": S, "batch": batch}
-        # The tick's messages: an activation and a gradient, each sent and received.
-        messages = 2 * (act_in + act_out) if build.K > 1 else 0
         step = build.F > 1 and build.gather == "step"
         if build.F > 1:
             whole = used(code.params)
@@ -136,6 +134,8 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         if schedule.synchronous:
             out.update({"rings": moving + layout.kept_slots * kept,
                         "gradient sum": whole if step else P})
+            # The tick's messages: an activation and a gradient, each sent and received.
+            messages = 2 * (act_in + act_out) if build.K > 1 else 0
             # A split stage's update is XLA's to partition: a copy of its weights instead.
             out.update({"working set and messages, or update": max(work + messages, update)}
                        if unsplit else
@@ -143,9 +143,9 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
-            out.update({"in-flight state": held,  # its rings updated in place by the loop
-                        "working set or update copy": work + update if fused and unsplit
-                        else max(work, P + S)})
+            out["in-flight state"] = held  # its rings updated in place by the loop
+            out.update({"working set and update": work + update} if fused and unsplit else
+                       {"working set or update copy": max(work, P + S)})
         return out
 
     acts, S = code.acts, code.S
