@@ -88,9 +88,10 @@ def per_tick(text: str, ticks: int, op: str) -> dict[str, int]:
 # A buffer copied: a `copy` (or a fusion of nothing but copies and bitcasts)
 # of a buffer the computation carries or was handed (a loop's state, a
 # parameter, a broadcast, another copy), in a computation that is not a
-# fusion's body. A copy of a value just computed is a layout change, the
-# arithmetic's own (a transpose a plain jit makes too), and a fusion that
-# slices a ring's row out is a read: neither counted.
+# fusion's body. A copy of a value just computed, or a fusion that
+# transposes what it copies, is a layout change, the arithmetic's own (a
+# dot's operand turned, as a plain jit of the same model turns it), and a
+# fusion that slices a ring's row out is a read: none counted.
 MOVED = re.compile(r"^\s*%(?:wrapped_copy|copy|(?:bitcast_)*copy(?:_bitcast)*_fusion)[.\d]* = "
                    r"(\w+)\[([\d,]*)\]\S* (?:copy|fusion)\((?:%(?:get-tuple-element|param|"
                    r"wrapped_broadcast|broadcast|constant|copy)[\w.\-]*(?:, )?)+\)"
@@ -105,9 +106,10 @@ def tick_copies(text: str, ticks: int, shapes: set[str] | None = None) -> dict[s
     the branches of a conditional, which run when their op does)."""
     comps = computations(text)
     body = tick_body(comps, ticks)
-    read = lambda fused: fused and "dynamic-slice(" in comps.get(fused, "")
+    read_or_turn = lambda fused: fused and re.search(r" (?:dynamic-slice|transpose)\(",
+                                                     comps.get(fused, ""))
     sized = lambda name: [nbytes(d, dims) for d, dims, fused in MOVED.findall(comps[name])
-                          if dims and not read(fused)
+                          if dims and not read_or_turn(fused)
                           and (shapes is None or f"{d}[{dims}]" in shapes)]
     loops = reachable(comps, body, branches=False) - {body}
     return {"tick": sized(body), "loops": [b for n in loops for b in sized(n)]}

@@ -55,3 +55,34 @@ def test_a_v_tick_runs_two_collectives(schedule):
     batch = (jnp.zeros((32, 40)), jnp.zeros((32,), jnp.int32))
     text = trainer.step.lower(state, batch).compile().as_text()
     assert hlo.per_tick(text, pipe.schedule.ticks, "collective-permute") == {"tick": 2, "step": 0}
+
+
+_TICKS = """\
+ENTRY %main (p: (s32[], f32[4,8,16])) -> (s32[], f32[4,8,16]) {
+  %w = (s32[], f32[4,8,16]) while(%p), condition=%cond, body=%tick, \
+backend_config={"known_trip_count":{"n":"6"}}
+}
+%tick (q: (s32[], f32[4,8,16])) -> (s32[], f32[4,8,16]) {
+  %get-tuple-element.1 = f32[4,8,16]{2,1,0} get-tuple-element(%q), index=1
+  %copy.1 = f32[4,8,16]{2,1,0} copy(%get-tuple-element.1)
+  %copy_bitcast_fusion.1 = f32[16,32]{1,0} fusion(%get-tuple-element.1), kind=kLoop, \
+calls=%turned
+  %copy_bitcast_fusion.2 = f32[8,16]{1,0} fusion(%get-tuple-element.1), kind=kLoop, \
+calls=%row
+}
+%turned (a: f32[4,8,16]) -> f32[16,32] {
+  %param_0 = f32[4,8,16]{2,1,0} parameter(0)
+  %transpose.1 = f32[16,4,8]{0,2,1} transpose(%param_0), dimensions={2,0,1}
+}
+%row (a: f32[4,8,16]) -> f32[8,16] {
+  %param_0 = f32[4,8,16]{2,1,0} parameter(0)
+  %dynamic-slice.1 = f32[1,8,16]{2,1,0} dynamic-slice(%param_0, %c, %c, %c)
+}
+"""
+
+
+def test_the_count_tells_a_copied_ring_from_a_read_row_and_a_turned_operand():
+    """A copy of a carried ring counts; a fusion that slices a row out (a
+    read) or transposes what it copies (a dot's operand laid out, as a
+    plain jit does) does not."""
+    assert hlo.tick_copies(_TICKS, 6) == {"tick": [4 * 8 * 16 * 4], "loops": []}
