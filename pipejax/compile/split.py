@@ -101,7 +101,10 @@ class SplitBackward:
 
     `reread`: the inputs available again at W's tick (the weights, the stage
     input, the feed, the kept residuals); the other inputs W reads (the
-    output cotangent) travel in the bridge."""
+    output cotangent) travel in the bridge. A bridge value is filed without
+    its size-1 axes: filed as made, the per-token (4, 128, 1) values of the
+    zoo GPT (depth 14, K = 1, remat "stage") got a layout of their own in
+    the one-slot ring, copied at every tick (116 copies a tick)."""
 
     nodes: tuple[_Node, ...]
     inputs: int
@@ -111,19 +114,21 @@ class SplitBackward:
     w_outs: tuple[Ref, ...]  # the weight gradients' leaves
     bridge: tuple[int, ...]  # values B files for W
     reread: tuple[int, ...]  # inputs W reads itself
-    avals: tuple[Any, ...]  # the bridge's ShapeDtypeStructs
+    avals: tuple[Any, ...]  # the bridge's ShapeDtypeStructs, filed without size-1 axes
+    shapes: tuple[tuple[int, ...], ...]  # the bridge values' own shapes
 
     def run_b(self, flat: Sequence[Any]) -> tuple[list, list]:
         """(input gradient leaves, bridge values) from all the inputs."""
         env = dict(enumerate(flat))
         _run(self.nodes, self.b, env)
-        return [_read(env, r) for r in self.b_outs], [env[r] for r in self.bridge]
+        return ([_read(env, r) for r in self.b_outs],
+                [env[r].reshape(a.shape) for r, a in zip(self.bridge, self.avals)])
 
     def run_w(self, reread: Sequence[Any], bridge: Sequence[Any]) -> list:
         """The weight gradient leaves from the reread inputs (in input
         order) and the bridge."""
         env = dict(zip(self.reread, reread))
-        env.update(zip(self.bridge, bridge))
+        env.update((r, v.reshape(shape)) for r, v, shape in zip(self.bridge, bridge, self.shapes))
         _run(self.nodes, self.w, env)
         return [_read(env, r) for r in self.w_outs]
 
@@ -227,5 +232,7 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
     b = _needed(nodes, [*b_outs, *bridge], set(), effects=True)  # b_side less what W makes
     return SplitBackward(tuple(nodes), len(args), tuple(b), tuple(w), tuple(b_outs),
                          tuple(w_outs), tuple(bridge), tuple(sorted(again)),
-                         tuple(jax.ShapeDtypeStruct(aval[r].shape, aval[r].dtype) for r in bridge))
+                         tuple(jax.ShapeDtypeStruct(tuple(d for d in aval[r].shape if d != 1),
+                                                    aval[r].dtype) for r in bridge),
+                         tuple(aval[r].shape for r in bridge))
 
