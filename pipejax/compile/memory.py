@@ -131,9 +131,9 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         if build.F > 1:
             whole = used(code.params)
             out["gathered weights"] = whole * (2 if twice else 1)
+        gradient = whole if step else P
         if schedule.synchronous:
-            out.update({"rings": moving + layout.kept_slots * kept,
-                        "gradient sum": whole if step else P})
+            out.update({"rings": moving + layout.kept_slots * kept, "gradient sum": gradient})
             # The tick's messages: an activation and a gradient, each sent and received.
             messages = 2 * (act_in + act_out) if build.K > 1 else 0
             # A split stage's update is XLA's to partition: a copy of its weights instead.
@@ -144,8 +144,11 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
             out["in-flight state"] = held  # its rings updated in place by the loop
+            # Around the switch, the backward's gradient leaves it for the
+            # rule's collectives: held beside the working set that makes it.
             out.update({"working set and update": work + update} if fused and unsplit else
-                       {"working set or update copy": max(work, P + S)})
+                       {"working set and gradient, or update copy":
+                        max(work + gradient, P + S)})
         return out
 
     acts, S = code.acts, code.S

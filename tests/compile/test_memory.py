@@ -93,3 +93,21 @@ def test_a_step_whose_weights_outweigh_its_activations_is_predicted_within_two_p
     alike = pj.pipeline(pj.models.mlp(depth=8, width=256), loss=pj.losses.cross_entropy,
                         example=jnp.zeros((mb, 40)), stages=1, microbatches=M)
     assert update_bytes(alike.trainer(optax.adam(1e-3))._programs.optimizers, 0) < 2**10
+
+
+def test_an_update_around_the_switch_is_predicted_with_the_gradient_it_waits_for():
+    """PB on one stage and 2 data replicas runs SSGD's mean around the stage
+    switch: the backward's gradient leaves the switch and is held beside the
+    working set that makes it (without it, 2.7 % under on this GPT)."""
+    tokens = jnp.zeros((8, 64), jnp.int32)
+    pipe = pj.pipeline(pj.models.gpt(depth=2, width=32, heads=2, context=64),
+                       loss=pj.losses.next_token, example=tokens, targets=tokens, stages=1,
+                       microbatches=1, schedule="pb", remat="stage",
+                       mesh=pj.mesh.make_mesh(1, data=2))
+    trainer = pipe.trainer(optax.adam(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    compiled = peak_bytes(trainer.step.lower(state, (jnp.zeros((16, 64), jnp.int32),) * 2)
+                          .compile())
+    predicted = trainer.memory()
+    assert "working set and gradient, or update copy" in predicted.device
+    assert abs(predicted.total / compiled - 1) < 0.01
