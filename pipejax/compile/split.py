@@ -36,6 +36,7 @@ import jax
 from jax.extend import core
 
 from pipejax.compile.cut import min_vertex_cut
+from pipejax.compile.dot_order import bind_swapped, swapped
 from pipejax.compile.residuals import costly
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat"}
@@ -116,6 +117,7 @@ class SplitBackward:
     reread: tuple[int, ...]  # inputs W reads itself
     avals: tuple[Any, ...]  # the bridge's ShapeDtypeStructs, filed without size-1 axes
     shapes: tuple[tuple[int, ...], ...]  # the bridge values' own shapes
+    swapped: frozenset[int]  # W's contractions run with their operands swapped (dot_order.py)
 
     def run_b(self, flat: Sequence[Any]) -> tuple[list, list]:
         """(input gradient leaves, bridge values) from all the inputs."""
@@ -129,7 +131,7 @@ class SplitBackward:
         order) and the bridge."""
         env = dict(zip(self.reread, reread))
         env.update((r, v.reshape(shape)) for r, v, shape in zip(self.bridge, bridge, self.shapes))
-        _run(self.nodes, self.w, env)
+        _run(self.nodes, self.w, env, self.swapped)
         return [_read(env, r) for r in self.w_outs]
 
 
@@ -137,12 +139,15 @@ def _read(env: dict, r: Ref) -> Any:
     return r[1] if isinstance(r, tuple) else env[r]
 
 
-def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict) -> None:
+def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict,
+         swap: frozenset[int] = frozenset()) -> None:
     for i in which:
         node = nodes[i]
         params = node.primitive.get_bind_params(node.params)
+        args = [_read(env, r) for r in node.ins]
         with node.ctx.manager:
-            out = node.primitive.bind(*[_read(env, r) for r in node.ins], **params)
+            out = (bind_swapped(node.primitive.bind, params, *args) if i in swap
+                   else node.primitive.bind(*args, **params))
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
 
 
@@ -234,5 +239,6 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
                          tuple(w_outs), tuple(bridge), tuple(sorted(again)),
                          tuple(jax.ShapeDtypeStruct(tuple(d for d in aval[r].shape if d != 1),
                                                     aval[r].dtype) for r in bridge),
-                         tuple(aval[r].shape for r in bridge))
+                         tuple(aval[r].shape for r in bridge),
+                         swapped(nodes, w, set(bridge) | again, aval))
 

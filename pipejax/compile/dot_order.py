@@ -1,0 +1,80 @@
+"""The operand order of zero bubble's weight-gradient contractions.
+
+XLA's CPU backend runs a `dot_general` as a matrix product of its left
+operand laid out [M, K] (the contracted axes last) and its right one laid
+out [K, N] (the contracted axes first). A weight gradient contracts over
+the tokens, which lead both operands (a Dense's Σ_t x[t, i] dy[t, o]), so
+one operand is relaid whatever the order. A fusion writes its output in
+whatever layout its reader wants, so relaying a value W makes costs
+nothing; a value W reads from a ring (a bridge row, a kept residual, the
+stage input) is copied first. W runs a contraction with its operands
+swapped (and its output transposed back) where that relays fewer bytes
+read from a ring: on the zoo GPT (depth 14, width 128, K = 1, M = 8, remat
+"none") the attention's q, k and v cotangents, filed in the bridge as
+(batch, tokens, heads, head width), were each copied to
+[heads · head width, tokens] in W, and zb-h1's step took 1.24× 1F1B's
+(`benchmarks/table_speed.py --group gpt-1`); with the layer norm's output
+(which W makes) relaid instead, 1.15×.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Collection, Mapping, Sequence
+
+import jax
+
+# Equations whose output is their input's bytes in the same order: a value
+# read from a ring stays one through them.
+_SAME_BYTES = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def _fits(contract: Sequence[int], ndim: int, left: bool) -> bool:
+    """Whether an operand's contracted axes lie where XLA's CPU dot wants
+    them: last on the left, first on the right."""
+    want = range(ndim - len(contract), ndim) if left else range(len(contract))
+    return tuple(sorted(contract)) == tuple(want)
+
+
+def _held(x: Any, laid: set) -> bool:
+    """Whether ref `x` (an int, or a literal) is among the values `laid`."""
+    return isinstance(x, int) and x in laid
+
+
+def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
+            aval: Mapping[int, Any]) -> frozenset[int]:
+    """The `dot_general` nodes among `which` (in order) to run with their
+    operands swapped: those that relay fewer bytes of laid-out values that
+    way. A value is laid out where it is read from a ring (`fixed`, and
+    what reshapes it) or read by more than one equation (made once, in one
+    layout). Contractions with batch axes keep their order."""
+    readers = collections.Counter(r for i in which for r in nodes[i].ins if isinstance(r, int))
+    laid = set(fixed) | {r for r, n in readers.items() if n > 1}
+    out = set()
+    for i in which:
+        node = nodes[i]
+        name = node.primitive.name
+        if name in _SAME_BYTES and _held(node.ins[0], laid):
+            laid.update(node.outs)
+        if name != "dot_general" or node.params["dimension_numbers"][1][0]:
+            continue
+        (lc, rc), _ = node.params["dimension_numbers"]
+        a, b = node.ins
+
+        def copied(x: Any, contract: Sequence[int], left: bool) -> int:
+            if not _held(x, laid) or _fits(contract, len(aval[x].shape), left):
+                return 0
+            return aval[x].size * aval[x].dtype.itemsize
+
+        if copied(b, rc, True) + copied(a, lc, False) < copied(a, lc, True) + copied(b, rc, False):
+            out.add(i)
+    return frozenset(out)
+
+
+def bind_swapped(bind: Callable, params: dict, a: Any, b: Any) -> Any:
+    """`dot_general(a, b)` bound as `dot_general(b, a)` with its output's
+    axes put back: (b's free axes, a's) transposed to (a's, b's)."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    out = bind(b, a, **{**params, "dimension_numbers": ((rc, lc), (rb, lb))})
+    free_b = b.ndim - len(rc)
+    return jax.lax.transpose(out, (*range(free_b, out.ndim), *range(free_b)))
