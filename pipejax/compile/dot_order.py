@@ -4,17 +4,22 @@ XLA's CPU backend runs a `dot_general` as a matrix product of its left
 operand laid out [M, K] (the contracted axes last) and its right one laid
 out [K, N] (the contracted axes first). A weight gradient contracts over
 the tokens, which lead both operands (a Dense's Σ_t x[t, i] dy[t, o]), so
-one operand is relaid whatever the order. A fusion writes its output in
-whatever layout its reader wants, so relaying a value W makes costs
+one operand is relaid whatever the order. A fusion writes a value made
+for one reader in whatever layout that reader wants, so relaying it costs
 nothing; a value W reads from a ring (a bridge row, a kept residual, the
-stage input) is copied first. W runs a contraction with its operands
-swapped (and its output transposed back) where that relays fewer bytes
-read from a ring: on the zoo GPT (depth 14, width 128, K = 1, M = 8, remat
-"none") the attention's q, k and v cotangents, filed in the bridge as
-(batch, tokens, heads, head width), were each copied to
-[heads · head width, tokens] in W, and zb-h1's step took 1.24× 1F1B's
-(`benchmarks/table_speed.py --group gpt-1`); with the layer norm's output
-(which W makes) relaid instead, 1.15×.
+stage input), or one that several equations read (made once, in one
+layout), is copied first. W runs a contraction with its operands swapped
+(and its output transposed back) where that relays fewer bytes of those.
+On the zoo GPT (depth 14, width 128, M = 8, remat "none";
+`benchmarks/table_speed.py`) the attention's q, k and v cotangents, filed
+in the bridge as (batch, tokens, heads, head width), were each copied to
+[heads · head width, tokens] in W; with the layer norm's output (which W
+makes for that matmul alone) relaid instead, zb-h1 takes 1.11× 1F1B's
+step where it took 1.24× (K = 1), zb-v 1.03× where it took 1.12× (K = 4).
+Counting the ring's values alone swapped 57 of W's 85 contractions at
+K = 1 and left zb-h1 at 1.25× (alternated in one process): a sum of
+cotangents (`add_any`) that a weight gradient and the next sum both read
+was then relaid instead.
 """
 
 from __future__ import annotations
