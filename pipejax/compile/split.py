@@ -175,7 +175,13 @@ def _bridge(nodes: Sequence[_Node], b: Sequence[int], tails: set[int], w_outs: S
     zb-h1 1.111 before, 1.118 after; zb-v 1.008, 1.038; a run's noise is
     about 0.03): there B's write of a row and W's copy of it out (a matmul
     does not read a dynamic row in place) cost about what W's elementwise
-    equations run again cost."""
+    equations run again cost. Charging each value W makes again its bytes
+    too (a cut of the bytes filed and remade) files 2.2 times the bytes
+    (K = 4: 20.0 MiB a slot; K = 1: 71.7 against 32.4) and takes zb-h1 on
+    one device from 1.11× to 1.03× 1F1B's step (`benchmarks/table_speed.py`:
+    each of the stage's 14 layers makes the residual stream's sum again,
+    and XLA fuses the sum into every operand that reads it), but not at
+    K = 4 (1.15× without, 1.17× with), so the cut counts bytes filed alone."""
     made_by_w = {o for i in tails for o in nodes[i].outs}
     arcs, sources = [], [i for i, again in enumerate(reread) if not again]
     for i in b:
