@@ -52,7 +52,8 @@ def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
     operands swapped: those that relay fewer bytes of laid-out values that
     way. A value is laid out where it is read from a ring (`fixed`, and
     what reshapes it) or read by more than one equation (made once, in one
-    layout). Contractions with batch axes keep their order."""
+    layout). Contractions with batch axes, or with a sharding of their
+    output's axes, keep their order."""
     readers = collections.Counter(r for i in which for r in nodes[i].ins if isinstance(r, int))
     laid = set(fixed) | {r for r, n in readers.items() if n > 1}
     out = set()
@@ -61,7 +62,8 @@ def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
         name = node.primitive.name
         if name in _SAME_BYTES and _held(node.ins[0], laid):
             laid.update(node.outs)
-        if name != "dot_general" or node.params["dimension_numbers"][1][0]:
+        if (name != "dot_general" or node.params["dimension_numbers"][1][0]
+                or node.params.get("out_sharding") is not None):
             continue
         (lc, rc), _ = node.params["dimension_numbers"]
         a, b = node.ins
