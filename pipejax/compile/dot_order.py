@@ -46,6 +46,16 @@ def _held(x: Any, laid: set) -> bool:
     return isinstance(x, int) and x in laid
 
 
+def _relaid(x: Any, contract: Sequence[int], left: bool, laid: set,
+            aval: Mapping[int, Any]) -> int:
+    """The bytes XLA copies to lay operand `x` out on the left (`left`) or
+    the right of a dot: none where it is made for this dot alone or lies
+    as the side wants."""
+    if not _held(x, laid) or _fits(contract, len(aval[x].shape), left):
+        return 0
+    return aval[x].size * aval[x].dtype.itemsize
+
+
 def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
             aval: Mapping[int, Any]) -> frozenset[int]:
     """The `dot_general` nodes among `which` (in order) to run with their
@@ -67,13 +77,8 @@ def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
             continue
         (lc, rc), _ = node.params["dimension_numbers"]
         a, b = node.ins
-
-        def copied(x: Any, contract: Sequence[int], left: bool) -> int:
-            if not _held(x, laid) or _fits(contract, len(aval[x].shape), left):
-                return 0
-            return aval[x].size * aval[x].dtype.itemsize
-
-        if copied(b, rc, True) + copied(a, lc, False) < copied(a, lc, True) + copied(b, rc, False):
+        kept = _relaid(a, lc, True, laid, aval) + _relaid(b, rc, False, laid, aval)
+        if _relaid(b, rc, True, laid, aval) + _relaid(a, lc, False, laid, aval) < kept:
             out.add(i)
     return frozenset(out)
 
