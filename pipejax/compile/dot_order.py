@@ -29,6 +29,8 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import jax
 
+from pipejax.trace import nbytes
+
 # Equations whose output is their input's bytes in the same order: a value
 # read from a ring stays one through them.
 _SAME_BYTES = frozenset({"reshape", "squeeze", "expand_dims"})
@@ -53,7 +55,7 @@ def _relaid(x: Any, contract: Sequence[int], left: bool, laid: set,
     as the side wants."""
     if not _held(x, laid) or _fits(contract, len(aval[x].shape), left):
         return 0
-    return aval[x].size * aval[x].dtype.itemsize
+    return nbytes(aval[x])
 
 
 def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
@@ -85,8 +87,10 @@ def swapped(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
 
 def bind_swapped(bind: Callable, params: dict, a: Any, b: Any) -> Any:
     """`dot_general(a, b)` bound as `dot_general(b, a)` with its output's
-    axes put back: (b's free axes, a's) transposed to (a's, b's)."""
+    axes put back: (batch, b's free axes, a's) transposed to (batch, a's,
+    b's)."""
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     out = bind(b, a, **{**params, "dimension_numbers": ((rc, lc), (rb, lb))})
-    free_b = b.ndim - len(rc)
-    return jax.lax.transpose(out, (*range(free_b, out.ndim), *range(free_b)))
+    batch, free_b = len(lb), b.ndim - len(rc) - len(rb)
+    return jax.lax.transpose(out, (*range(batch), *range(batch + free_b, out.ndim),
+                                   *range(batch, batch + free_b)))
