@@ -30,7 +30,7 @@ import optax
 
 import pipejax as pj
 from common import load, markdown, save, table
-from pipejax.bench.op_costs import critical_path, executed, op_flops
+from pipejax.bench.op_costs import critical_path, executed, op_counts
 
 FEATURES, MB = 40, 16
 
@@ -76,7 +76,7 @@ def flops(K: int = 4, M: int = 16) -> list[dict]:
     for schedule, v in (("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("interleaved", 2),
                         ("zb-h1", 2), ("zb-v", 2), ("dualpipev", 2)):
         pipe = _pipe(schedule, K, M, v)
-        costs = op_flops(pipe.build.code)
+        costs = op_counts(pipe.build.code)
         total, path = executed(pipe.schedule, costs), critical_path(pipe.schedule, costs)
         base = base or (total, path)
         rows.append({"schedule": schedule, "v": v, "K": K, "M": M,

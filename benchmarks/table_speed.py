@@ -11,8 +11,11 @@ cost. For each (model, K) a group of rows runs alternated
 `jax.jit` of the same micro-batches (a scan over them, one update; one
 device) and every synchronous table with remat "stage" and "none". Per row:
 the median step time, its ratio to the plain jit and to 1F1B at the same
-remat (medians of the per-round ratios), XLA's bytes accessed and temp
-memory per device, and the buffers the table interpreter copies
+remat (medians of the per-round ratios), the bytes a device's ops read
+and write in a step (`pipejax.bench.op_costs.step_count`: XLA's cost
+analysis counts a loop's body once, so each op is compiled alone and
+counted as often as the table runs it), the temp memory per device, and
+the buffers the table interpreter copies
 (`pipejax.bench.hlo.tick_copies`: at every tick, and in the ops' loops).
 
 On simulated CPU devices sharing two cores an idle tick costs nothing, so
@@ -20,7 +23,7 @@ each row's limit is its own arithmetic: remat "none" does three quarters
 of remat "stage"'s, and every table does the same work as 1F1B.
 
 Groups already in the JSON are skipped, so the table can be made in parts.
-Run: python benchmarks/table_speed.py [--group gpt-4] [--repeats 6]
+Run: python benchmarks/table_speed.py [--group gpt-4] [--repeats 6] [--cores 1 --out F]
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ import optax
 import pipejax as pj
 from common import RESULTS, load, markdown, save, table
 from pipejax.bench import hlo
-from pipejax.bench.speed import alternate, cost, plain_steps
+from pipejax.bench.op_costs import step_count
+from pipejax.bench.speed import alternate, plain_steps
 from pipejax.schedules import FAMILIES
 
 PATH = RESULTS / "table_speed.json"
@@ -93,8 +97,9 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
             compiled = trainer.step.lower(held[key], batch).compile()
             found = hlo.tick_copies(compiled.as_text(), pipe.schedule.ticks,
                                     hlo.buffer_shapes(pipe.layout))
+            step_bytes = step_count(pipe.schedule, pipe.build.code, "bytes accessed")
             info[key] = {"schedule": schedule, "v": pipe.schedule.placement.virtual, "remat": remat,
-                         "gb_accessed": round(cost(compiled).get("bytes accessed", 0) / 1e9, 3),
+                         "gb_step": round(step_bytes / 1e9, 3),
                          "temp_mb": round(compiled.memory_analysis().temp_size_in_bytes / 2**20,
                                           1),
                          **{f"{w}_copies": len(b) for w, b in found.items()},
@@ -128,20 +133,23 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
 
 
 def tables() -> dict[str, str]:
-    """The language-model page's table from table_speed.json, one per group:
-    each row's step time, its ratio to 1F1B at the same remat and to the
-    plain jit, XLA's bytes, temp memory and copies."""
-    rows = load("table_speed")["rows"]
+    """The language-model page's tables, one per group: each row's step
+    time, its ratio to 1F1B at the same remat and to the plain jit, the
+    bytes its ops move a step per device, temp memory and copies; from
+    table_speed.json, and with "_one_core" from the run on one core
+    (`--cores 1 --out benchmarks/results/table_speed_one_core.json`)."""
     out = {}
-    for name in GROUPS:
-        lines = [{"table": r["schedule"] + (f" (v = {r['v']})" if r["v"] > 1 else ""),
-                  "remat": r["remat"], "ms": r["step_ms"], "× 1F1B": r["over_1f1b"],
-                  "× plain jit": r["over_plain"], "GB accessed": r["gb_accessed"],
-                  "temp MB": r["temp_mb"],
-                  "copies a tick (MB)": f"{r['tick_copies']} ({r['tick_copy_mb']})",
-                  "copies in loops (MB)": f"{r['loops_copies']} ({r['loops_copy_mb']})"}
-                 for r in rows if r["group"] == name]
-        out[name.replace("-", "_")] = markdown(lines) if lines else ""
+    for suffix, name in (("", "table_speed"), ("_one_core", "table_speed_one_core")):
+        rows = load(name)["rows"] if (RESULTS / f"{name}.json").exists() else []
+        for group in GROUPS:
+            lines = [{"table": r["schedule"] + (f" (v = {r['v']})" if r["v"] > 1 else ""),
+                      "remat": r["remat"], "ms": r["step_ms"], "× 1F1B": r["over_1f1b"],
+                      "× plain jit": r["over_plain"], "GB a step": r["gb_step"],
+                      "temp MB": r["temp_mb"],
+                      "copies a tick (MB)": f"{r['tick_copies']} ({r['tick_copy_mb']})",
+                      "copies in loops (MB)": f"{r['loops_copies']} ({r['loops_copy_mb']})"}
+                     for r in rows if r["group"] == group]
+            out[group.replace("-", "_") + suffix] = markdown(lines) if lines else ""
     return out
 
 
@@ -153,7 +161,11 @@ def main() -> None:
     parser.add_argument("--remat", default=",".join(REMATS))
     parser.add_argument("--out", default=str(PATH), help="the JSON (rows of a group there are "
                         "kept and the group skipped)")
+    parser.add_argument("--cores", type=int, help="run on this many of the machine's cores (on "
+                        "one, no device waits for another's core: a row's ratio is its work)")
     args = parser.parse_args()
+    if args.cores:  # before JAX starts its threads, which inherit the mask
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
     out = os.path.abspath(args.out)
     rows = json.loads(open(out).read())["rows"] if os.path.exists(out) else []
     for name in args.group or list(GROUPS):
@@ -162,8 +174,8 @@ def main() -> None:
         rows += group(name, args.repeats, args.tables.split(","), tuple(args.remat.split(",")))
         print(table([r for r in rows if r["group"] == name]), flush=True)
         payload = {"microbatches": M, "optimizer": "adamw", "rows": rows}
-        if out == str(PATH):
-            save("table_speed", payload)
+        if os.path.dirname(out) == os.path.abspath(RESULTS):  # with the machine and the command
+            save(os.path.basename(out).removesuffix(".json"), payload)
         else:
             open(out, "w").write(json.dumps(payload, indent=2))
 

@@ -9,7 +9,7 @@ import pytest
 import pipejax as pj
 from pipejax import planner, step_costs
 from pipejax.bench import peak_bytes
-from pipejax.bench.op_costs import op_flops
+from pipejax.bench.op_costs import op_counts
 from pipejax.compile.tensor import split_parts
 
 
@@ -97,7 +97,7 @@ def test_w_takes_its_share_of_the_backward_as_xla_counts_the_split():
     code = pipe.build.code
     flops = [sum(s.flops for s in pipe.plan.stage_specs(j)) for j in range(code.S)]
     share = step_costs.w_shares(code, flops)
-    compiled = op_flops(code)
+    compiled = op_counts(code)
     for j in range(code.S):
         backward = compiled[Op.B][j] + compiled[Op.W][j] - compiled[Op.F][j]  # less B's replay
         assert share[j] == pytest.approx(compiled[Op.W][j] / backward, rel=0.03)

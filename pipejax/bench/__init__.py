@@ -56,12 +56,14 @@ __all__ = ["environment", "main", "peak_bytes", "step_times", "table"]
 
 
 def environment(command: str) -> dict:
-    """The machine, the versions, the command and the date, for a results JSON."""
+    """The machine, the versions, the command and the date, for a results JSON
+    ("cpus": the cores this process may run on)."""
     import flax
     import jaxlib
 
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"machine": platform.machine(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
+            "cpus": cpus, "python": platform.python_version(), "jax": jax.__version__,
             "jaxlib": jaxlib.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "pipejax": pj.__version__, "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),

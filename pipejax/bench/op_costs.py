@@ -1,50 +1,76 @@
 """What a step executes, from its table and the cost of each op.
 
-XLA's cost analysis counts a loop body once, not once per trip, so the work of a step is derived: every
-op of every virtual stage (F, the fused backward BW, zero bubble's B and W)
-is compiled alone on abstract inputs, and the table says how often each
-runs. `executed` sums them over the table's tasks; `critical_path` sums,
-per tick, the most any device runs (the ticks run in lock step: a tick's
-messages wait for its slowest op); `busy_ticks` counts the ticks a device
-runs some of the given ops at (a sharded stage gathers its weights at each
-tick with an op, scatters a gradient at each with a weight gradient).
-"""
+XLA's cost analysis counts a loop body once, not once per trip, so the work
+of a step is derived: every op of every virtual stage (F, the fused
+backward BW, zero bubble's B and W) is compiled alone on abstract inputs,
+and the table says how often each runs. `executed` sums them over the
+table's tasks (`step_count`: per device, with the last stage's fused pairs
+as one vjp); `critical_path` sums, per tick, the most any device runs (the
+ticks run in lock step: a tick's messages wait for its slowest op);
+`busy_ticks` counts the ticks a device runs some of the given ops at (a
+sharded stage gathers its weights at each tick with an op, scatters a
+gradient at each with a weight gradient)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import numpy as np
 
+from pipejax.compile import branches
 from pipejax.compile.stages import StageCode
 from pipejax.schedules import Op, Schedule
 
 
-def _flops(fn: Callable, *args) -> float:
-    """XLA's FLOP count of `fn` compiled alone (0 for an op with no arithmetic)."""
-    return float(jax.jit(fn).lower(*args).compile().cost_analysis().get("flops", 0.0))
+def _count(measure: str, fn: Callable, *args) -> float:
+    """XLA's `measure` ("flops", "bytes accessed") of `fn` compiled alone
+    (0 for an op with none)."""
+    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return float((analysis or {}).get(measure, 0.0))
 
 
-def op_flops(code: StageCode) -> dict[Op, list[float]]:
-    """FLOPs of each op on each virtual stage: F (the forward with the
-    residuals it keeps), BW, and with a split (`code.splits`) B and W."""
+def op_counts(code: StageCode, measure: str = "flops") -> dict[Op, list[float]]:
+    """XLA's `measure` of each op on each virtual stage: F (the forward with
+    the residuals it keeps), BW, and with a split (`code.splits`) B and W.
+    In bytes accessed an op reads and writes its rows of the rings: F the
+    residuals it keeps, B the bridge, as their outputs."""
     out: dict[Op, list[float]] = {op: [] for op in (Op.F, Op.BW, Op.B, Op.W)}
     per_group: dict[Op, list[float]] = {op: [] for op in out}
+    count = functools.partial(_count, measure)
     for j in code.groups.first:
         args = code.backward_args(j)
         params, h, feed, _, _ = args
         leaves, tree = jax.tree.flatten(args)
-        per_group[Op.F].append(_flops(lambda p, h, f: code.vjp(j, p, h, f)[:2], params, h, feed))
-        per_group[Op.BW].append(_flops(lambda *a: code.backward(j, *jax.tree.unflatten(tree, a)),
-                                       *leaves))
+        per_group[Op.F].append(count(lambda p, h, f: code.vjp(j, p, h, f)[:2], params, h, feed))
+        per_group[Op.BW].append(count(lambda *a: code.backward(j, *jax.tree.unflatten(tree, a)),
+                                      *leaves))
         if code.splits:
             (b, b_args), (w, w_args) = split_ops(code, j)
-            per_group[Op.B].append(_flops(b, *b_args))
-            per_group[Op.W].append(_flops(w, *w_args))
+            per_group[Op.B].append(count(b, *b_args))
+            per_group[Op.W].append(count(w, *w_args))
     for op, costs in per_group.items():
         out[op] = [costs[g] for g in code.groups.of] if costs else []
     return out
+
+
+def step_count(schedule: Schedule, code: StageCode, measure: str = "flops") -> float:
+    """XLA's `measure` of a step per device: every task of the table at its
+    op's count compiled alone (`op_counts`), a pair the table fuses on the
+    last stage (`Schedule.fused`) at the count of its one vjp, which keeps
+    nothing (`pipejax.compile.branches.pair`)."""
+    counts = op_counts(code, measure)
+    total = executed(schedule, counts)
+    pairs = int(schedule.fused.sum())
+    if pairs:
+        j = code.S - 1
+        params, h, feed, _, _ = code.backward_args(j)
+
+        one = _count(measure, lambda *a: branches.pair(code, *a), params, h, feed)
+        total += pairs * (one - counts[Op.F][j] - counts[Op.BW][j])
+    return total / schedule.stages
 
 
 def split_ops(code: StageCode, j: int) -> tuple[tuple[Callable, tuple], ...]:

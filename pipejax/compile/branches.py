@@ -146,19 +146,24 @@ def weight_grad(code: StageCode, into_sum: bool = False) -> list[Callable]:
     return code.groups.branches(branch)
 
 
-def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
-    """Inside shard_map: the last virtual stage's forward and backward of
-    one micro-batch as one vjp, for a table that runs both in one tick
-    (`Schedule.fused`): (loss, packed parameter gradients, message for
-    the stage before). Nothing crosses a ring, so the pair keeps what XLA
-    chooses, as a plain jit does: `remat="stage"` would only replay the
-    forward and "none"'s policy remakes values XLA holds anyway; a
-    checkpoint policy of the user's still applies."""
-    j = code.S - 1
+def pair(code: StageCode, params: Any, h: Any, feed: Feed) -> tuple:
+    """(loss, parameter gradients, input gradient) of the last virtual
+    stage's forward and backward of one micro-batch as one vjp. Nothing
+    crosses a ring, so the pair keeps what XLA chooses, as a plain jit
+    does: `remat="stage"` would only replay the forward and "none"'s policy
+    remakes values XLA holds anyway; a checkpoint policy of the user's
+    still applies."""
     remat = code.model.remat
     if isinstance(remat, str):
         remat = jax.checkpoint_policies.everything_saveable
-    loss, vjp_fn = jax.vjp(code.fn(j, Feed(*micro), remat), _chunk(code, j, p),
-                           _stage_input(code, j, h))
-    dparams, dh = vjp_fn(code.seed_like(loss))
+    loss, vjp_fn = jax.vjp(code.fn(code.S - 1, feed, remat), params, h)
+    return (loss, *vjp_fn(code.seed_like(loss)))
+
+
+def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
+    """Inside shard_map: `pair` for a table that runs the last stage's
+    forward and backward in one tick (`Schedule.fused`): (loss, packed
+    parameter gradients, message for the stage before)."""
+    j = code.S - 1
+    loss, dparams, dh = pair(code, _chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
     return loss.astype(jnp.float32), _device_grads(code, j, dparams), _message_back(code, j, dh)

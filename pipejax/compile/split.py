@@ -17,7 +17,7 @@ Every costly equation of the backward runs once, in B or in W, so B + W
 cost what the fused backward costs and those equations (the naive split, a
 second `jax.vjp` for W, replays the forward and loses to 1F1B: marin
 #6532; on the zoo GPT the equations W runs again add 0.9 % to the
-backward's FLOPs, `pipejax.bench.op_costs.op_flops`). Call-like equations
+backward's FLOPs, `pipejax.bench.op_costs.op_counts`). Call-like equations
 (jit, remat) are inlined first, so that a rematerialized stage's
 replayed forward runs in B and W reads what it needs of it from the
 bridge. Equations with sub-programs that are not calls (a `lax.scan`,

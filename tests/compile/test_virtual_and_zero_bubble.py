@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import pipejax as pj
-from pipejax.bench.op_costs import executed, op_flops
+from pipejax.bench.op_costs import executed, op_counts, step_count
 from pipejax.compile.residuals import costly
 from pipejax.compile.split import _needed
 from pipejax.errors import ConfigError
@@ -83,13 +83,34 @@ def test_w_reuses_what_b_computed():
             whole = _needed(split.nodes, [*split.b_outs, *split.w_outs], set())
             assert sorted({*split.b, *split.w}) == whole
             assert len(split.bridge) > 0 and split.w  # the weight path waits in the bridge
-        costs = op_flops(pipe.build.code)
+        costs = op_counts(pipe.build.code)
         for j in range(pipe.build.code.S):
             b_w = costs[Op.B][j] + costs[Op.W][j]
             assert costs[Op.BW][j] <= b_w <= 1.1 * costs[Op.BW][j], (remat, j)
         one_f_one_b = make_schedule("1f1b", Placement(2), 4)
         ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
         assert abs(ratio - 1) < 0.05, (remat, ratio)
+
+
+def test_a_step_counts_a_fused_pair_as_its_one_vjp():
+    """At K = 1, 1F1B runs each micro-batch's forward and backward as one
+    vjp, the plain jit's work: `step_count` gives M times its FLOPs, not
+    F + BW's, which with remat "stage" replay the forward (4/3 of them).
+    zb-h1 keeps the forward's residuals in a ring and files the bridge:
+    more bytes."""
+    M, layers = 4, heterogeneous_layers()
+    one = _pipe("1f1b", 1, 1, M=M, remat="stage")
+    x, y = batch(MB)
+
+    def loss(v):
+        return pj.losses.cross_entropy(pj.apply_layers(layers, v, x, jax.random.key(0)), y)
+    variables = pj.unstage(one.init(jax.random.key(0)))
+    analysis = jax.jit(jax.value_and_grad(loss)).lower(variables).compile().cost_analysis()
+    plain = (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+    assert step_count(one.schedule, one.build.code) == pytest.approx(M * plain, rel=0.05)
+    zb = _pipe("zb-h1", 1, 1, M=M, remat="none")
+    moved = lambda pipe: step_count(pipe.schedule, pipe.build.code, "bytes accessed")
+    assert moved(zb) > moved(one)
 
 
 def _split(layers: list, partition: tuple[int, ...], stage: int):
