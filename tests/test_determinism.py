@@ -40,3 +40,19 @@ def test_synchronous_run_is_the_same_twice_and_on_any_number_of_stages():
     for a, b, c in zip(params, ref, params_again):
         np.testing.assert_array_equal(a, c)
         assert np.max(np.abs(a - b)) <= 1e-6 * max(1.0, np.max(np.abs(b)))
+
+
+def test_a_model_that_draws_nothing_makes_no_micro_batch_keys():
+    """Each op's loop ties its operands to its trip count, so XLA cannot drop
+    an unused key: the ops make a micro-batch's key only where a layer draws
+    from it (the step's own key, folded with its count, is made either way)."""
+    def fold_ins(layers) -> int:
+        pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 40)),
+                           stages=2, microbatches=M, schedule="zb-h1")
+        trainer = pipe.trainer(optax.sgd(0.1))
+        state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(1))
+        batch = (jnp.zeros((M * MB, 40)), jnp.zeros((M * MB,), jnp.int32))
+        return str(trainer.step.trace(state, batch).jaxpr).count("random_fold_in")
+
+    assert fold_ins(pj.models.mlp(depth=3, width=16, classes=10)) == 1
+    assert fold_ins(LAYERS) > 1  # with dropout, every op's micro-batch key

@@ -67,6 +67,7 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         self.x, self.y = inp.data
         self.counters = inp.counters
         self.key = inp.key
+        self.random = any(spec.random for spec in build.code.plan.specs)
         # With v chunks a device, a synchronous backward adds its chunk's
         # gradients into the sum's own slots, in place (`StageGroups.run`),
         # instead of a whole device's gradient, zero but for one chunk.
@@ -91,11 +92,14 @@ class _Tick(SplitBackwardOps, ShardedWeights):
                      and not any(lane.mixed for lane in self.lanes))
 
     def _inputs(self, g: jax.Array, j: jax.Array) -> tuple:
-        """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j."""
+        """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j;
+        the key folded only where a layer draws from it (an op's loop ties its
+        operands to its trips: XLA kept an unused key's fold-in at every op)."""
         slot = g % self.layout.data_slots
         pick = lambda ring: jax.tree.map(lambda a: a[slot], ring)
         first = jnp.asarray(self.code.firsts, jnp.int32)[j]
-        return pick(self.x), pick(self.y), jax.random.fold_in(self.key, g), first
+        key = jax.random.fold_in(self.key, g) if self.random else self.key
+        return pick(self.x), pick(self.y), key, first
 
     def __call__(self, carry: tuple, row: tuple) -> tuple:
         p, s, rings, grad_sum, held, mail = carry
