@@ -97,7 +97,7 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
             compiled = trainer.step.lower(held[key], batch).compile()
             found = hlo.tick_copies(compiled.as_text(), pipe.schedule.ticks,
                                     hlo.buffer_shapes(pipe.layout))
-            step_bytes = step_count(pipe.schedule, pipe.build.code, "bytes accessed")
+            step_bytes = step_count(pipe.schedule, pipe.build.code, "bytes accessed") / K
             info[key] = {"schedule": schedule, "v": pipe.schedule.placement.virtual, "remat": remat,
                          "gb_step": round(step_bytes / 1e9, 3),
                          "temp_mb": round(compiled.memory_analysis().temp_size_in_bytes / 2**20,
@@ -137,7 +137,9 @@ def tables() -> dict[str, str]:
     time, its ratio to 1F1B at the same remat and to the plain jit, the
     bytes its ops move a step per device, temp memory and copies; from
     table_speed.json, and with "_one_core" from the run on one core
-    (`--cores 1 --out benchmarks/results/table_speed_one_core.json`)."""
+    (`--cores 1 --group gpt-4 --group mlp-4 --tables
+    gpipe,1f1b,zb-h1,zb-h2,zb-v,dualpipev --out
+    benchmarks/results/table_speed_one_core.json`)."""
     out = {}
     for suffix, name in (("", "table_speed"), ("_one_core", "table_speed_one_core")):
         rows = load(name)["rows"] if (RESULTS / f"{name}.json").exists() else []

@@ -63,10 +63,8 @@ class Pipeline:
     K = property(lambda self: self.build.K, doc="Pipeline stages.")
     M = property(lambda self: self.build.M, doc="Micro-batches per step (of each replica).")
 
-    @property
-    def random_layers(self) -> list[LayerSpec]:
-        """The layers that draw random numbers when training (dropout)."""
-        return [s for s in self.specs if s.random]
+    random_layers = property(lambda self: self.plan.random_layers,
+                             doc="The layers that draw random numbers when training (dropout).")
 
     # ---------------------------------------------------------------- params
     def init(self, key: jax.Array | None = None) -> Staged:

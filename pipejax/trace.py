@@ -107,6 +107,12 @@ def xla_flops(lowered: Any) -> float | None:
     return total if np.isfinite(total) and total >= 0 else None  # GPU marks unknown counts < 0
 
 
+def cost_analysis(program: Any) -> dict:
+    """XLA's cost analysis of a lowered or compiled program as one dict
+    (empty where XLA gives none)."""
+    return _first(program.cost_analysis()) or {}
+
+
 def _first(analysis: Any) -> dict | None:
     """A cost analysis as one dict (older jax returns one per device)."""
     if isinstance(analysis, (list, tuple)):

@@ -4,8 +4,8 @@ XLA's cost analysis counts a loop body once, not once per trip, so the work
 of a step is derived: every op of every virtual stage (F, the fused
 backward BW, zero bubble's B and W) is compiled alone on abstract inputs,
 and the table says how often each runs. `executed` sums them over the
-table's tasks (`step_count`: per device, with the last stage's fused pairs
-as one vjp); `critical_path` sums, per tick, the most any device runs (the
+table's tasks (`step_count`: with the last stage's fused pairs as one
+vjp); `critical_path` sums, per tick, the most any device runs (the
 ticks run in lock step: a tick's messages wait for its slowest op);
 `busy_ticks` counts the ticks a device runs some of the given ops at (a
 sharded stage gathers its weights at each tick with an op, scatters a
@@ -22,14 +22,13 @@ import numpy as np
 from pipejax.compile import branches
 from pipejax.compile.stages import StageCode
 from pipejax.schedules import Op, Schedule
+from pipejax.trace import cost_analysis
 
 
 def _count(measure: str, fn: Callable, *args) -> float:
     """XLA's `measure` ("flops", "bytes accessed") of `fn` compiled alone
     (0 for an op with none)."""
-    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
-    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-    return float((analysis or {}).get(measure, 0.0))
+    return float(cost_analysis(jax.jit(fn).lower(*args).compile()).get(measure, 0.0))
 
 
 def op_counts(code: StageCode, measure: str = "flops") -> dict[Op, list[float]]:
@@ -57,20 +56,19 @@ def op_counts(code: StageCode, measure: str = "flops") -> dict[Op, list[float]]:
 
 
 def step_count(schedule: Schedule, code: StageCode, measure: str = "flops") -> float:
-    """XLA's `measure` of a step per device: every task of the table at its
-    op's count compiled alone (`op_counts`), a pair the table fuses on the
-    last stage (`Schedule.fused`) at the count of its one vjp, which keeps
-    nothing (`pipejax.compile.branches.pair`)."""
+    """XLA's `measure` of a step over all its devices: every task of the
+    table at its op's count compiled alone (`op_counts`), a pair the table
+    fuses on the last stage (`Schedule.fused`) at the count of its one vjp,
+    which keeps nothing (`pipejax.compile.branches.pair`)."""
     counts = op_counts(code, measure)
     total = executed(schedule, counts)
     pairs = int(schedule.fused.sum())
     if pairs:
         j = code.S - 1
         params, h, feed, _, _ = code.backward_args(j)
-
         one = _count(measure, lambda *a: branches.pair(code, *a), params, h, feed)
         total += pairs * (one - counts[Op.F][j] - counts[Op.BW][j])
-    return total / schedule.stages
+    return total
 
 
 def split_ops(code: StageCode, j: int) -> tuple[tuple[Callable, tuple], ...]:
@@ -84,19 +82,20 @@ def split_ops(code: StageCode, j: int) -> tuple[tuple[Callable, tuple], ...]:
 
 
 def _task_costs(schedule: Schedule, costs: dict[Op, list[float]]):
-    """`[ticks][stages]`: the FLOPs each device runs at each tick."""
+    """`[ticks][stages]`: what each device runs at each tick, in the ops'
+    `costs` (FLOPs, bytes)."""
     chunk = schedule.placement.chunk
     return [[sum(costs[Op(op)][chunk(k, c)] for op, _, c in schedule.table[t, k] if op != Op.IDLE)
              for k in range(schedule.stages)] for t in range(schedule.ticks)]
 
 
 def executed(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
-    """FLOPs a step executes: every task of the table at its op's cost."""
+    """What a step executes: every task of the table at its op's cost."""
     return float(sum(sum(row) for row in _task_costs(schedule, costs)))
 
 
 def critical_path(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
-    """FLOPs along the lock-step ticks: per tick the most one device runs."""
+    """The cost along the lock-step ticks: per tick the most one device runs."""
     return float(sum(max(row) for row in _task_costs(schedule, costs)))
 
 

@@ -14,6 +14,7 @@ import pipejax as pj
 from pipejax.bench.machine import CLASSES, FEATURES, batch
 from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.layers import layer_list
+from pipejax.trace import cost_analysis as cost
 
 
 def alternate(runs: dict[str, Callable[[], None]], repeats: int,
@@ -136,12 +137,6 @@ def step_times(layers: list, example: jax.Array, M: int, opt: optax.GradientTran
     t = out.pop("times")
     return {**out, "over_microbatched": float(np.median(t["pipelined"] / t["plain_microbatched"])),
             "over_full_batch": float(np.median(t["pipelined"] / t["plain_full_batch"]))}
-
-
-def cost(compiled) -> dict:
-    """XLA's cost analysis of a compiled program (one dict)."""
-    analysis = compiled.cost_analysis()
-    return (analysis[0] if isinstance(analysis, (list, tuple)) else analysis) or {}
 
 
 # The K = 1 comparisons on a CPU: name -> (layers, one micro-batch of inputs, optimizer).

@@ -172,7 +172,7 @@ def key_or_default(b: Build, key: jax.Array | None, where: str) -> jax.Array:
     """`key`, or key(0) for a model without randomness; a random model needs a key."""
     if key is not None:
         return key
-    random = [s for s in b.code.plan.specs if s.random]
+    random = b.code.plan.random_layers
     if random:
         names = ", ".join(f"{s.index} ({s.name})" for s in random[:4])
         raise ConfigError(f"layers {names} draw random numbers when training (dropout); pass "

@@ -67,7 +67,7 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         self.x, self.y = inp.data
         self.counters = inp.counters
         self.key = inp.key
-        self.random = any(spec.random for spec in build.code.plan.specs)
+        self.random = bool(build.code.plan.random_layers)
         # With v chunks a device, a synchronous backward adds its chunk's
         # gradients into the sum's own slots, in place (`StageGroups.run`),
         # instead of a whole device's gradient, zero but for one chunk.

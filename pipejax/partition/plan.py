@@ -56,6 +56,11 @@ class Plan:
         its parameter tree."""
         return [i for j in self.placement.device_chunks(k) for i in self.ranges[j]]
 
+    @property
+    def random_layers(self) -> list[LayerSpec]:
+        """The layers that draw random numbers when training (dropout)."""
+        return [s for s in self.specs if s.random]
+
     def stage_specs(self, j: int) -> tuple[LayerSpec, ...]:
         """The layers of virtual stage j."""
         return tuple(self.specs[i] for i in self.ranges[j])
