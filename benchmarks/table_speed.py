@@ -19,8 +19,9 @@ the buffers the table interpreter copies
 (`pipejax.bench.hlo.tick_copies`: at every tick, and in the ops' loops).
 
 On simulated CPU devices sharing two cores an idle tick costs nothing, so
-each row's limit is its own arithmetic: remat "none" does three quarters
-of remat "stage"'s, and every table does the same work as 1F1B.
+each row's limit is its own arithmetic and how its ticks share the cores
+(`--cores 1` leaves the work alone): remat "none" does three quarters of
+remat "stage"'s, and every table does the same work as 1F1B.
 
 Groups already in the JSON are skipped, so the table can be made in parts.
 Run: python benchmarks/table_speed.py [--group gpt-4] [--repeats 6] [--cores 1 --out F]
