@@ -89,15 +89,21 @@ def pipelined(layers, schedule: str, K: int, v: int, dtype: str, steps: int, rem
     return trainer.step, state, pj.unstage
 
 
-def plain(layers, dtype: str, steps: int):
-    """The reference: value_and_grad of the layer list over a scan of the
-    micro-batches, AdamW, one jit on one device."""
-    opt = optimizer(steps)
+def plain_loss(layers, dtype: str):
+    """The plain jit's loss of one micro-batch, its weights cast to `dtype`."""
     compute = jnp.float32 if dtype == "float32" else jnp.dtype(dtype)
 
     def loss(v, x, y):
         v = jax.tree.map(lambda a: a.astype(compute), v)
         return pj.losses.next_token(pj.apply_layers(layers, v, x), y)
+    return loss
+
+
+def plain(layers, dtype: str, steps: int):
+    """The reference: value_and_grad of the layer list over a scan of the
+    micro-batches, AdamW, one jit on one device."""
+    opt = optimizer(steps)
+    loss = plain_loss(layers, dtype)
 
     @jax.jit
     def step(state, batch):
@@ -158,10 +164,10 @@ def step_bytes(layers, config: tuple, remat: str) -> float:
     if schedule is not None:
         pipe = _pipe(layers, schedule, K, v, "float32", remat)
         return step_count(pipe.schedule, pipe.build.code, "bytes accessed")
-    loss = lambda w, x, y: pj.losses.next_token(pj.apply_layers(layers, w, x), y)
     tokens = jnp.zeros((MB, T), jnp.int32)
     variables = pj.layers.initial_variables(layers, tokens, jax.random.key(0))
-    compiled = jax.jit(jax.value_and_grad(loss)).lower(variables, tokens, tokens).compile()
+    compiled = jax.jit(jax.value_and_grad(plain_loss(layers, "float32"))).lower(
+        variables, tokens, tokens).compile()
     return M * cost(compiled).get("bytes accessed", 0)
 
 
