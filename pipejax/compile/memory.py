@@ -21,9 +21,10 @@ the largest stage: SPMD buffers have one shape):
     with remat, what the forward it replays keeps; without, its cotangents,
     the forward having written each residual into its ring row,
     compile/rows.py; and its gradient), beside the tick's messages (an
-    activation and a gradient, each sent and received: without them a
-    synchronous step with remat was under-predicted by 4.8 % on the GPT 6x64
-    and 8.8 % on the ResNet); after the scan, in their place, a synchronous
+    activation and a gradient, which every op's loop carries; those
+    received arrive after the tick's last op: without them a synchronous
+    step with remat was under-predicted by 4.8 % on the GPT 6x64 and 8.8 %
+    on the ResNet); after the scan, in their place, a synchronous
     step's update (`update_bytes`): the larger of the two;
   - an asynchronous step updates parameters and optimizer state at every
     tick: in the backward's op, beside its working set, where the update
@@ -136,8 +137,9 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         gradient = whole if step else P
         if schedule.synchronous:
             out.update({"rings": moving + layout.kept_slots * kept, "gradient sum": gradient})
-            # The tick's messages: an activation and a gradient, each sent and received.
-            messages = 2 * (act_in + act_out) if build.K > 1 else 0
+            # The tick's messages, which every op's loop carries: an activation and a
+            # gradient (those received arrive after the last op, the working set gone).
+            messages = act_in + act_out if build.K > 1 else 0
             # A split stage's update is XLA's to partition: a copy of its weights instead.
             out.update({"working set and messages, or update": max(work + messages, update)}
                        if unsplit else

@@ -15,7 +15,6 @@ from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.table_state import Ops
-from pipejax.packing import Buffers
 from pipejax.schedules import Op
 
 
@@ -27,7 +26,7 @@ class SplitBackwardOps:
     layout: Layout
     branches: dict[Op, Callable]
     per_chunk: bool  # a synchronous table over v > 1 chunks: W adds into its chunk's slots
-    _run_on_rings: Callable  # (op, task, fn, operands, carry, rings): the op's loop
+    _run_on_rings: Callable  # (op, task, fn, operands, carry, ops): the op's loop
     _inputs: Callable  # (g, j) -> (x_m, y_m, key, first layer of j)
     weights: Callable  # (ops) -> the weights the ops run on (gathered where sharded)
     gradients: GradientPolicy  # how a weight gradient joins the sum
@@ -42,24 +41,21 @@ class SplitBackwardOps:
         """The task's rows of the kept and the bridge rings."""
         return task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots
 
-    def _input_grad(self, task: TickTask, ops: Ops, msg: Buffers) -> tuple:
+    def _input_grad(self, task: TickTask, ops: Ops) -> Ops:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
-        gradient, sent back in `msg`'s buffers, and the bridge its W reads,
-        written into its slot."""
+        gradient, sent back in the buffers of the message back, and the
+        bridge its W reads, written into its slot."""
         rows = self._rows(task)
 
-        def input_grad(micro, c, rings, slots):
-            w, msg = c
+        def input_grad(micro, w, rings, mail, slots):
             operands = (w, *slots, (rings.kept, rows[0]), micro, rows[1])
-            bridge, msg = self.code.groups.run(self.branches[Op.B], operands, (rings.bridge, msg),
-                                               at=task.j)
-            return (w, msg), rings._replace(bridge=bridge)
+            bridge, back = self.code.groups.run(self.branches[Op.B], operands,
+                                                (rings.bridge, mail[1]), at=task.j)
+            return w, rings._replace(bridge=bridge), (mail[0], back)
 
-        (w, msg), rings = self._run_on_rings(Op.B, task, input_grad,
-                                             self._inputs(task.g, task.j),
-                                             (self.weights(ops), msg),
-                                             ops.rings)
-        return self._with_weights(ops, w)._replace(rings=rings), msg
+        w, ops = self._run_on_rings(Op.B, task, input_grad, self._inputs(task.g, task.j),
+                                    self.weights(ops), ops)
+        return self._with_weights(ops, w)
 
     def _weight_grad(self, task: TickTask, ops: Ops) -> Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
@@ -67,16 +63,16 @@ class SplitBackwardOps:
         summed (a synchronous table)."""
         rows = self._rows(task)
 
-        def weight_grad(micro, c, rings, slots):
+        def weight_grad(micro, c, rings, mail, slots):
             w, grad_sum = c
             operands = (w, *slots, (rings.kept, rows[0]), (rings.bridge, rows[1]), micro)
             if self.per_chunk:
                 return (w, self.code.groups.run(self.branches[Op.W], operands, grad_sum,
-                                                at=task.j)), rings
+                                                at=task.j)), rings, mail
             grads = self.code.groups.switch_at(task.j, self.branches[Op.W], *operands)
-            return (w, self.gradients.summed(grad_sum, grads)), rings
+            return (w, self.gradients.summed(grad_sum, grads)), rings, mail
 
-        (w, grad_sum), rings = self._run_on_rings(Op.W, task, weight_grad,
-                                                  self._inputs(task.g, task.j),
-                                                  (self.weights(ops), ops.grad_sum), ops.rings)
-        return self._with_weights(ops, w)._replace(grad_sum=grad_sum, rings=rings)
+        (w, grad_sum), ops = self._run_on_rings(Op.W, task, weight_grad,
+                                                self._inputs(task.g, task.j),
+                                                (self.weights(ops), ops.grad_sum), ops)
+        return self._with_weights(ops, w)._replace(grad_sum=grad_sum)

@@ -40,10 +40,10 @@ from pipejax.compile.fsdp import ShardedWeights
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import loss_ticks
+from pipejax.compile.op_loops import OpLoops
 from pipejax.compile.optimizer import StageOptimizers
-from pipejax.compile.spmd import run_if, stage_index
+from pipejax.compile.spmd import stage_index
 from pipejax.compile.split_ops import SplitBackwardOps
-from pipejax.compile.state import Rings
 from pipejax.compile.table_state import Ops, TableIn, TableOut
 from pipejax.packing import Buffers
 from pipejax.mesh import AXIS
@@ -51,7 +51,7 @@ from pipejax.schedules import NONE, Op
 from pipejax.schedules.tasks import BACKWARD
 
 
-class _Tick(SplitBackwardOps, ShardedWeights):
+class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
     """The body of the scan: what stage k does at one tick."""
 
     def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn,
@@ -112,26 +112,25 @@ class _Tick(SplitBackwardOps, ShardedWeights):
             fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
             runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
                     Op.BW: b._replace(real=b.real & ~fused.real)}
-        ops = Ops(p, s, grad_sum, rings)
+        ops = Ops(p, s, grad_sum, rings, mail)  # a cell runs one of B and BW: both write back
         if self.F > 1:
             ops = ops._replace(whole=self._gather(runs, fused, ops, held))
-        on, back = mail  # a cell runs one of B and BW: both write the one message back
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
             if op == Op.F:
-                ops, on, loss = self._forward(runs[op], ops, loss, on)
+                ops, loss = self._forward(runs[op], ops, loss)
             elif op == Op.BW:
-                ops, back, loss, skipped = self._backward(runs[op], fused, ops, loss, back)
+                ops, loss, skipped = self._backward(runs[op], fused, ops, loss)
             elif op == Op.B:
-                ops, back = self._input_grad(runs[op], ops, back)
+                ops = self._input_grad(runs[op], ops)
             else:
                 ops = self._weight_grad(runs[op], ops)
-        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, (on, back),
+        rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, ops.mail,
                                   lambda k: self._senders(row, k))
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         held = ops.whole[:len(held)] if held else ()
-        mail = (on, back) if self.S > 1 else mail  # one chunk sends nothing: XLA drops the ops'
+        mail = ops.mail if self.S > 1 else mail  # one chunk sends nothing: XLA drops the ops'
         return ((ops.p, ops.s, rings, ops.grad_sum, held, mail),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
@@ -155,38 +154,11 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         back = [tasks[op] for op in BACKWARD if op in tasks]
         return tasks[Op.F], back[0] if len(back) == 1 else messages.either(*back)
 
-    def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
-        """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
-        return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
-
-    def _run_on_rings(self, op: Op, task: TickTask, fn: Any, operands: Any, carry: Any,
-                      rings: Rings) -> tuple:
-        """`fn(operands, carry, rings, slots) -> (carry, rings)` in the loop
-        of `op`'s task, with `rings` in its carry and `slots` the rows of the
-        rings the messages fill that `op` reads (`messages.reads`).
-
-        Every op reads its slots inside its loop, from the rings it carries,
-        and hands them on through an optimization barrier; the exchange then
-        files the tick's messages into what the last op returned. The reads
-        come before the writes by data, so XLA updates each ring in place:
-        sliced before the loops (at every tick, for every op, run or not)
-        the stage inputs' ring was copied twice a tick (1F1B, the zoo GPT at
-        K = 4: 2 MB a tick) and every kept residual read whether its
-        backward ran or not. Without the barrier XLA copies a ring that a
-        loop hands back unchanged (`_forward`'s stashed weights)."""
-        def body(operands, c):
-            carry, rings = c
-            slots = messages.reads(rings, self.layout, op, task.ring)
-            carry, rings = fn(operands, carry, rings, slots)
-            return carry, lax.optimization_barrier(rings)
-
-        return self._run(task.real, body, operands, (carry, rings))
-
-    def _forward(self, task: TickTask, ops: Ops, loss: jax.Array, msg: Buffers) -> tuple:
+    def _forward(self, task: TickTask, ops: Ops, loss: jax.Array) -> tuple[Ops, jax.Array]:
         """Stage k's forward of micro-batch g on virtual stage j at its
         weights (or their forecast): keeps its residuals (and with weight
         stashing the weights it used) in its slot; returns the ops' state,
-        the message on (written into `msg`'s buffers) and the loss.
+        with the message on written into its buffers, and the loss.
 
         The weights pass through the loop's carry, untouched: as an operand
         of the loop XLA would copy them at every tick (they live on into
@@ -197,34 +169,34 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         loops then own one; measured on PipeDream without weight stashing
         and PB)."""
         if not self.separate:
-            return ops, msg, loss
+            return ops, loss
         slot = task.ring % self.layout.kept_slots
         p, s = ops.p, ops.s
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
         # A sharded stage stashes its piece of the weights, not the gathered whole.
         piece = (s.ahead if ahead else p) if ops.whole and self.layout.weight_stashing else None
 
-        def forward(args, c, rings, slots):
-            w, msg, loss = c
+        def forward(args, c, rings, mail, slots):
+            w, loss = c
             inputs, stash = args
-            kept, msg, loss = self.code.groups.run(self.branches[Op.F],
-                                                   (w, slots[0], inputs, slot),
-                                                   (rings.kept, msg, loss), at=task.j)
+            kept, on, loss = self.code.groups.run(self.branches[Op.F],
+                                                  (w, slots[0], inputs, slot),
+                                                  (rings.kept, mail[0], loss), at=task.j)
             weights = tuple(b.at[slot].set(v) for b, v in zip(rings.weights, w if stash is None
                                                                else stash))
-            return ((lax.optimization_barrier(w), msg, loss),
-                    rings._replace(kept=kept, weights=weights))
+            return ((lax.optimization_barrier(w), loss),
+                    rings._replace(kept=kept, weights=weights), (on, mail[1]))
 
         first = ops.whole[0] if ops.whole else s.ahead if ahead else p
-        (w, msg, loss), rings = self._run_on_rings(
-            Op.F, task, forward, (self._inputs(task.g, task.j), piece),
-            (first, msg, loss), ops.rings)
+        (w, loss), ops = self._run_on_rings(Op.F, task, forward,
+                                            (self._inputs(task.g, task.j), piece), (first, loss),
+                                            ops)
         if not ops.whole:
             p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
-        return ops._replace(p=p, s=s, rings=rings), msg, loss
+        return ops._replace(p=p, s=s), loss
 
     def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops,
-                  loss: jax.Array, msg: Buffers) -> tuple:
+                  loss: jax.Array) -> tuple[Ops, jax.Array, jax.Array]:
         """Stage k's fused backward (BW) of micro-batch g on virtual stage j
         at the current weights (their backward forecast, or the stashed
         ones), or, for a pair the table fuses (`fused`), the last stage's
@@ -232,46 +204,45 @@ class _Tick(SplitBackwardOps, ShardedWeights):
         forecasts coincide there: no update comes between, the horizons are
         equal and the delay 0). Then what the program does with the
         gradient (`GradientPolicy`: `take` in the loop, `after` outside
-        it, where its collectives run on every device at every tick). Returns the ops' state,
-        the message back, the loss and 1 if the guard skipped the update."""
+        it, where its collectives run on every device at every tick). Returns the ops' state
+        (the message back written), the loss and 1 if the guard skipped the update."""
         ahead = self.opts is not None and bool(ops.s.ahead)
         stash = self.layout.weight_stashing and not ops.whole
 
-        def backward(micro, c, rings, slots):
-            p, s, carried, msg, loss, skipped = c
+        def backward(micro, c, rings, mail, slots):
+            p, s, carried, loss, skipped = c
             slot = task.ring % self.layout.kept_slots
             w = ops.whole[1] if ops.whole else messages.read(rings.weights, slot) if stash else (
                 p if self.opts is None else self.opts.backward_weights(p, s))
             args = (*slots, (rings.kept, slot), micro)
             if self.per_chunk:
-                carried, msg = self.code.groups.run(self.branches[Op.BW], (w, *args),
-                                                    (carried, msg), at=task.j)
-                return (p, s, carried, msg, loss, skipped), rings
-            grads, msg = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
+                carried, back = self.code.groups.run(self.branches[Op.BW], (w, *args),
+                                                     (carried, mail[1]), at=task.j)
+                return (p, s, carried, loss, skipped), rings, (mail[0], back)
+            grads, back = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
-            return (p, s, carried, msg, loss, skipped), rings
+            return (p, s, carried, loss, skipped), rings, (mail[0], back)
 
-        def both(micro, c, rings, slots):
-            p, s, carried, _, _, skipped = c
+        def both(micro, c, rings, mail, slots):
+            p, s, carried, _, skipped = c
             w = ops.whole[0] if ops.whole else s.ahead if ahead else p
-            loss, grads, msg = branches.fused(self.code, w, slots[0], micro)
+            loss, grads, back = branches.fused(self.code, w, slots[0], micro)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
-            return (p, s, carried, msg, loss, skipped), rings
+            return (p, s, carried, loss, skipped), rings, (mail[0], back)
 
-        carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), msg, loss, jnp.int32(0))
-        rings = ops.rings
+        carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), loss, jnp.int32(0))
         if self.separate:  # a slot exists: the table keeps residuals
-            carry, rings = self._run_on_rings(Op.BW, task, backward,
-                                              self._inputs(task.g, task.j), carry, rings)
+            carry, ops = self._run_on_rings(Op.BW, task, backward,
+                                            self._inputs(task.g, task.j), carry, ops)
         if fused is not None:  # its input is read as a forward's
-            carry, rings = self._run_on_rings(Op.F, fused, both, self._inputs(fused.g, fused.j),
-                                              carry, rings)
-        p, s, carried, msg, loss, skipped = carry
+            carry, ops = self._run_on_rings(Op.F, fused, both, self._inputs(fused.g, fused.j),
+                                            carry, ops)
+        p, s, carried, loss, skipped = carry
         grad_sum = carried if self.sync else ops.grad_sum
         if self.gradients.after_loop:
             real = task.real if fused is None else task.real | fused.real
             p, s, skipped = self.gradients.after(p, s, carried, real)
-        return ops._replace(p=p, s=s, grad_sum=grad_sum, rings=rings), msg, loss, skipped
+        return ops._replace(p=p, s=s, grad_sum=grad_sum), loss, skipped
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:

@@ -44,4 +44,5 @@ class Ops(NamedTuple):
     s: OptState | tuple
     grad_sum: Any  # the step's gradient sum (synchronous), () otherwise
     rings: Rings  # carried through every op's loop: each reads its slots inside
+    mail: tuple[Buffers, Buffers]  # the tick's messages (on, back), through every op's loop too
     whole: tuple = ()  # a sharded stage's gathered weights (the forward's, the backward's)
