@@ -2,8 +2,8 @@
 
 Models: the zoo GPT (`pj.models.gpt(depth=14, width=128, heads=4,
 context=128)`: 16 layers, so that K = 8 with v = 2 has a layer per chunk;
-M = 8 micro-batches of 4 windows, AdamW) at K = 4 and 8, and the MLP 8x512
-(M = 8 micro-batches of 32, AdamW) at K = 4. The GPT at K = 1 runs the
+M = 8 micro-batches of 4 windows, AdamW) at K = 2, 4 and 8, and the MLP
+8x512 (M = 8 micro-batches of 32, AdamW) at K = 4. The GPT at K = 1 runs the
 tables that place one chunk a device: with neither a bubble nor ticks in
 lock step, what separates zero bubble from 1F1B there is the split's own
 cost. For each (model, K) a group of rows runs alternated
@@ -18,10 +18,13 @@ counted as often as the table runs it), the temp memory per device, and
 the buffers the table interpreter copies
 (`pipejax.bench.hlo.tick_copies`: at every tick, and in the ops' loops).
 
-On simulated CPU devices sharing two cores an idle tick costs nothing, so
-each row's limit is its own arithmetic and how its ticks share the cores
-(`--cores 1` leaves the work alone): remat "none" does three quarters of
-remat "stage"'s, and every table does the same work as 1F1B.
+On four or eight simulated CPU devices sharing two cores an idle tick
+costs nothing, so each row's limit is its own arithmetic and how its ticks
+share the cores (`--cores 1` leaves the work alone): remat "none" does
+three quarters of remat "stage"'s, and every table does the same work as
+1F1B. The GPT at K = 2 has a core a device, as devices of their own: there
+a device that waits for another (the bubble, a tick's slowest op) idles
+its core.
 
 Groups already in the JSON are skipped, so the table can be made in parts.
 Run: python benchmarks/table_speed.py [--group gpt-4] [--repeats 6] [--cores 1 --out F]
@@ -64,7 +67,8 @@ def _model(name: str):
             jnp.zeros((32,), jnp.int32))
 
 
-GROUPS = {"gpt-4": ("gpt", 4), "gpt-8": ("gpt", 8), "mlp-4": ("mlp", 4), "gpt-1": ("gpt", 1)}
+GROUPS = {"gpt-4": ("gpt", 4), "gpt-8": ("gpt", 8), "mlp-4": ("mlp", 4), "gpt-1": ("gpt", 1),
+          "gpt-2": ("gpt", 2)}
 
 
 def _batch(example, targets):
