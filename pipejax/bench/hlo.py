@@ -68,6 +68,15 @@ def tick_body(comps: dict[str, str], ticks: int) -> str:
     return re.search(r"body=%([\w.\-]+)", scan).group(1)
 
 
+def tick_order(text: str, ticks: int) -> list[str]:
+    """The ops' loops ("loop") and the sends ("send": collective-permutes)
+    of the tick's body in the order the compiled step runs them (a
+    scheduled module lists a computation's instructions in that order)."""
+    comps = computations(text)
+    found = re.findall(r" (while|collective-permute)(?:-start)?\(", comps[tick_body(comps, ticks)])
+    return ["loop" if kind == "while" else "send" for kind in found]
+
+
 def nbytes(dtype: str, dims: str) -> int:
     """Bytes of an HLO shape such as f32[512,512] given as ("f32", "512,512")."""
     return int(np.prod([int(d) for d in dims.split(",") if d])) * BYTES.get(dtype, 4)

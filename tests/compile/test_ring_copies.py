@@ -1,7 +1,8 @@
 """The table interpreter updates its rings in place: no tick of any
 synchronous table copies a ring buffer, a ring's row, a message or a
 weight-sized buffer, counted in the compiled step's text
-(`pipejax.bench.hlo.tick_copies`)."""
+(`pipejax.bench.hlo.tick_copies`); and a tick sends its messages after its
+last op (`hlo.tick_order`)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,25 @@ def test_a_bridge_row_of_a_size_one_axis_is_not_copied():
     assert _copies("zb-h1", "stage", stages=1) == {"tick": [], "loops": []}
 
 
+@pytest.mark.parametrize("schedule", fast_and_slow(["1f1b", "zb-h1"], ["1f1b"]))
+def test_a_tick_sends_after_its_last_op(schedule):
+    """Every op's loop hands on the tick's messages, so both sends follow
+    the last loop: sent after the loop that wrote it, a message made a
+    device whose op came later wait at that send for the other devices'
+    ops before it (a tick took the sum of its devices' ops)."""
+    text, pipe = _compiled(schedule, "none", stages=2)
+    order = hlo.tick_order(text, pipe.schedule.ticks)
+    assert order.count("send") == 2 and order.count("loop") >= 2
+    assert order[-2:] == ["send", "send"], order
+
+
 def _copies(schedule: str, remat: str, stages: int) -> dict[str, list[int]]:
+    text, pipe = _compiled(schedule, remat, stages)
+    return hlo.tick_copies(text, pipe.schedule.ticks, hlo.buffer_shapes(pipe.layout))
+
+
+def _compiled(schedule: str, remat: str, stages: int) -> tuple[str, pj.Pipeline]:
+    """The compiled step's text of the zoo GPT (2 layers) and its pipeline."""
     tokens = jnp.zeros((2, 16), jnp.int32)
     pipe = pj.pipeline(pj.models.gpt(depth=2, width=32, heads=2, context=16),
                        loss=pj.losses.next_token, example=tokens, targets=tokens, stages=stages,
@@ -47,8 +66,7 @@ def _copies(schedule: str, remat: str, stages: int) -> dict[str, list[int]]:
     trainer = pipe.trainer(optax.adamw(1e-3))
     state = trainer.init(pipe.init(jax.random.key(0)))
     batch = (jnp.zeros((8, 16), jnp.int32),) * 2
-    text = trainer.step.lower(state, batch).compile().as_text()
-    return hlo.tick_copies(text, pipe.schedule.ticks, hlo.buffer_shapes(pipe.layout))
+    return trainer.step.lower(state, batch).compile().as_text(), pipe
 
 
 @pytest.mark.parametrize("schedule", fast_and_slow(["zb-v", "dualpipev"], ["zb-v"]))
