@@ -23,8 +23,8 @@ the largest stage: SPMD buffers have one shape):
     compile/rows.py; and its gradient), beside the tick's messages (an
     activation and a gradient, which every op's loop carries; those
     received arrive after the tick's last op: without them a synchronous
-    step with remat was under-predicted by 4.8 % on the GPT 6x64 and 8.8 %
-    on the ResNet); after the scan, in their place, a synchronous
+    step with remat is under-predicted, the GPT 6x64's and the ResNet's);
+    after the scan, in their place, a synchronous
     step's update (`update_bytes`): the larger of the two;
   - an asynchronous step updates parameters and optimizer state at every
     tick: in the backward's op, beside its working set, where the update

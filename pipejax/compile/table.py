@@ -29,7 +29,6 @@ table_state.py's.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -58,7 +58,7 @@ def _copies(schedule: str, remat: str, stages: int) -> dict[str, list[int]]:
 
 
 def _compiled(schedule: str, remat: str, stages: int) -> tuple[str, pj.Pipeline]:
-    """The compiled step's text of the zoo GPT (2 layers) and its pipeline."""
+    """The compiled step's text of the zoo GPT (4 layers) and its pipeline."""
     tokens = jnp.zeros((2, 16), jnp.int32)
     pipe = pj.pipeline(pj.models.gpt(depth=2, width=32, heads=2, context=16),
                        loss=pj.losses.next_token, example=tokens, targets=tokens, stages=stages,
