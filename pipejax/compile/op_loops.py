@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 from jax import lax
 
 from pipejax.compile import messages
@@ -29,16 +28,13 @@ class OpLoops:
     layout: Layout
     busy: bool  # every op runs at every tick: no loops
 
-    def _run(self, pred: jax.Array, fn: Any, operands: Any, carry: Any) -> Any:
-        """`run_if`, or `fn` itself when every op runs at every tick (`busy`)."""
-        return fn(operands, carry) if self.busy else run_if(pred, fn, operands, carry)
-
     def _run_on_rings(self, op: Op, task: TickTask, fn: Any, operands: Any, carry: Any,
                       ops: Ops) -> tuple[Any, Ops]:
         """`fn(operands, carry, rings, mail, slots) -> (carry, rings, mail)`
         in the loop of `op`'s task, with the rings and the tick's messages
         (`ops.mail`: on, back) in its carry and `slots` the rows of the rings
-        the messages fill that `op` reads (`messages.reads`).
+        the messages fill that `op` reads (`messages.reads`); `fn` itself,
+        without a loop, when every op runs at every tick (`busy`).
 
         Every op's loop hands on both messages, so the sends follow the
         tick's last loop by data. Given to the exchange beside the loops,
@@ -63,5 +59,7 @@ class OpLoops:
             carry, rings, mail = fn(operands, carry, rings, mail, slots)
             return (carry, *lax.optimization_barrier((rings, mail)))
 
-        carry, rings, mail = self._run(task.real, body, operands, (carry, ops.rings, ops.mail))
+        state = (carry, ops.rings, ops.mail)
+        carry, rings, mail = (body(operands, state) if self.busy
+                              else run_if(task.real, body, operands, state))
         return carry, ops._replace(rings=rings, mail=mail)
