@@ -21,7 +21,8 @@ the largest stage: SPMD buffers have one shape):
     with remat, what the forward it replays keeps; without, its cotangents,
     the forward having written each residual into its ring row,
     compile/rows.py; and its gradient), beside the tick's messages (an
-    activation and a gradient, which every op's loop carries; those
+    activation and a gradient, or one buffer for both where a device sends
+    one message a tick, `Schedule.messages`, which every op's loop carries; those
     received arrive after the tick's last op: without them a synchronous
     step with remat is under-predicted, the GPT 6x64's and the ResNet's);
     after the scan, in their place, a synchronous
@@ -138,8 +139,10 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         if schedule.synchronous:
             out.update({"rings": moving + layout.kept_slots * kept, "gradient sum": gradient})
             # The tick's messages, which every op's loop carries: an activation and a
-            # gradient (those received arrive after the last op, the working set gone).
-            messages = act_in + act_out if build.K > 1 else 0
+            # gradient, or one buffer for both (those received arrive after the last
+            # op, the working set gone).
+            one = schedule.messages == 1
+            messages = (max(act_in, act_out) if one else act_in + act_out) if build.K > 1 else 0
             # A split stage's update is XLA's to partition: a copy of its weights instead.
             out.update({"working set and messages, or update": max(work + messages, update)}
                        if unsplit else

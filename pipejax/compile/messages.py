@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pipejax.compile.lanes import TickTask
@@ -103,35 +104,52 @@ def _moved(sends: list[tuple[tuple | None, Buffers]]) -> list[Buffers]:
     it stays). The leaves of one dtype that travel along equal pairs go in
     one buffer, one collective: a V's activations down and its gradients
     up share the pairs (k, k + 1), as do the other two ways; with a
-    collective each, a tick of zb-v ran four."""
+    collective each, a tick of zb-v ran four. A leaf that two payloads
+    share (one message buffer, `letter`) travels once."""
     out = [list(payload) for _, payload in sends]
     together: dict[tuple, list] = {}
     for i, (pairs, payload) in enumerate(sends):
         for n, leaf in enumerate(payload if pairs is not None else ()):
             together.setdefault((pairs, leaf.dtype), []).append((i, n, leaf))
     for (pairs, _), leaves in together.items():
-        if len(leaves) == 1:
-            i, n, leaf = leaves[0]
-            out[i][n] = lax.ppermute(leaf, AXIS, pairs)
-            continue
-        moved = lax.ppermute(jnp.concatenate([leaf.ravel() for *_, leaf in leaves]), AXIS, pairs)
-        at = 0
+        unique: list = []
+        for *_, leaf in leaves:
+            if not any(leaf is u for u in unique):
+                unique.append(leaf)
+        if len(unique) == 1:
+            moved = [lax.ppermute(unique[0], AXIS, pairs)]
+        else:
+            flat = lax.ppermute(jnp.concatenate([u.ravel() for u in unique]), AXIS, pairs)
+            ends = np.cumsum([0] + [u.size for u in unique])
+            moved = [flat[a:b].reshape(u.shape) for a, b, u in zip(ends, ends[1:], unique)]
         for i, n, leaf in leaves:
-            out[i][n] = moved[at:at + leaf.size].reshape(leaf.shape)
-            at += leaf.size
+            out[i][n] = moved[next(m for m, u in enumerate(unique) if u is leaf)]
     return [tuple(payload) for payload in out]
 
 
-def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array,
-             payloads: tuple[Buffers, Buffers],
+def letter(mail: tuple, way: int) -> Buffers:
+    """The tick's message `way` (0: on, 1: back) in `mail`, the buffers the
+    ops write and the exchange sends: one buffer serves both where a device
+    sends at most one message a tick (`Schedule.messages`)."""
+    return mail[min(way, len(mail) - 1)]
+
+
+def posted(mail: tuple, way: int, message: Buffers) -> tuple:
+    """`mail` with `message` written as its message `way`."""
+    at = min(way, len(mail) - 1)
+    return tuple(message if i == at else m for i, m in enumerate(mail))
+
+
+def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array, mail: tuple,
              sent_by: Callable[[jax.Array], tuple[TickTask, TickTask]]) -> Rings:
-    """Inside shard_map, on device k: send the forward's payload on and the
-    backward's back (`payloads`); file what arrives, under the receiver's
-    own chunk (j + 1's, j − 1's). `sent_by(device)`: the (forward, backward)
-    tasks whose messages that device sends at this tick."""
+    """Inside shard_map, on device k: send the forward's message on and the
+    backward's back (`mail`, `letter`); file what arrives, under the
+    receiver's own chunk (j + 1's, j − 1's). `sent_by(device)`: the
+    (forward, backward) tasks whose messages that device sends at this tick."""
     if placement.chunks == 1:  # one device, one chunk: no message
         return rings
-    ways = [(payloads[0], 1, lambda d: sent_by(d)[0]), (payloads[1], -1, lambda d: sent_by(d)[1])]
+    ways = [(letter(mail, 0), 1, lambda d: sent_by(d)[0]),
+            (letter(mail, 1), -1, lambda d: sent_by(d)[1])]
     routes = [[(pairs, payload, where) for pairs, where in _send(placement, k, step, by)]
               for payload, step, by in ways]
     moved = iter(_moved([(pairs, payload) for way in routes for pairs, payload, _ in way]))

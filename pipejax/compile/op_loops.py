@@ -3,7 +3,7 @@ messages, so that XLA updates both in place and sends after the last op.
 
 Each op of a tick (table.py, split_ops.py) runs in a loop of 0 or 1 trips
 (`spmd.run_if`, masked where the op is idle) that carries what every op
-hands on: the rings, which it reads and writes inside, and the tick's two
+hands on: the rings, which it reads and writes inside, and the tick's
 messages (`Ops.mail`), the one it writes or not. The exchange then files
 the messages into what the last loop returned and sends them.
 """
@@ -32,11 +32,11 @@ class OpLoops:
                       ops: Ops) -> tuple[Any, Ops]:
         """`fn(operands, carry, rings, mail, slots) -> (carry, rings, mail)`
         in the loop of `op`'s task, with the rings and the tick's messages
-        (`ops.mail`: on, back) in its carry and `slots` the rows of the rings
-        the messages fill that `op` reads (`messages.reads`); `fn` itself,
+        (`ops.mail`, `messages.letter`) in its carry and `slots` the rows of
+        the rings the messages fill that `op` reads (`messages.reads`); `fn` itself,
         without a loop, when every op runs at every tick (`busy`).
 
-        Every op's loop hands on both messages, so the sends follow the
+        Every op's loop hands on the messages, so the sends follow the
         tick's last loop by data. Given to the exchange beside the loops,
         each message left right after the loop that wrote it (XLA's
         schedule: F's loop, F's send, BW's loop, BW's send), and a device

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pipejax.compile import messages
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
@@ -50,8 +51,9 @@ class SplitBackwardOps:
         def input_grad(micro, w, rings, mail, slots):
             operands = (w, *slots, (rings.kept, rows[0]), micro, rows[1])
             bridge, back = self.code.groups.run(self.branches[Op.B], operands,
-                                                (rings.bridge, mail[1]), at=task.j)
-            return w, rings._replace(bridge=bridge), (mail[0], back)
+                                                (rings.bridge, messages.letter(mail, 1)),
+                                                at=task.j)
+            return w, rings._replace(bridge=bridge), messages.posted(mail, 1, back)
 
         w, ops = self._run_on_rings(Op.B, task, input_grad, self._inputs(task.g, task.j),
                                     self.weights(ops), ops)

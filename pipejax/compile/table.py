@@ -61,6 +61,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         self.code, self.layout, self.opts = build.code, build.layout, opts
         self.F, self.whole = build.F, whole
         self.placement, self.sync = build.placement, build.schedule.synchronous
+        self.messages = build.schedule.messages
         self.S = self.placement.chunks
         self.lanes = compiled_lanes(build.schedule)
         self.k = stage_index()
@@ -134,13 +135,15 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         return ((ops.p, ops.s, rings, ops.grad_sum, held, mail),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
-    def mail(self) -> tuple[Buffers, Buffers]:
-        """What the scan carries for the tick's two messages, on and back:
-        the buffers the last tick sent, which the ops write in place (a
-        message of no op is dropped by its receiver, whatever it holds).
-        Started from zeros at every tick, each message buffer was filled
-        anew: one activation-sized copy a tick on every table."""
-        return self.code.acts.zeros(), self.code.acts.zeros()
+    def mail(self) -> tuple[Buffers, ...]:
+        """What the scan carries for the tick's messages, on and back, one
+        buffer each, or one for both where a device sends at most one a
+        tick (`Schedule.messages`, `messages.letter`): the buffers the last
+        tick sent, which the ops write in place (a message of no op is
+        dropped by its receiver, whatever it holds). Started from zeros at
+        every tick, each message buffer was filled anew: one
+        activation-sized copy a tick on every table."""
+        return tuple(self.code.acts.zeros() for _ in range(self.messages))
 
     def _tasks(self, row: tuple, k: jax.Array) -> dict[Op, TickTask]:
         """Device k's task in each compiled lane at this tick (`row`)."""
@@ -181,11 +184,12 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             inputs, stash = args
             kept, on, loss = self.code.groups.run(self.branches[Op.F],
                                                   (w, slots[0], inputs, slot),
-                                                  (rings.kept, mail[0], loss), at=task.j)
+                                                  (rings.kept, messages.letter(mail, 0), loss),
+                                                  at=task.j)
             weights = tuple(b.at[slot].set(v) for b, v in zip(rings.weights, w if stash is None
                                                                else stash))
             return ((lax.optimization_barrier(w), loss),
-                    rings._replace(kept=kept, weights=weights), (on, mail[1]))
+                    rings._replace(kept=kept, weights=weights), messages.posted(mail, 0, on))
 
         first = ops.whole[0] if ops.whole else s.ahead if ahead else p
         (w, loss), ops = self._run_on_rings(Op.F, task, forward,
@@ -217,18 +221,19 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             args = (*slots, (rings.kept, slot), micro)
             if self.per_chunk:
                 carried, back = self.code.groups.run(self.branches[Op.BW], (w, *args),
-                                                     (carried, mail[1]), at=task.j)
-                return (p, s, carried, loss, skipped), rings, (mail[0], back)
+                                                     (carried, messages.letter(mail, 1)),
+                                                     at=task.j)
+                return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
             grads, back = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
-            return (p, s, carried, loss, skipped), rings, (mail[0], back)
+            return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 
         def both(micro, c, rings, mail, slots):
             p, s, carried, _, skipped = c
             w = ops.whole[0] if ops.whole else s.ahead if ahead else p
             loss, grads, back = branches.fused(self.code, w, slots[0], micro)
             p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
-            return (p, s, carried, loss, skipped), rings, (mail[0], back)
+            return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 
         carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), loss, jnp.int32(0))
         if self.separate:  # a slot exists: the table keeps residuals

@@ -44,5 +44,5 @@ class Ops(NamedTuple):
     s: OptState | tuple
     grad_sum: Any  # the step's gradient sum (synchronous), () otherwise
     rings: Rings  # carried through every op's loop: each reads its slots inside
-    mail: tuple[Buffers, Buffers]  # the tick's messages (on, back), through every op's loop too
+    mail: tuple[Buffers, ...]  # the tick's messages (messages.letter), through every op's loop
     whole: tuple = ()  # a sharded stage's gathered weights (the forward's, the backward's)

@@ -6,6 +6,9 @@ last op (`hlo.tick_order`)."""
 
 from __future__ import annotations
 
+import math
+import re
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -75,7 +78,8 @@ def test_a_v_tick_runs_two_collectives(schedule):
     payloads along equal pairs share one collective-permute, and which task
     sent them is read off the table, so a tick at K = 4 runs two, as a
     loop's does (four with a collective per way, more with the task's
-    scalars sent too)."""
+    scalars sent too). Each carries one message where a device sends one a
+    tick (zb-v), two where it sends a pair (DualPipeV)."""
     pipe = pj.pipeline(pj.models.mlp(depth=8, width=32), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((4, 40)), stages=4, microbatches=8, schedule=schedule)
     trainer = pipe.trainer(optax.sgd(0.1))
@@ -83,6 +87,10 @@ def test_a_v_tick_runs_two_collectives(schedule):
     batch = (jnp.zeros((32, 40)), jnp.zeros((32,), jnp.int32))
     text = trainer.step.lower(state, batch).compile().as_text()
     assert hlo.per_tick(text, pipe.schedule.ticks, "collective-permute") == {"tick": 2, "step": 0}
+    sent = re.findall(r"= f32\[([\d,]+)\]\S* collective-permute\(", text)
+    message = 4 * 32  # a micro-batch of 4 at width 32
+    assert [math.prod(map(int, dims.split(","))) for dims in sent] == [
+        pipe.schedule.messages * message] * 2
 
 
 _TICKS = """\

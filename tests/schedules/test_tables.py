@@ -9,6 +9,7 @@ from pipejax.placement import Placement
 from pipejax.schedules import (NONE, Schedule, bubble_fraction, gpipe, make_schedule, one_f_one_b,
                                pb, pipedream, plot, render, ring_capacities,
                                table_bubble_fraction)
+from pipejax.schedules.families import FAMILIES
 from pipejax.schedules.tasks import empty, from_lanes
 
 GRID = [(K, M) for K in (2, 4, 8) for M in (K, 2 * K, 4 * K)]
@@ -38,6 +39,18 @@ def test_fused_pairs_keep_no_residuals(build, K, M):
         assert (fused[:, -1] == (s.fwd[:, -1] != NONE)).all() and ring_capacities(s).residuals >= 1
     else:
         assert not fused.any()
+
+
+@pytest.mark.parametrize("name,K,sends", [("1f1b", 4, 1), ("zb-h1", 4, 1), ("zb-v", 4, 1),
+                                           ("dualpipev", 4, 2), ("dualpipev", 8, 1),
+                                           ("pb", 2, 2), ("pb", 1, 2)])
+def test_message_buffers_a_tick_writes(name, K, sends):
+    """PB's stages run a forward and a backward at every tick (at K = 2 the
+    first sends its forward's message alone, but its backward writes one
+    too) and DualPipeV pairs them at K = 4; the other tables run one of
+    them a device a tick (the executor then carries one buffer)."""
+    family = FAMILIES[name]
+    assert family.table(K, 8, family.search_virtual).messages == sends
 
 
 def _in_flight(s):
