@@ -21,9 +21,9 @@ the largest stage: SPMD buffers have one shape):
     with remat, what the forward it replays keeps; without, its cotangents,
     the forward having written each residual into its ring row,
     compile/rows.py; and its gradient), beside the tick's messages (an
-    activation and a gradient, or one buffer for both where a device sends
-    one message a tick, `Schedule.messages`, which every op's loop carries; those
-    received arrive after the tick's last op: without them a synchronous
+    activation and a gradient, or one buffer for both where no device runs
+    a forward and a backward at one tick, `Schedule.messages`, which every
+    op's loop carries; those received arrive after the tick's last op: without them a synchronous
     step with remat is under-predicted, the GPT 6x64's and the ResNet's);
     after the scan, in their place, a synchronous
     step's update (`update_bytes`): the larger of the two;

@@ -12,7 +12,8 @@ hold chunks j and j + 1, along the placement's routes (`Placement.routes`:
 the ring for a loop; down, up and the turn on one device for a V). A
 message carries its payload; the receiver reads off the table which task
 sent it (micro-batch, chunk, whether it ran) and files a valid one in its
-slot.
+slot: a buffer the ops share (`letter`) is filed as an input or a
+gradient as the sender's forward or backward ran.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def _moved(sends: list[tuple[tuple | None, Buffers]]) -> list[Buffers]:
 
 def letter(mail: tuple, way: int) -> Buffers:
     """The tick's message `way` (0: on, 1: back) in `mail`, the buffers the
-    ops write and the exchange sends: one buffer serves both where a device
-    sends at most one message a tick (`Schedule.messages`)."""
+    ops write and the exchange sends: one buffer serves both where no
+    device runs a forward and a backward at one tick (`Schedule.messages`)."""
     return mail[min(way, len(mail) - 1)]
 
 
