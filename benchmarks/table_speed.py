@@ -3,7 +3,9 @@
 Models: the zoo GPT (`pj.models.gpt(depth=14, width=128, heads=4,
 context=128)`: 16 layers, so that K = 8 with v = 2 has a layer per chunk;
 M = 8 micro-batches of 4 windows, AdamW) at K = 2, 4 and 8, and the MLP
-8x512 (M = 8 micro-batches of 32, AdamW) at K = 4. The GPT at K = 1 runs the
+8x512 (M = 8 micro-batches of 32, AdamW) at K = 4, and at width 8
+("tiny-4"), where the arithmetic is next to nothing and a step is its
+ticks' fixed cost (the "ms a tick" column). The GPT at K = 1 runs the
 tables that place one chunk a device: with neither a bubble nor ticks in
 lock step, what separates zero bubble from 1F1B there is the split's own
 cost. For each (model, K) a group of rows runs alternated
@@ -63,12 +65,12 @@ def _model(name: str):
         tokens = jnp.zeros((4, 128), jnp.int32)
         return (pj.models.gpt(depth=14, width=128, heads=4, context=128), pj.losses.next_token,
                 tokens, tokens)
-    return (pj.models.mlp(depth=8, width=512), pj.losses.cross_entropy, jnp.zeros((32, 40)),
-            jnp.zeros((32,), jnp.int32))
+    return (pj.models.mlp(depth=8, width=8 if name == "tiny" else 512), pj.losses.cross_entropy,
+            jnp.zeros((32, 40)), jnp.zeros((32,), jnp.int32))
 
 
 GROUPS = {"gpt-4": ("gpt", 4), "gpt-8": ("gpt", 8), "mlp-4": ("mlp", 4), "gpt-1": ("gpt", 1),
-          "gpt-2": ("gpt", 2)}
+          "gpt-2": ("gpt", 2), "tiny-4": ("tiny", 4)}
 
 
 def _batch(example, targets):
@@ -137,6 +139,11 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
     return rows
 
 
+def _ticks(row: dict) -> int:
+    """The ticks of a row's table."""
+    return FAMILIES[row["schedule"]].table(row["K"], M, row["v"]).ticks
+
+
 def tables() -> dict[str, str]:
     """The language-model page's tables, one per group: each row's step
     time, its ratio to 1F1B at the same remat and to the plain jit, the
@@ -150,7 +157,9 @@ def tables() -> dict[str, str]:
         rows = load(name)["rows"] if (RESULTS / f"{name}.json").exists() else []
         for group in GROUPS:
             lines = [{"table": r["schedule"] + (f" (v = {r['v']})" if r["v"] > 1 else ""),
-                      "remat": r["remat"], "ms": r["step_ms"], "× 1F1B": r["over_1f1b"],
+                      "remat": r["remat"], "ticks": _ticks(r), "ms": r["step_ms"],
+                      "ms a tick": round(r["step_ms"] / _ticks(r), 3),
+                      "× 1F1B": r["over_1f1b"],
                       "× plain jit": r["over_plain"], "GB a step": r["gb_step"],
                       "temp MB": r["temp_mb"],
                       "copies a tick (MB)": f"{r['tick_copies']} ({r['tick_copy_mb']})",
