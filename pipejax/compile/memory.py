@@ -23,10 +23,10 @@ the largest stage: SPMD buffers have one shape):
     compile/rows.py; and its gradient), beside the tick's messages (an
     activation and a gradient, or one buffer for both where no device runs
     a forward and a backward at one tick, `Schedule.messages`, which every
-    op's loop carries; those received arrive after the tick's last op: without them a synchronous
-    step with remat is under-predicted, the GPT 6x64's and the ResNet's);
-    after the scan, in their place, a synchronous
-    step's update (`update_bytes`): the larger of the two;
+    op's loop carries; those received arrive after the tick's last op:
+    without them a synchronous step with remat is under-predicted, the GPT
+    6x64's and the ResNet's); after the scan, in their place, a
+    synchronous step's update (`update_bytes`): the larger of the two;
   - an asynchronous step updates parameters and optimizer state at every
     tick: in the backward's op, beside its working set, where the update
     has no collectives (`update_bytes`; counting the update's result beside

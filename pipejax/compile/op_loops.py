@@ -33,8 +33,9 @@ class OpLoops:
         """`fn(operands, carry, rings, mail, slots) -> (carry, rings, mail)`
         in the loop of `op`'s task, with the rings and the tick's messages
         (`ops.mail`, `messages.letter`) in its carry and `slots` the rows of
-        the rings the messages fill that `op` reads (`messages.reads`); `fn` itself,
-        without a loop, when every op runs at every tick (`busy`).
+        the rings the messages fill that `op` reads (`messages.reads`);
+        `fn` itself, without a loop, when every op runs at every tick
+        (`busy`).
 
         Every op's loop hands on the messages, so the sends follow the
         tick's last loop by data. Given to the exchange beside the loops,

@@ -138,10 +138,10 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
     def mail(self) -> tuple[Buffers, ...]:
         """What the scan carries for the tick's messages, on and back, one
         buffer each, or one for both where no device runs a forward and a
-        backward at one tick (`Schedule.messages`, `messages.letter`): the buffers the last
-        tick sent, which the ops write in place (a message of no op is
-        dropped by its receiver, whatever it holds). Started from zeros at
-        every tick, each message buffer was filled anew: one
+        backward at one tick (`Schedule.messages`, `messages.letter`): the
+        buffers the last tick sent, which the ops write in place (a message
+        of no op is dropped by its receiver, whatever it holds). Started
+        from zeros at every tick, each message buffer was filled anew: one
         activation-sized copy a tick on every table."""
         return tuple(self.code.acts.zeros() for _ in range(self.messages))
 

@@ -126,10 +126,10 @@ class Schedule:
         """The message buffers a device's ops write at one tick: 1 where no
         device runs a forward and a backward (B or BW) at the same tick
         (every family at K > 1 but PB and DualPipeV's pairs; at K = 1 the
-        fused pairs, which send nothing), else 2. An op writes
-        its message whether it goes anywhere or not (the last chunk's
-        forward, the first chunk's backward), so two ops of one tick never
-        share a buffer. The executor carries that many (table.py); one
+        fused pairs, which send nothing), else 2. An op writes its message
+        whether it goes anywhere or not (the last chunk's forward, the
+        first chunk's backward), so two ops of one tick never share a
+        buffer. The executor carries that many (table.py); one
         buffer goes along each route once, where a V's two go down and up
         together (a message takes the route of its chunk)."""
         return 2 if ((self.fwd != NONE) & (self.bwd != NONE)).any() else 1
