@@ -139,9 +139,16 @@ def group(name: str, repeats: int, tables: list[str], remats: tuple[str, ...]) -
     return rows
 
 
-def _ticks(row: dict) -> int:
-    """The ticks of a row's table."""
-    return FAMILIES[row["schedule"]].table(row["K"], M, row["v"]).ticks
+def _line(row: dict) -> dict:
+    """A row as the page's table shows it, with its table's ticks."""
+    ticks = FAMILIES[row["schedule"]].table(row["K"], M, row["v"]).ticks
+    return {"table": row["schedule"] + (f" (v = {row['v']})" if row["v"] > 1 else ""),
+            "remat": row["remat"], "ticks": ticks, "ms": row["step_ms"],
+            "ms a tick": round(row["step_ms"] / ticks, 3), "× 1F1B": row["over_1f1b"],
+            "× plain jit": row["over_plain"], "GB a step": row["gb_step"],
+            "temp MB": row["temp_mb"],
+            "copies a tick (MB)": f"{row['tick_copies']} ({row['tick_copy_mb']})",
+            "copies in loops (MB)": f"{row['loops_copies']} ({row['loops_copy_mb']})"}
 
 
 def tables() -> dict[str, str]:
@@ -156,15 +163,7 @@ def tables() -> dict[str, str]:
     for suffix, name in (("", "table_speed"), ("_one_core", "table_speed_one_core")):
         rows = load(name)["rows"] if (RESULTS / f"{name}.json").exists() else []
         for group in GROUPS:
-            lines = [{"table": r["schedule"] + (f" (v = {r['v']})" if r["v"] > 1 else ""),
-                      "remat": r["remat"], "ticks": _ticks(r), "ms": r["step_ms"],
-                      "ms a tick": round(r["step_ms"] / _ticks(r), 3),
-                      "× 1F1B": r["over_1f1b"],
-                      "× plain jit": r["over_plain"], "GB a step": r["gb_step"],
-                      "temp MB": r["temp_mb"],
-                      "copies a tick (MB)": f"{r['tick_copies']} ({r['tick_copy_mb']})",
-                      "copies in loops (MB)": f"{r['loops_copies']} ({r['loops_copy_mb']})"}
-                     for r in rows if r["group"] == group]
+            lines = [_line(r) for r in rows if r["group"] == group]
             out[group.replace("-", "_") + suffix] = markdown(lines) if lines else ""
     return out
 

@@ -28,7 +28,7 @@ from pipejax.layers.ties import leaf_ties
 from pipejax.mesh import shards, stage_mesh
 from pipejax.partition import make_plan
 from pipejax.schedules import Schedule, capacities, make_schedule, placement_for
-from pipejax.trace import LayerSpec, trace, trace_loss
+from pipejax.trace import trace, trace_loss
 from pipejax.trainer import Trainer
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer

@@ -98,9 +98,8 @@ def xla_flops(lowered: Any) -> float | None:
     """The operations of a lowered program by XLA's cost analysis: FLOPs plus
     transcendentals (XLA leaves out a count that is zero: a reshape has none,
     tanh only transcendentals); None when XLA gives no analysis at all."""
-    analysis = _first(lowered.cost_analysis())
-    if not analysis:  # some backends (GPU) analyse only the compiled program
-        analysis = _first(lowered.compile().cost_analysis())
+    # Some backends (GPU) analyse only the compiled program.
+    analysis = cost_analysis(lowered) or cost_analysis(lowered.compile())
     if not analysis:
         return None
     total = float(analysis.get("flops", 0.0)) + float(analysis.get("transcendentals", 0.0))
@@ -109,15 +108,11 @@ def xla_flops(lowered: Any) -> float | None:
 
 def cost_analysis(program: Any) -> dict:
     """XLA's cost analysis of a lowered or compiled program as one dict
-    (empty where XLA gives none)."""
-    return _first(program.cost_analysis()) or {}
-
-
-def _first(analysis: Any) -> dict | None:
-    """A cost analysis as one dict (older jax returns one per device)."""
+    (older jax returns one per device; empty where XLA gives none)."""
+    analysis = program.cost_analysis()
     if isinstance(analysis, (list, tuple)):
-        return analysis[0] if analysis else None
-    return analysis
+        analysis = analysis[0] if analysis else None
+    return analysis or {}
 
 
 def _reads_key(jaxpr: Any) -> bool:

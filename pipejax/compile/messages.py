@@ -113,18 +113,16 @@ def _moved(sends: list[tuple[tuple | None, Buffers]]) -> list[Buffers]:
         for n, leaf in enumerate(payload if pairs is not None else ()):
             together.setdefault((pairs, leaf.dtype), []).append((i, n, leaf))
     for (pairs, _), leaves in together.items():
-        unique: list = []
-        for *_, leaf in leaves:
-            if not any(leaf is u for u in unique):
-                unique.append(leaf)
+        unique = list({id(leaf): leaf for *_, leaf in leaves}.values())
         if len(unique) == 1:
             moved = [lax.ppermute(unique[0], AXIS, pairs)]
         else:
             flat = lax.ppermute(jnp.concatenate([u.ravel() for u in unique]), AXIS, pairs)
             ends = np.cumsum([0] + [u.size for u in unique])
             moved = [flat[a:b].reshape(u.shape) for a, b, u in zip(ends, ends[1:], unique)]
+        by_id = {id(u): m for u, m in zip(unique, moved)}
         for i, n, leaf in leaves:
-            out[i][n] = moved[next(m for m, u in enumerate(unique) if u is leaf)]
+            out[i][n] = by_id[id(leaf)]
     return [tuple(payload) for payload in out]
 
 
@@ -132,13 +130,17 @@ def letter(mail: tuple, way: int) -> Buffers:
     """The tick's message `way` (0: on, 1: back) in `mail`, the buffers the
     ops write and the exchange sends: one buffer serves both where no
     device runs a forward and a backward at one tick (`Schedule.messages`)."""
-    return mail[min(way, len(mail) - 1)]
+    return mail[_box(mail, way)]
 
 
 def posted(mail: tuple, way: int, message: Buffers) -> tuple:
     """`mail` with `message` written as its message `way`."""
-    at = min(way, len(mail) - 1)
-    return tuple(message if i == at else m for i, m in enumerate(mail))
+    return tuple(message if i == _box(mail, way) else m for i, m in enumerate(mail))
+
+
+def _box(mail: tuple, way: int) -> int:
+    """The buffer of `mail` that holds message `way`."""
+    return min(way, len(mail) - 1)
 
 
 def exchange(rings: Rings, layout: Layout, placement: Placement, k: jax.Array, mail: tuple,
