@@ -11,8 +11,9 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     tick, the slowest device's ops at their FLOPs over `device_flops` and the bytes
     they write to and read from the rings (kept residuals, zero bubble's
     bridge) over `memory_bandwidth` (`step_costs.ring_costs`), plus the
-    tick's two boundary messages over `link_bandwidth`, plus a fixed
-    `tick_seconds`; a data-parallel mean of the gradients over the link
+    messages over `link_bandwidth` (each collective the table runs,
+    `messages.carried`, sends the tick's message buffers), plus a fixed
+    `tick_seconds` a tick; a data-parallel mean of the gradients over the link
     once a step (synchronous) or once a tick (asynchronous); a sharded
     stage's gather of its weights and scatter of their gradients over the
     link, (F − 1)/F of the stage's parameter bytes each, where the step
@@ -46,6 +47,7 @@ import optax
 
 from pipejax.bench.op_costs import busy_ticks
 from pipejax.compile.memory import estimate
+from pipejax.compile.messages import carried
 from pipejax.errors import ConfigError, DeviceError, LayerError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
@@ -212,10 +214,11 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
         costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)
     moved = ring_costs(pipe, device_flops / memory_bandwidth)
     costs = {op: cost + moved[op] for op, cost in costs.items()}
-    message = 2 * pipe.layout.acts.slot_bytes() / link_bandwidth if pipe.K > 1 else 0.0
+    sends = int(carried(schedule).sum()) * schedule.messages  # buffers sent, collectives run
+    message = sends * pipe.layout.acts.slot_bytes() / link_bandwidth
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
     shared = None if host_flops is None else host_flops / (R * F * T)  # all devices share it
-    step = step_seconds(schedule, costs, device_flops, message + tick_seconds, shared)
+    step = step_seconds(schedule, costs, device_flops, tick_seconds, shared) + message
     step += allreduce * (schedule.ticks if schedule.asynchronous else 1)
     if F > 1:  # gathers and scatters of the whole stage, (F − 1)/F of it over the link each
         once = (F - 1) * params / link_bandwidth

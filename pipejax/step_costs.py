@@ -79,7 +79,7 @@ def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick:
     """Seconds of the table's ticks in lock step: per tick the slowest
     device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
     at least every op of the table over `host_flops` when the devices share
-    one processor, plus `per_tick` a tick (messages and its fixed cost)."""
+    one processor, plus `per_tick` a tick (its fixed cost)."""
     compute = critical_path(schedule, costs) / device_flops
     if host_flops is not None:
         compute = max(compute, executed(schedule, costs) / host_flops)

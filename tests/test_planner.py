@@ -10,6 +10,7 @@ import pipejax as pj
 from pipejax import planner, step_costs
 from pipejax.bench import peak_bytes
 from pipejax.bench.op_costs import op_counts
+from pipejax.compile.messages import carried
 from pipejax.compile.tensor import split_parts
 
 
@@ -244,3 +245,21 @@ def test_bad_settings_name_themselves(settings, message):
         planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((40,)), devices=4, batch=32, microbatches=[4],
                        remat=["stage"], **settings)
+
+
+def test_messages_cost_the_collectives_the_table_runs():
+    """At 1 byte/s over the link and nothing else costed, a step is its
+    messages: each collective the table runs (`messages.carried`) sends the
+    tick's message buffers, one under GPipe and 1F1B, two under DualPipeV,
+    whose devices pair a forward and a backward at one tick."""
+    layers = pj.models.mlp(depth=8, width=64)
+    found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
+                           devices=4, batch=32, stages=[4],
+                           schedules=["gpipe", "1f1b", "dualpipev"], microbatches=[8], remat=["stage"], device_flops=1e30,
+                           memory_bandwidth=1e30, tick_seconds=0.0, link_bandwidth=1.0)
+    assert {c.schedule for c in found} == {"gpipe", "1f1b", "dualpipev"}
+    for c in found:
+        pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 40)),
+                           stages=4, microbatches=8, schedule=c.schedule, virtual=c.virtual)
+        sends = carried(pipe.schedule).sum() * (2 if c.schedule == "dualpipev" else 1)
+        assert c.step_seconds == pytest.approx(sends * pipe.layout.acts.slot_bytes(), rel=1e-6)

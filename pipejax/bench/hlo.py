@@ -69,12 +69,23 @@ def tick_body(comps: dict[str, str], ticks: int) -> str:
 
 
 def tick_order(text: str, ticks: int) -> list[str]:
-    """The ops' loops ("loop") and the sends ("send": collective-permutes)
-    of the tick's body in the order the compiled step runs them (a
-    scheduled module lists a computation's instructions in that order)."""
+    """The ops' loops ("loop") and the sends ("send": collective-permutes,
+    or the conditionals that run one at the ticks that send) of the tick's
+    body in the order the compiled step runs them (a scheduled module lists
+    a computation's instructions in that order)."""
     comps = computations(text)
-    found = re.findall(r" (while|collective-permute)(?:-start)?\(", comps[tick_body(comps, ticks)])
-    return ["loop" if kind == "while" else "send" for kind in found]
+    order = []
+    for line in comps[tick_body(comps, ticks)].splitlines():
+        kind = re.search(r" (while|collective-permute|conditional)(?:-start)?\(", line)
+        if kind is None:
+            continue
+        called = [n for one, many in CALLED.findall(line)
+                  for n in ([one] if one else [m.strip().lstrip("%") for m in many.split(",")])]
+        sends = kind.group(1) == "collective-permute" or any(
+            "collective-permute" in comps[n] for c in called for n in reachable(comps, c))
+        if kind.group(1) == "while" or sends:
+            order.append("loop" if kind.group(1) == "while" else "send")
+    return order
 
 
 def nbytes(dtype: str, dims: str) -> int:

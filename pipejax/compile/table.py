@@ -102,8 +102,9 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         key = jax.random.fold_in(self.key, g) if self.random else self.key
         return pick(self.x), pick(self.y), key, first
 
-    def __call__(self, carry: tuple, row: tuple) -> tuple:
+    def __call__(self, carry: tuple, xs: tuple) -> tuple:
         p, s, rings, grad_sum, held, mail = carry
+        row, busy = xs  # the tick's lanes, and which collectives carry a message
         tasks = self._tasks(row, self.k)
         runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
         fused = None
@@ -127,7 +128,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             else:
                 ops = self._weight_grad(runs[op], ops)
         rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, ops.mail,
-                                  lambda k: self._senders(row, k))
+                                  messages.Sends(lambda k: self._senders(row, k), busy))
         f = tasks[Op.F]
         last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
         held = ops.whole[:len(held)] if held else ()
@@ -265,7 +266,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, grad_sum, *_), (losses, done, skipped) = lax.scan(
         tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held(), tick.mail()),
-        lane_rows(schedule, tick.lanes))
+        (lane_rows(schedule, tick.lanes), jnp.asarray(messages.carried(schedule))))
     if whole is not None:
         grad_sum = fsdp.scatter(grad_sum, build.F, build.code.params)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
