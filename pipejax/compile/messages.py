@@ -115,10 +115,11 @@ def carried(schedule: Schedule) -> np.ndarray:
     """`[ticks, len(collectives)]`: whether some device's forward or
     backward (B, BW) at tick t sends a message along that collective's
     pairs, read off the table (so every device runs the same collectives).
-    A collective costs a rendezvous of the devices whatever it carries:
-    running only these took 1F1B's tick from 0.145 to 0.122 ms and zb-v's
-    from 0.113 to 0.099 (MLP of width 8, K = 4, M = 8, 2 cores), where
-    10 of 1F1B's 22 ticks and 26 of zb-v's 51 send one way only."""
+    A collective costs a rendezvous of the devices whatever it carries, on
+    simulated CPU devices most of a tick's fixed cost (`table_speed.py
+    --group tiny-4`), and 10 of 1F1B's 22 ticks and 26 of zb-v's 51 send
+    one way only (K = 4, M = 8): running only these took an eighth off
+    either's tiny step, alternated in one process."""
     placement = schedule.placement
     K, S = placement.stages, placement.chunks
     index = {pairs: n for n, pairs in enumerate(collectives(placement))}
