@@ -12,9 +12,10 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     they write to and read from the rings (kept residuals, zero bubble's
     bridge) over `memory_bandwidth` (`step_costs.ring_costs`), plus the
     messages over `link_bandwidth` (each collective the table runs,
-    `messages.carried`, sends the tick's message buffers), plus a fixed
-    `tick_seconds` a tick; a data-parallel mean of the gradients over the link
-    once a step (synchronous) or once a tick (asynchronous); a sharded
+    `messages.carried`, sends its message buffers, `messages.buffers`),
+    plus a fixed `tick_seconds` a tick; a data-parallel mean of the
+    gradients over the link once a step (synchronous) or once a tick
+    (asynchronous); a sharded
     stage's gather of its weights and scatter of their gradients over the
     link, (F − 1)/F of the stage's parameter bytes each, where the step
     gathers (once, or at every tick: compile/fsdp.py); a stage split over
@@ -47,7 +48,7 @@ import optax
 
 from pipejax.bench.op_costs import busy_ticks
 from pipejax.compile.memory import estimate
-from pipejax.compile.messages import carried
+from pipejax.compile.messages import buffers, carried
 from pipejax.errors import ConfigError, DeviceError, LayerError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
@@ -214,7 +215,7 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
         costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)
     moved = ring_costs(pipe, device_flops / memory_bandwidth)
     costs = {op: cost + moved[op] for op, cost in costs.items()}
-    sends = int(carried(schedule).sum()) * schedule.messages  # buffers sent, collectives run
+    sends = int((carried(schedule) * buffers(schedule)).sum())  # buffers the collectives send
     message = sends * pipe.layout.acts.slot_bytes() / link_bandwidth
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0
     shared = None if host_flops is None else host_flops / (R * F * T)  # all devices share it

@@ -249,17 +249,24 @@ def test_bad_settings_name_themselves(settings, message):
 
 def test_messages_cost_the_collectives_the_table_runs():
     """At 1 byte/s over the link and nothing else costed, a step is its
-    messages: each collective the table runs (`messages.carried`) sends the
-    tick's message buffers, one under GPipe and 1F1B, two under DualPipeV,
-    whose devices pair a forward and a backward at one tick."""
+    messages: each collective the table runs (`messages.carried`) sends its
+    buffers (`messages.buffers`, checked against the compiled step's
+    collective-permutes in test_ring_copies.py): one under GPipe, 1F1B and
+    PB, whose on and back take different pairs, two under DualPipeV, whose
+    devices pair a forward and a backward at one tick on pairs that carry
+    both ways. The ticks GPipe sends nothing one way cost nothing."""
     layers = pj.models.mlp(depth=8, width=64)
+    names = ["gpipe", "1f1b", "dualpipev", "pb"]
     found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
-                           devices=4, batch=32, stages=[4],
-                           schedules=["gpipe", "1f1b", "dualpipev"], microbatches=[8], remat=["stage"], device_flops=1e30,
-                           memory_bandwidth=1e30, tick_seconds=0.0, link_bandwidth=1.0)
-    assert {c.schedule for c in found} == {"gpipe", "1f1b", "dualpipev"}
+                           devices=4, batch=32, stages=[4], schedules=names, microbatches=[8],
+                           remat=["stage"], device_flops=1e30, memory_bandwidth=1e30,
+                           tick_seconds=0.0, link_bandwidth=1.0)
+    assert {c.schedule for c in found} == set(names)
     for c in found:
         pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 40)),
                            stages=4, microbatches=8, schedule=c.schedule, virtual=c.virtual)
-        sends = carried(pipe.schedule).sum() * (2 if c.schedule == "dualpipev" else 1)
+        per_tick = {"gpipe": 1, "1f1b": 1, "pb": 1, "dualpipev": 2}[c.schedule]
+        sends = carried(pipe.schedule).sum() * per_tick
         assert c.step_seconds == pytest.approx(sends * pipe.layout.acts.slot_bytes(), rel=1e-6)
+        if c.schedule == "gpipe":  # M + K − 2 ticks send on, as many back, of 2(M + K − 1)
+            assert sends == 2 * (8 + 4 - 2)

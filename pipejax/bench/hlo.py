@@ -56,9 +56,14 @@ def reachable(comps: dict[str, str], root: str, branches: bool = True) -> set[st
         if not branches:
             todo += [n for pair in LOOPS.findall(comps[name]) for n in pair if n]
             continue
-        for one, many in CALLED.findall(comps[name]):
-            todo += [one] if one else [n.strip().lstrip("%") for n in many.split(",")]
+        todo += called(comps[name])
     return seen
+
+
+def called(text: str) -> list[str]:
+    """The computations an instruction (or a computation's text) calls."""
+    return [n for one, many in CALLED.findall(text)
+            for n in ([one] if one else [m.strip().lstrip("%") for m in many.split(",")])]
 
 
 def tick_body(comps: dict[str, str], ticks: int) -> str:
@@ -79,10 +84,8 @@ def tick_order(text: str, ticks: int) -> list[str]:
         kind = re.search(r" (while|collective-permute|conditional)(?:-start)?\(", line)
         if kind is None:
             continue
-        called = [n for one, many in CALLED.findall(line)
-                  for n in ([one] if one else [m.strip().lstrip("%") for m in many.split(",")])]
         sends = kind.group(1) == "collective-permute" or any(
-            "collective-permute" in comps[n] for c in called for n in reachable(comps, c))
+            "collective-permute" in comps[n] for c in called(line) for n in reachable(comps, c))
         if kind.group(1) == "while" or sends:
             order.append("loop" if kind.group(1) == "while" else "send")
     return order

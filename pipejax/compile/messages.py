@@ -118,11 +118,10 @@ def carried(schedule: Schedule) -> np.ndarray:
     A collective costs a rendezvous of the devices whatever it carries, on
     simulated CPU devices most of a tick's fixed cost (`table_speed.py
     --group tiny-4`), and 10 of 1F1B's 22 ticks and 26 of zb-v's 51 send
-    one way only (K = 4, M = 8): running only these took an eighth off
-    either's tiny step, alternated in one process."""
+    one way only (K = 4, M = 8)."""
     placement = schedule.placement
     K, S = placement.stages, placement.chunks
-    index = {pairs: n for n, pairs in enumerate(collectives(placement))}
+    index = collectives(placement)
     out = np.zeros((schedule.ticks, len(index)), bool)
     k = np.arange(K)
     for step, ops in ((1, (Op.F,)), (-1, BACKWARD)):
@@ -131,8 +130,19 @@ def carried(schedule: Schedule) -> np.ndarray:
         shift = (placement.device(np.clip(target, 0, S - 1)) - k) % K
         for route in placement.routes(step):
             if route.shift != 0:
-                out[:, index[tuple(route.pairs)]] |= (sends & (shift == route.shift)).any(1)
+                out[:, index.index(tuple(route.pairs))] |= (sends & (shift == route.shift)).any(1)
     return out
+
+
+def buffers(schedule: Schedule) -> np.ndarray:
+    """Per collective (`collectives`), the message buffers it sends: one
+    for each way (on, back) with a route along its pairs (a V's down and
+    up carry both ways), but one in all where the ops share a buffer
+    (`Schedule.messages`), which travels once."""
+    placement = schedule.placement
+    ways = [{tuple(r.pairs) for r in placement.routes(step) if r.shift != 0} for step in (1, -1)]
+    return np.array([min(schedule.messages, sum(pairs in way for way in ways))
+                     for pairs in collectives(placement)], np.int64)
 
 
 def _moved(sends: list[tuple[tuple | None, Buffers]], busy: jax.Array,
@@ -145,8 +155,8 @@ def _moved(sends: list[tuple[tuple | None, Buffers]], busy: jax.Array,
     pairs (k, k + 1), as do the other two ways; with a collective each, a
     tick of zb-v ran four. A leaf that two payloads share (one message
     buffer, `letter`) travels once."""
-    index = {pairs: n for n, pairs in enumerate(collectives(placement))}
-    permute = lambda x, pairs: lax.cond(busy[index[pairs]],
+    index = collectives(placement)
+    permute = lambda x, pairs: lax.cond(busy[index.index(pairs)],
                                         lambda x: lax.ppermute(x, AXIS, pairs), jnp.zeros_like, x)
     out = [list(payload) for _, payload in sends]
     together: dict[tuple, list] = {}

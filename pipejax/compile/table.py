@@ -6,8 +6,10 @@ dispatched on their op (`Op.F`: the forward, `Op.BW`: the fused backward,
 0 or 1 trips, masked when the task is idle or its micro-batch does not
 exist) on the task's virtual stage j (`Placement`), a branch of the stage switch
 (branches.py); then all devices exchange activations and gradients outside
-the switch (messages.py: collectives never sit in a branch), after the
-tick's last op (op_loops.py: every op's loop hands the messages on).
+the switch (messages.py: collectives never sit in its branches; each runs
+in a conditional every device takes alike, at the ticks the table sends
+along its pairs), after the tick's last op (op_loops.py: every op's loop
+hands the messages on).
 What a backward does with its gradient is chosen once per program
 (gradients.py): a synchronous table sums it; an asynchronous one applies
 the stage's optimizer at once, inside the op, or, when the update runs

@@ -16,6 +16,7 @@ import pytest
 
 import pipejax as pj
 from pipejax.bench import hlo
+from pipejax.compile.messages import buffers
 from pipejax.schedules import FAMILIES
 from tests.cases import fast_and_slow
 
@@ -72,14 +73,16 @@ def _compiled(schedule: str, remat: str, stages: int) -> tuple[str, pj.Pipeline]
     return trainer.step.lower(state, batch).compile().as_text(), pipe
 
 
-@pytest.mark.parametrize("schedule", fast_and_slow(["zb-v", "dualpipev"], ["zb-v"]))
-def test_a_v_tick_runs_two_collectives(schedule):
+@pytest.mark.parametrize("schedule", fast_and_slow(["zb-v", "dualpipev", "pb"], ["zb-v"]))
+def test_a_tick_runs_two_collectives_of_the_buffers_it_sends(schedule):
     """A V's messages go down, up and round the turn, both ways: the
     payloads along equal pairs share one collective-permute, and which task
     sent them is read off the table, so a tick at K = 4 runs two, as a
     loop's does (four with a collective per way, more with the task's
     scalars sent too). Each carries one message where a device sends one a
-    tick (zb-v), two where it sends a pair (DualPipeV)."""
+    tick (zb-v), two where it sends a pair (DualPipeV), one along each of a
+    loop's ways (PB, which sends a pair): what `messages.buffers` says and
+    the planner charges."""
     pipe = pj.pipeline(pj.models.mlp(depth=8, width=32), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((4, 40)), stages=4, microbatches=8, schedule=schedule)
     trainer = pipe.trainer(optax.sgd(0.1))
@@ -89,8 +92,10 @@ def test_a_v_tick_runs_two_collectives(schedule):
     assert hlo.per_tick(text, pipe.schedule.ticks, "collective-permute") == {"tick": 2, "step": 0}
     sent = re.findall(r"= \(?f32\[([\d,]+)\][^=]*? collective-permute(?:-start)?\(", text)
     message = 4 * 32  # a micro-batch of 4 at width 32
+    expected = {"zb-v": [1, 1], "dualpipev": [2, 2], "pb": [1, 1]}[schedule]
+    assert buffers(pipe.schedule).tolist() == expected
     assert [math.prod(map(int, dims.split(","))) for dims in sent] == [
-        pipe.schedule.messages * message] * 2
+        n * message for n in expected]
 
 
 _TICKS = """\
