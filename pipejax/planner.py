@@ -15,10 +15,10 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     `messages.carried`, sends its message buffers, `messages.buffers`),
     plus a fixed `tick_seconds` a tick; a data-parallel mean of the
     gradients over the link once a step (synchronous) or once a tick
-    (asynchronous); a sharded
-    stage's gather of its weights and scatter of their gradients over the
-    link, (F − 1)/F of the stage's parameter bytes each, where the step
-    gathers (once, or at every tick: compile/fsdp.py); a stage split over
+    (asynchronous); a sharded stage's gather of its weights and scatter
+    of their gradients over the link, (F − 1)/F of the stage's parameter
+    bytes each, where the step gathers (once, or at every tick:
+    compile/fsdp.py); a stage split over
     T tensor devices: the split share of its FLOPs over T, and an
     all-reduce of activations for each matrix that takes a split input,
     forward and backward (`step_costs.split_costs`). Devices that
