@@ -111,16 +111,20 @@ class Placement:
             return j // self.stages - (k == 0)
         return (j - 1) // self.stages
 
+    def shift(self, j: Any, step: int) -> Any:
+        """How many devices on (mod K) chunk j + `step` sits from chunk j:
+        the route a message between them takes (ints or arrays)."""
+        return (self.device(j + step) - self.device(j)) % self.stages
+
     def routes(self, step: int) -> list[Route]:
         """The ways messages from chunk j to chunk j + `step` (1: activations
         on, −1: gradients back) travel, one per device shift: each a set of
         (source, destination) pairs that `lax.ppermute` can run at once
         (shift 0: the message stays on its device). The loop has one route,
         the ring; a V three (down, the turn, up), at K = 2 two."""
-        K, by = self.stages, {}
+        by = {}
         for j in range(max(0, -step), self.chunks - max(0, step)):
-            src, dst = self.device(j), self.device(j + step)
-            by.setdefault((dst - src) % K, set()).add((src, dst))
+            by.setdefault(self.shift(j, step), set()).add((self.device(j), self.device(j + step)))
         return [Route(shift, sorted(pairs)) for shift, pairs in sorted(by.items())]
 
     def per_device(self, a: np.ndarray) -> np.ndarray:

@@ -74,7 +74,7 @@ def _deliver(placement: Placement, sender: jax.Array, task: TickTask, step: int,
              placement.previous_local(task.j, sender))
     valid = task.real & (target >= 0) & (target < placement.chunks)
     if shift is not None:
-        valid = valid & ((placement.device(target) - sender) % placement.stages == shift)
+        valid = valid & (placement.shift(task.j, step) == shift)
     return task.g, local, valid
 
 
@@ -125,9 +125,9 @@ def carried(schedule: Schedule) -> np.ndarray:
     out = np.zeros((schedule.ticks, len(index)), bool)
     k = np.arange(K)
     for step, ops in ((1, (Op.F,)), (-1, BACKWARD)):
-        target = placement.chunk(k, schedule.cells(ops, 2)) + step
-        sends = (schedule.cells(ops) != NONE) & (target >= 0) & (target < S)
-        shift = (placement.device(np.clip(target, 0, S - 1)) - k) % K
+        j = placement.chunk(k, schedule.cells(ops, 2))
+        sends = (schedule.cells(ops) != NONE) & (j + step >= 0) & (j + step < S)
+        shift = placement.shift(j, step)
         for route in placement.routes(step):
             if route.shift != 0:
                 out[:, index.index(tuple(route.pairs))] |= (sends & (shift == route.shift)).any(1)
