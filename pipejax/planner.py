@@ -209,7 +209,7 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
     code = pipe.build.code
     share = w_shares(code, flops) if code.splits else None
-    costs = op_costs(flops, rm != "none", bool(schedule.fused.any()), share)
+    costs = op_costs(flops, rm != "none", bool(schedule.fused.any()), share, code.deferred)
     params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.parts
     if T > 1:
         costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)

@@ -19,9 +19,9 @@ from typing import Callable
 import jax
 import numpy as np
 
-from pipejax.compile import branches
+from pipejax.compile.metrics import last_stage_cells
 from pipejax.compile.stages import StageCode
-from pipejax.schedules import Op, Schedule
+from pipejax.schedules import NONE, Op, Schedule
 from pipejax.trace import cost_analysis
 
 
@@ -57,17 +57,25 @@ def op_counts(code: StageCode, measure: str = "flops") -> dict[Op, list[float]]:
 
 def step_count(schedule: Schedule, code: StageCode, measure: str = "flops") -> float:
     """XLA's `measure` of a step over all its devices: every task of the
-    table at its op's count compiled alone (`op_counts`), a pair the table
-    fuses on the last stage (`Schedule.fused`) at the count of its one vjp,
-    which keeps nothing (`pipejax.compile.branches.pair`)."""
+    table at its op's count compiled alone (`op_counts`), and a last
+    stage's forward and backward that run as one vjp (compile/last_stage.py:
+    a pair the table fuses, `Schedule.fused`, or every backward there that
+    runs its forward, `code.deferred`) at the count of that vjp, which
+    keeps nothing (`StageCode.pair`); a B that runs the forward counts it
+    in its own."""
     counts = op_counts(code, measure)
     total = executed(schedule, counts)
-    pairs = int(schedule.fused.sum())
+    j = code.S - 1
+    if code.deferred:
+        forwards = int((last_stage_cells(schedule, (Op.F,)) != NONE).sum())
+        pairs = int((last_stage_cells(schedule, (Op.BW,)) != NONE).sum())
+        total -= forwards * counts[Op.F][j] + pairs * counts[Op.BW][j]
+    else:
+        pairs = int(schedule.fused.sum())
+        total -= pairs * (counts[Op.F][j] + counts[Op.BW][j])
     if pairs:
-        j = code.S - 1
         params, h, feed, _, _ = code.backward_args(j)
-        one = _count(measure, lambda *a: branches.pair(code, *a), params, h, feed)
-        total += pairs * (one - counts[Op.F][j] - counts[Op.BW][j])
+        total += pairs * _count(measure, code.pair, params, h, feed)
     return total
 
 

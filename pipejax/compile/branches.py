@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from pipejax.compile import rows
 from pipejax.packing import Buffers
-from pipejax.compile.stages import Feed, StageCode
+from pipejax.compile.model import Feed
+from pipejax.compile.stages import StageCode
 
 
 def _device_grads(code: StageCode, j: int, grads: Any) -> Buffers:
@@ -109,17 +110,22 @@ def _message_back(code: StageCode, j: int, dh: Any) -> Buffers:
 def input_grad(code: StageCode) -> list[Callable]:
     """The branch of virtual stage j's group, zero bubble's B: ((params,
     input slot, gradient slot, (kept ring, row), micro, bridge row),
-    (bridge ring, _)) -> (the bridge ring with what W needs written into
-    its row, message for j − 1). Run them with `code.groups.run`."""
+    (bridge ring, _, loss)) -> (the bridge ring with what W needs written
+    into its row, message for j − 1, loss): the micro-batch's loss where
+    B runs the last stage's forward too (`code.deferred`, last_stage.py),
+    else the loss handed in. Run them with `code.groups.run`."""
     def branch(j):
         split = code.splits[code.groups.of[j]]
+        makes_loss = j == code.S - 1 and code.deferred
 
         def run(operands, carry):
             p, h, ct, r, micro, row = operands
             args = _unpack_backward(code, j, p, (h, ct, r), micro)
             dh, bridge = split.run_b(jax.tree.leaves(args))
+            loss = dh.pop() if makes_loss else carry[2]
             dh = jax.tree.unflatten(jax.tree.structure(code.input_of(j)), dh) if j > 0 else None
-            return rows.write(code.bridge, j, carry[0], row, bridge), _message_back(code, j, dh)
+            return (rows.write(code.bridge, j, carry[0], row, bridge), _message_back(code, j, dh),
+                    loss)
         return run
 
     return code.groups.branches(branch)
@@ -146,24 +152,10 @@ def weight_grad(code: StageCode, into_sum: bool = False) -> list[Callable]:
     return code.groups.branches(branch)
 
 
-def pair(code: StageCode, params: Any, h: Any, feed: Feed) -> tuple:
-    """(loss, parameter gradients, input gradient) of the last virtual
-    stage's forward and backward of one micro-batch as one vjp. Nothing
-    crosses a ring, so the pair keeps what XLA chooses, as a plain jit
-    does: `remat="stage"` would only replay the forward and "none"'s policy
-    remakes values XLA holds anyway; a checkpoint policy of the user's
-    still applies."""
-    remat = code.model.remat
-    if isinstance(remat, str):
-        remat = jax.checkpoint_policies.everything_saveable
-    loss, vjp_fn = jax.vjp(code.fn(code.S - 1, feed, remat), params, h)
-    return (loss, *vjp_fn(code.seed_like(loss)))
-
-
 def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
-    """Inside shard_map: `pair` for a table that runs the last stage's
+    """Inside shard_map: `StageCode.pair` for a table that runs the last stage's
     forward and backward in one tick (`Schedule.fused`): (loss, packed
     parameter gradients, message for the stage before)."""
     j = code.S - 1
-    loss, dparams, dh = pair(code, _chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
+    loss, dparams, dh = code.pair(_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
     return loss.astype(jnp.float32), _device_grads(code, j, dparams), _message_back(code, j, dh)

@@ -8,27 +8,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax.schedules import NONE, Op, Schedule
+from pipejax.schedules.tasks import BACKWARD
 
 
-def loss_ticks(schedule: Schedule) -> np.ndarray:
-    """The ticks on which the last virtual stage runs a forward, hence
-    computes a micro-batch's loss, ordered by that micro-batch's id."""
-    lane = _last_forwards(schedule)
+def loss_ticks(schedule: Schedule, deferred: bool = False) -> np.ndarray:
+    """The ticks on which the last virtual stage computes a micro-batch's
+    loss, ordered by that micro-batch's id: its forwards' ticks, or its
+    backwards' where they run the forward (`deferred`, last_stage.py)."""
+    lane = last_stage_cells(schedule, BACKWARD if deferred else (Op.F,))
     ticks = np.flatnonzero(lane != NONE)
     return ticks[np.argsort(lane[ticks], kind="stable")]
 
 
 def finishing(schedule: Schedule) -> np.ndarray:
     """Relative ids of the M micro-batches whose loss one pass computes, in order."""
-    return _last_forwards(schedule)[loss_ticks(schedule)]
+    return last_stage_cells(schedule, (Op.F,))[loss_ticks(schedule)]
 
 
-def _last_forwards(schedule: Schedule) -> np.ndarray:
-    """`[ticks]`: the micro-batch the last virtual stage runs forward, or NONE."""
+def last_stage_cells(schedule: Schedule, ops: tuple[Op, ...]) -> np.ndarray:
+    """`[ticks]`: the micro-batch the last virtual stage runs one of `ops`
+    on, or NONE."""
     placement = schedule.placement
     last = placement.chunks - 1
     k, c = placement.device(last), placement.local(last)
-    return np.where(schedule.cells((Op.F,), field=2)[:, k] == c, schedule.fwd[:, k], NONE)
+    return np.where(schedule.cells(ops, field=2)[:, k] == c, schedule.cells(ops)[:, k], NONE)
 
 
 def metrics(losses: jax.Array, done: jax.Array, ids: jax.Array,

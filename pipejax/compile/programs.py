@@ -30,7 +30,9 @@ from pipejax.compile.pieces import states as opt_states
 from pipejax.compile.outer import Outer
 from pipejax.compile.spmd import REPLICATED, params, per_device, sharding
 from pipejax.compile.shapes import PerShape, Shapes
-from pipejax.compile.stages import Model, StageCode
+from pipejax.compile.last_stage import backwards
+from pipejax.compile.model import Model
+from pipejax.compile.stages import StageCode
 from pipejax.compile.tensor import slot_shardings
 from pipejax.compile.ties import initial
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
@@ -38,7 +40,7 @@ from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
 from pipejax.mesh import shards, tensor_parts
 from pipejax.partition import Plan
-from pipejax.schedules import Op, Schedule
+from pipejax.schedules import Schedule
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
@@ -61,11 +63,13 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
     the mean over M micro-batches (synchronous), 1 when every micro-batch is
     its own update; a table with W ops splits every backward into B and W;
+    a synchronous table runs the last stage's forward inside its backward
+    where that stage keeps nothing (last_stage.py);
     a stage sharded over F devices packs its slots in F pieces."""
     seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
     F = shards(mesh)
-    code = StageCode(model, plan, seed, flags.share_branches,
-                     split=bool((schedule.ops == Op.W).any()), degrees=(F, tensor_parts(mesh)))
+    code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule),
+                     (F, tensor_parts(mesh)))
     if code.params.parts > 1 and not any(code.params.tensor_slots):
         raise ConfigError(
             f"the mesh splits each stage over tensor={code.params.parts} devices, but no layer "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+
 from pipejax.compile import messages
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.layout import Layout
@@ -42,22 +44,25 @@ class SplitBackwardOps:
         """The task's rows of the kept and the bridge rings."""
         return task.ring % self.layout.kept_slots, task.ring % self.layout.bridge_slots
 
-    def _input_grad(self, task: TickTask, ops: Ops) -> Ops:
+    def _input_grad(self, task: TickTask, ops: Ops, loss: jax.Array) -> tuple[Ops, jax.Array]:
         """Zero bubble's B of micro-batch g on virtual stage j: the input
         gradient, sent back in the buffers of the message back, and the
-        bridge its W reads, written into its slot."""
+        bridge its W reads, written into its slot; returns the ops' state and
+        the loss, the micro-batch's where B runs the last stage's forward
+        (`StageCode.deferred`)."""
         rows = self._rows(task)
 
-        def input_grad(micro, w, rings, mail, slots):
+        def input_grad(micro, c, rings, mail, slots):
+            w, loss = c
             operands = (w, *slots, (rings.kept, rows[0]), micro, rows[1])
-            bridge, back = self.code.groups.run(self.branches[Op.B], operands,
-                                                (rings.bridge, messages.letter(mail, 1)),
-                                                at=task.j)
-            return w, rings._replace(bridge=bridge), messages.posted(mail, 1, back)
+            bridge, back, loss = self.code.groups.run(
+                self.branches[Op.B], operands, (rings.bridge, messages.letter(mail, 1), loss),
+                at=task.j)
+            return (w, loss), rings._replace(bridge=bridge), messages.posted(mail, 1, back)
 
-        w, ops = self._run_on_rings(Op.B, task, input_grad, self._inputs(task.g, task.j),
-                                    self.weights(ops), ops)
-        return self._with_weights(ops, w)
+        (w, loss), ops = self._run_on_rings(Op.B, task, input_grad, self._inputs(task.g, task.j),
+                                            (self.weights(ops), loss), ops)
+        return self._with_weights(ops, w), loss
 
     def _weight_grad(self, task: TickTask, ops: Ops) -> Ops:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 from pipejax import memories
 from pipejax.checks import Remat
 from pipejax.compile import residuals
+from pipejax.compile.last_stage import Backwards, deferred
+from pipejax.compile.model import Feed, Model
 from pipejax.compile.split import SplitBackward, split_backward
 from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.packing import Packing
@@ -37,41 +39,15 @@ from pipejax.partition import Plan
 from pipejax.trace import shapes
 
 
-class Model(NamedTuple):
-    """What the user gave `pj.pipeline`: the layers, the loss of one
-    micro-batch, the remat mode, one micro-batch of inputs and targets
-    (ShapeDtypeStructs), and the dtype the stages compute in (None: as
-    stored; precision.py)."""
-
-    layers: tuple[Layer, ...]
-    loss: Callable
-    remat: Remat
-    example: Any
-    targets: Any
-    compute_dtype: Any = None
-    ties: tuple = ()  # leaves several layers hold as one value (layers/ties.py)
-
-
-class Feed(NamedTuple):
-    """What an op of virtual stage j reads besides its weights and its
-    boundary input: its micro-batch's inputs (stage 0) and targets (the last
-    stage), the micro-batch's dropout key, and the global index of the
-    stage's first layer (the stages of a group share one branch)."""
-
-    x: Any
-    y: Any
-    key: jax.Array
-    first: jax.Array
-
-
 class StageCode:
     """The layers of each virtual stage as forward and backward branches.
 
     `params` packs each device's variables, `acts` the boundary activations
     (boundary j carries virtual stage j's output to j + 1), `kept` the
     residuals each virtual stage keeps from a forward to its backward, and
-    with `split` (a table with W ops) `bridge` what B files for W, for
-    micro-batches shaped like the model's example and targets. The last
+    with `backwards.split` (a table with W ops) `bridge` what B files for
+    W, for micro-batches shaped like the model's example and targets;
+    `deferred`: the last stage's backward runs its forward (last_stage.py). The last
     stage seeds its vjp with `seed`: 1/M when a step's loss is the mean over
     M micro-batches, 1 when every micro-batch is its own update. With
     `degrees` = (F, T) and F > 1, `params` packs every slot flat, in F pieces
@@ -82,7 +58,7 @@ class StageCode:
     """
 
     def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True,
-                 split: bool = False, degrees: tuple[int, int] = (1, 1)):
+                 backwards: Backwards = Backwards(), degrees: tuple[int, int] = (1, 1)):
         self.model, self.plan, self.seed, self.share = model, plan, seed, share
         self.placement = placement = plan.placement
         self.S = placement.chunks
@@ -102,7 +78,8 @@ class StageCode:
         self.kept = Packing.of([kept[g] for g in self.groups.of])
         self.splits: list[SplitBackward] = []
         self.bridge = None
-        if split:
+        self.deferred = deferred(backwards, kept[self.groups.of[self.S - 1]])
+        if backwards.split:
             self.splits = [self._split(j) for j in self.groups.first]
             self.bridge = Packing.of([list(self.splits[g].avals) for g in self.groups.of])
 
@@ -259,23 +236,42 @@ class StageCode:
         """The last stage's output cotangent: `seed` (1/M or 1)."""
         return jnp.full(loss.shape, self.seed, loss.dtype)
 
+    def pair(self, params: Any, h: Any, feed: Feed) -> tuple:
+        """(loss, parameter gradients, input gradient) of the last virtual
+        stage's forward and backward of one micro-batch as one vjp
+        (last_stage.py). Nothing crosses a ring, so the pair keeps what XLA
+        chooses, as a plain jit does: `remat="stage"` would only replay the
+        forward and "none"'s policy remakes values XLA holds anyway; a
+        checkpoint policy of the user's still applies."""
+        remat = self.model.remat
+        if isinstance(remat, str):
+            remat = jax.checkpoint_policies.everything_saveable
+        loss, vjp_fn = jax.vjp(self.fn(self.S - 1, feed, remat), params, h)
+        return (loss, *vjp_fn(self.seed_like(loss)))
+
     # ------------------------------------------------------ B/W split (split.py)
     def _split(self, j: int) -> SplitBackward:
         """Virtual stage j's backward split into B and W over the flat inputs
         (params, h, feed, kept residuals, output cotangent). W reads the
         params, the stage input, the feed and the kept residuals again from
         where they live (their rings stay until W); the bridge carries what
-        only B computed, and the output cotangent."""
+        only B computed, and the output cotangent. Where B runs the last
+        stage's forward (`deferred`), the split is the pair's, and B also
+        makes the loss, its last output."""
         args = self.backward_args(j)
         flat, tree = jax.tree.flatten(args)
         again = len(jax.tree.leaves(args[:4]))  # (params, h, feed, kept) come first
+        with_loss = j == self.S - 1 and self.deferred
 
         def fn(*leaves):
-            dparams, dh = self.backward(j, *jax.tree.unflatten(tree, leaves))
-            return [*jax.tree.leaves(dparams), *jax.tree.leaves(dh)]
+            params, h, feed, kept, ct = jax.tree.unflatten(tree, leaves)
+            if with_loss:
+                loss, dparams, dh = self.pair(params, h, feed)
+                return [*jax.tree.leaves((dparams, dh)), loss.astype(jnp.float32)]
+            return jax.tree.leaves(self.backward(j, params, h, feed, kept, ct))
 
         reread = [i < again for i in range(len(flat))]
-        kind = ("split", self.model.remat, self.seed, shapes((args[3], args[4])))
+        kind = ("split", self.model.remat, self.seed, with_loss, shapes((args[3], args[4])))
         return self.remembered(j, kind, lambda: split_backward(
             fn, flat, len(jax.tree.leaves(args[0])), reread))
 

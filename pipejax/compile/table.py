@@ -19,11 +19,14 @@ update made (`OptState.ahead`, carried from tick to tick) and its backward
 on a backward forecast, if it has a backward horizon. Where the table runs
 a micro-batch's forward and backward on the last stage in one tick
 (`Schedule.fused`: every tick at K = 1), the pair runs as one vjp that keeps
-nothing, as a plain micro-batched jit does; a synchronous table whose every
-op runs at every tick runs its ops without the loops. A stage sharded over
-F devices (compile/fsdp.py) gathers its weights before the tick's ops and
-scatters each backward's gradient in its op (or both once a pass). The program
-does not grow with the number of micro-batches or ticks. Zero bubble's B
+nothing, as a plain micro-batched jit does, and so does a synchronous
+table's backward on a last stage that keeps nothing, whose forward's own
+tick then runs nothing (last_stage.py: B runs the pair's split); a
+synchronous table whose every op runs at every tick runs its ops without
+the loops. A stage sharded over F devices (compile/fsdp.py) gathers its
+weights before the tick's ops and scatters each backward's gradient in its
+op (or both once a pass). The program does not grow with the number of
+micro-batches or ticks. Zero bubble's B
 and W are split_ops.py's; what a pass takes, carries and returns is
 table_state.py's.
 """
@@ -41,7 +44,7 @@ from pipejax.compile.build import Build
 from pipejax.compile.fsdp import ShardedWeights
 from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
-from pipejax.compile.metrics import loss_ticks
+from pipejax.compile.metrics import last_stage_cells, loss_ticks
 from pipejax.compile.op_loops import OpLoops
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import stage_index
@@ -85,10 +88,13 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         self.gradients = GradientPolicy(self.sync, opts, self.layout.pieces if scatter > 1
                                         else self.code.params, scatter)
         # Which loops a tick runs, known from the table: the forward's and
-        # the backward's (`separate`), the fused pair's (`fusion`).
-        fused, forwards = build.schedule.fused, build.schedule.fwd != NONE
-        self.fusion = bool(fused.any())
-        self.separate = bool((forwards & ~fused).any())
+        # the backward's (`separate`: a forward that is neither fused nor
+        # run by its backward, last_stage.py), the fused pair's (`fusion`).
+        schedule = build.schedule
+        fused, forwards = schedule.fused, schedule.fwd != NONE
+        self.fusion, self.deferred = bool(fused.any()), build.code.deferred
+        inside = (last_stage_cells(schedule, (Op.F,)) != NONE).sum() if self.deferred else 0
+        self.separate = bool(forwards.sum() - (0 if self.deferred else fused.sum()) > inside)
         # Every loop runs at every tick: a synchronous table with no idle cell
         # and no lane that mixes ops (K = 1 under GPipe and 1F1B).
         self.busy = (self.sync and bool((build.schedule.ops != Op.IDLE).all())
@@ -108,14 +114,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         p, s, rings, grad_sum, held, mail = carry
         row, busy = xs  # the tick's lanes, and which collectives carry a message
         tasks = self._tasks(row, self.k)
-        runs = dict(tasks)  # what each op's own loop runs: fused pairs left out
-        fused = None
-        if self.fusion:
-            f, b = tasks[Op.F], tasks[Op.BW]
-            last = (f.j == self.S - 1) & (b.j == self.S - 1)
-            fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & last, f.j, f.ring)
-            runs = {**runs, Op.F: f._replace(real=f.real & ~fused.real),
-                    Op.BW: b._replace(real=b.real & ~fused.real)}
+        runs, fused = self._pairs(tasks)
         ops = Ops(p, s, grad_sum, rings, mail)  # a cell runs one of B and BW: both write back
         if self.F > 1:
             ops = ops._replace(whole=self._gather(runs, fused, ops, held))
@@ -126,17 +125,39 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             elif op == Op.BW:
                 ops, loss, skipped = self._backward(runs[op], fused, ops, loss)
             elif op == Op.B:
-                ops = self._input_grad(runs[op], ops)
+                ops, loss = self._input_grad(runs[op], ops, loss)
             else:
                 ops = self._weight_grad(runs[op], ops)
         rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, ops.mail,
                                   messages.Sends(lambda k: self._senders(row, k), busy))
-        f = tasks[Op.F]
-        last = f.real & (f.j == self.S - 1)  # a loss, once, on the last stage
+        makers = [tasks[op] for op in BACKWARD if op in tasks] if self.deferred else [tasks[Op.F]]
+        last = functools.reduce(jnp.logical_or, [t.real & (t.j == self.S - 1) for t in makers])
         held = ops.whole[:len(held)] if held else ()
         mail = ops.mail if self.S > 1 else mail  # one chunk sends nothing: XLA drops the ops'
         return ((ops.p, ops.s, rings, ops.grad_sum, held, mail),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
+
+    def _pairs(self, tasks: dict[Op, TickTask]) -> tuple[dict[Op, TickTask], TickTask | None]:
+        """What each op's loop runs, and the pair the backward runs as one
+        vjp on the last stage (last_stage.py), or None: a forward and a BW
+        of one micro-batch in one tick (`Schedule.fused`), or every BW there
+        where backwards run that stage's forwards (`deferred`: B in its
+        branch), which then run in no loop of their own."""
+        runs, f, b = dict(tasks), tasks[Op.F], tasks.get(Op.BW)
+        last = self.S - 1
+        if self.deferred:
+            runs[Op.F] = f._replace(real=f.real & (f.j != last))
+            if b is None:
+                return runs, None
+            fused = TickTask(b.g, b.real & (b.j == last), b.j, b.ring)
+        elif self.fusion:
+            fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & (f.j == last) & (b.j == last),
+                             f.j, f.ring)
+            runs[Op.F] = f._replace(real=f.real & ~fused.real)
+        else:
+            return runs, None
+        runs[Op.BW] = b._replace(real=b.real & ~fused.real)
+        return runs, fused
 
     def mail(self) -> tuple[Buffers, ...]:
         """What the scan carries for the tick's messages, on and back, one
@@ -258,7 +279,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     optimizers an asynchronous table applies; losses are averaged over the
     mesh's batch axes (the data axes and `fsdp`)."""
     schedule, axes = build.schedule, build.axes
-    ticks = loss_ticks(schedule)  # static
+    ticks = loss_ticks(schedule, build.code.deferred)  # static
     step = build.F > 1 and build.gather == "step"
     whole = fsdp.gather(inp.params, build.code.params) if step else None
     sums = build.layout.pieces if whole is None else build.code.params  # the sum's packing

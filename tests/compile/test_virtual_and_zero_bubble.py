@@ -113,6 +113,37 @@ def test_a_step_counts_a_fused_pair_as_its_one_vjp():
     assert moved(zb) > moved(one)
 
 
+@pytest.mark.parametrize("remat", ["stage", "none"])
+def test_the_last_stages_backward_runs_its_forward_where_it_keeps_nothing(remat):
+    """With remat "stage" the last stage keeps nothing for its backward,
+    which would replay its forward: the backward runs the forward instead
+    (compile/last_stage.py; 1F1B's BW as one vjp, zb-h1's B as its split),
+    so a step executes a stage's forward a micro-batch less than F and a
+    replay did, zb-h1 1F1B's FLOPs within 5 %, and each micro-batch's loss
+    comes from its backward. With remat "none" the forward keeps its residuals at its
+    own tick."""
+    M, Op = 4, pj.schedules.Op
+    zb, one = (_pipe(name, 2, 1, M=M, remat=remat) for name in ("zb-h1", "1f1b"))
+    assert zb.build.code.deferred == one.build.code.deferred == (remat == "stage")
+    ratio = step_count(zb.schedule, zb.build.code) / step_count(one.schedule, one.build.code)
+    assert ratio == pytest.approx(1.0, abs=0.05)  # W's remade equations (test above)
+    if remat == "stage":  # F + BW, replaying, against the one vjp on the last stage
+        counts, code = op_counts(one.build.code), one.build.code
+        params, h, feed, _, _ = code.backward_args(1)
+        pair = cost_analysis(jax.jit(code.pair).lower(params, h, feed).compile())["flops"]
+        replayed = M * (counts[Op.F][1] + counts[Op.BW][1])
+        assert step_count(one.schedule, code) == pytest.approx(
+            executed(one.schedule, counts) - replayed + M * pair)
+        assert M * pair < 0.8 * replayed
+    x, y = batch(M * MB)
+    losses = []
+    for pipe in (zb, one):
+        trainer = pipe.trainer(optax.sgd(1e-2))
+        state = trainer.init(pipe.init(jax.random.key(0)), jax.random.key(3))
+        losses.append(trainer.step(state, (x, y))[1]["losses"])
+    assert rel_err(losses[0], losses[1]) < 1e-5 and bool(jnp.isfinite(losses[0]).all())
+
+
 def _split(layers: list, partition: tuple[int, ...], stage: int):
     """Stage `stage`'s B/W split of `layers` over len(partition) stages,
     zb-h1, remat "none"."""
