@@ -54,10 +54,15 @@ def forward(code: StageCode) -> list[Callable]:
     the residuals written into its row, message for j + 1, loss); the last
     stage's message is empty and its loss is the micro-batch loss, the
     others' loss 0. Run them with `code.groups.run`: each group's loop
-    updates the ring in place, its residuals written where they are made."""
+    updates the ring in place, its residuals written where they are made.
+    A last stage whose backward runs its forward (`code.deferred`,
+    last_stage.py) never takes its branch: it hands the carry on."""
     S, acts, kept = code.S, code.acts, code.kept
 
     def branch(j):
+        if j == S - 1 and code.deferred:
+            return lambda operands, carry: (carry[0], acts.zeros(), jnp.zeros((), jnp.float32))
+
         def run(operands, carry):
             p, h, micro, row = operands
             out, res, _ = code.vjp(j, _chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
@@ -75,9 +80,14 @@ def backward(code: StageCode, into_sum: bool = False) -> list[Callable]:
     (params, input slot, gradient slot, kept slot, micro) -> (packed
     parameter gradients of the device, message for j − 1). `into_sum`:
     ((params, slots..., micro), (gradient sum, message)) -> (the sum with
-    the chunk's gradients added, message), for `StageGroups.run`."""
+    the chunk's gradients added, message), for `StageGroups.run`. A last
+    stage whose forward its backward runs (`code.deferred`) runs it as the
+    pair (`fused`), never this branch: it makes zeros."""
     def branch(j):
         def grads(p, h, ct, r, micro):
+            if j == code.S - 1 and code.deferred:
+                zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), code.abstract_params(j))
+                return zeros, code.acts.zeros()
             dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
             return dparams, _message_back(code, j, dh)
 
