@@ -4,8 +4,8 @@ XLA's cost analysis counts a loop body once, not once per trip, so the work
 of a step is derived: every op of every virtual stage (F, the fused
 backward BW, zero bubble's B and W) is compiled alone on abstract inputs,
 and the table says how often each runs. `executed` sums them over the
-table's tasks (`step_count`: with the last stage's fused pairs as one
-vjp); `critical_path` sums, per tick, the most any device runs (the
+table's tasks (`step_count`: with the last stage's forward and backward
+as one vjp where they run so); `critical_path` sums, per tick, the most any device runs (the
 ticks run in lock step: a tick's messages wait for its slowest op);
 `busy_ticks` counts the ticks a device runs some of the given ops at (a
 sharded stage gathers its weights at each tick with an op, scatters a

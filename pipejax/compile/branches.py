@@ -163,9 +163,10 @@ def weight_grad(code: StageCode, into_sum: bool = False) -> list[Callable]:
 
 
 def fused(code: StageCode, p: Any, h: Any, micro: tuple) -> tuple:
-    """Inside shard_map: `StageCode.pair` for a table that runs the last stage's
-    forward and backward in one tick (`Schedule.fused`): (loss, packed
-    parameter gradients, message for the stage before)."""
+    """Inside shard_map: `StageCode.pair`, the last stage's forward and
+    backward as one vjp where the table runs them in one tick
+    (`Schedule.fused`) or its BW runs the forward (`code.deferred`):
+    (loss, packed parameter gradients, message for the stage before)."""
     j = code.S - 1
     loss, dparams, dh = code.pair(_chunk(code, j, p), _stage_input(code, j, h), Feed(*micro))
     return loss.astype(jnp.float32), _device_grads(code, j, dparams), _message_back(code, j, dh)

@@ -18,7 +18,7 @@ a `jax.checkpoint` policy keeps what it saves.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +47,9 @@ class StageCode:
     residuals each virtual stage keeps from a forward to its backward, and
     with `backwards.split` (a table with W ops) `bridge` what B files for
     W, for micro-batches shaped like the model's example and targets;
-    `deferred`: the last stage's backward runs its forward (last_stage.py). The last
-    stage seeds its vjp with `seed`: 1/M when a step's loss is the mean over
-    M micro-batches, 1 when every micro-batch is its own update. With
+    `deferred`: the last stage's backward runs its forward (last_stage.py).
+    The last stage seeds its vjp with `seed`: 1/M when a step's loss is the
+    mean over M micro-batches, 1 when every micro-batch is its own update. With
     `degrees` = (F, T) and F > 1, `params` packs every slot flat, in F pieces
     (`Packing.of`), and the micro-batches are one device's part of F; with
     T > 1, the leaves the layers' annotations split over `tensor`
