@@ -25,15 +25,15 @@ def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False,
     """FLOPs of each op on each virtual stage from its forward + backward
     FLOPs (the 1 : 2 split; a rematerialized backward recomputes its
     forward, but on the last stage where it runs with its forward as one
-    vjp (compile/last_stage.py): a `fused` pair in one tick, or a B that
-    runs the forward (`deferred`), whose forward then costs nothing at its
-    own tick); W does `w_share` of the backward (`w_shares`; default half)
+    vjp (compile/last_stage.py): a `fused` pair in one tick, or a backward
+    (B or BW) that runs the forward (`deferred`), whose forward then costs
+    nothing at its own tick); W does `w_share` of the backward (`w_shares`; default half)
     and B the rest."""
     forward = np.asarray(chunk_flops, float) / 3
     again, own = forward * remat, forward.copy()
     if fused:
         again[-1] = 0.0  # the pair's one vjp replays nothing
-    if deferred:  # B runs the forward itself, not a replay of it
+    if deferred:  # the backward runs the forward itself, not a replay of it
         again[-1], own[-1] = forward[-1], 0.0
     w = 2 * forward * (0.5 if w_share is None else np.asarray(w_share, float))
     return {Op.F: own, Op.BW: 2 * forward + again, Op.B: 2 * forward - w + again, Op.W: w}

@@ -81,13 +81,14 @@ def backward(code: StageCode, into_sum: bool = False) -> list[Callable]:
     parameter gradients of the device, message for j − 1). `into_sum`:
     ((params, slots..., micro), (gradient sum, message)) -> (the sum with
     the chunk's gradients added, message), for `StageGroups.run`. A last
-    stage whose forward its backward runs (`code.deferred`) runs it as the
-    pair (`fused`), never this branch: it makes zeros."""
+    stage whose backward runs its forward (`code.deferred`) runs as the
+    pair (`fused`), never this branch: it hands the carry on (or zeros)."""
     def branch(j):
+        if j == code.S - 1 and code.deferred:
+            return (lambda operands, carry: carry) if into_sum else (
+                lambda *operands: (code.params.zeros(), code.acts.zeros()))
+
         def grads(p, h, ct, r, micro):
-            if j == code.S - 1 and code.deferred:
-                zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), code.abstract_params(j))
-                return zeros, code.acts.zeros()
             dparams, dh = code.backward(j, *_unpack_backward(code, j, p, (h, ct, r), micro))
             return dparams, _message_back(code, j, dh)
 
