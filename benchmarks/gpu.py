@@ -18,8 +18,9 @@ from pipejax.cli import main
 
 STEP_GOAL, MFU_GOAL = 1.05, 0.95
 MISSING = "Not measured yet: no `benchmarks/results/bench_gpu.json`."
-COLUMNS = ("step", "K", "M", "ms", "over_plain", "tokens_per_s", "model_tflops", "mfu",
-           "mfu_over_plain", "gb_accessed", "bytes_over_plain", "peak_gb", "compile_s")
+COLUMNS = ("step", "K", "M", "ms", "over_plain", "over_1f1b", "tokens_per_s", "model_tflops",
+           "mfu", "mfu_over_plain", "gb_accessed", "bytes_over_plain", "bytes_over_1f1b",
+           "peak_gb", "compile_s")
 
 
 def _goals(section: dict) -> list[dict]:

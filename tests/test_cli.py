@@ -279,7 +279,7 @@ def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     rows = {r["step"]: r for r in section["bfloat16"]}
     assert list(rows) == ["plain jit", "1f1b remat=none", "1f1b remat=stage", "1f1b K=2",
                           "gpipe remat=none", "gpipe remat=stage", "plain jit per micro-batch",
-                          "pb"]
+                          "pb", "zb-h1 remat=none", "zb-h1 remat=stage"]
     assert all("error" not in r and r["ms"] > 0 and r["tokens_per_s"] > 0 and r["rounds"] >= 2
                and {"gb_accessed", "peak_gb", "compile_s"} <= set(r) for r in rows.values())
     assert rows["pb"]["over_plain"] > 0 and "over_plain" not in rows["1f1b K=2"]
@@ -287,6 +287,8 @@ def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     assert section["budget_s"] > 0
     assert {r["mfu"] for r in rows.values()} == {None}
     assert rows["1f1b remat=none"]["bytes_over_plain"] > 0
+    zb = rows["zb-h1 remat=stage"]  # read against 1F1B, not the plain jit
+    assert zb["over_1f1b"] > 0 and zb["bytes_over_1f1b"] > 0 and "over_plain" not in zb
     assert "1f1b remat=none" in capsys.readouterr().out
 
 

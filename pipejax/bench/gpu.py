@@ -14,7 +14,10 @@ the order they are compiled (a budget that runs out leaves out the last):
   plain jit per micro-batch  a plain jit that updates after every
                              micro-batch, the limit of
   pb                         pipelined backpropagation on one device (delay
-                             0: the same updates).
+                             0: the same updates);
+  zb-h1 K = 1                zero bubble's B and W split of the same step,
+                             read against 1F1B at the same remat: what the
+                             split and its B→W bridge cost on the device.
 Per row: the median step time, tokens/s, model FLOP utilisation per device
 against its dense peak for the compute dtype (`PEAKS`), XLA's bytes
 accessed, the compiled peak memory (arguments + outputs − donated + temp)
@@ -46,7 +49,7 @@ import pipejax as pj
 from pipejax.bench.memory import peak_bytes
 from pipejax.bench.speed import alternate, cost, plain_steps
 
-BUDGET = 300.0  # seconds: every row at H100 compile times; two runs and a start fit 15 minutes
+BUDGET = 330.0  # seconds: every row at H100 compile times; two runs and a start fit 15 minutes
 
 # Dense peak FLOP/s of one device per compute dtype; the first key found in
 # the device's kind applies (an empty dict: a kind whose peak is not stated
@@ -102,6 +105,11 @@ class Step:
     plain: str = "plain_microbatched"
     against: str | None = "plain jit"
 
+    @property
+    def limit(self) -> str:
+        """The name the ratios to `against` go by: "plain" or its schedule."""
+        return "plain" if self.against.startswith("plain") else self.against.split()[0]
+
 
 def steps(devices: int, size: Size) -> dict[str, Step]:
     """The rows, in the order they are compiled."""
@@ -114,7 +122,11 @@ def steps(devices: int, size: Size) -> dict[str, Step]:
             "gpipe remat=stage": Step({"schedule": "gpipe", "remat": "stage"}),
             "plain jit per micro-batch": Step(None, plain="plain_per_microbatch"),
             "pb": Step({"schedule": "pb", "remat": "stage"},
-                       against="plain jit per micro-batch")}
+                       against="plain jit per micro-batch"),
+            "zb-h1 remat=none": Step({"schedule": "zb-h1", "remat": "none"},
+                                     against="1f1b remat=none"),
+            "zb-h1 remat=stage": Step({"schedule": "zb-h1", "remat": "stage"},
+                                      against="1f1b remat=stage")}
 
 
 def peak_flops(kind: str, dtype: str) -> float | None:
@@ -220,7 +232,8 @@ def _group(size: Size, dtype: Any, opt: optax.GradientTransformation, variables:
     for name, row in built.items():
         against = row.step.against
         if against in rows:
-            rows[name].update(_over(times[name], times[against], rows[name], rows[against]))
+            rows[name].update(_over(times[name], times[against], rows[name], rows[against],
+                                    row.step.limit))
     return list(rows.values()) + failed
 
 
@@ -243,12 +256,13 @@ def _digits(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _over(mine: np.ndarray, theirs: np.ndarray, row: dict, limit: dict) -> dict:
-    """A K = 1 row over its limit: the median of the rounds' paired time
-    ratios, the bytes accessed and the MFU (the inverse time ratio)."""
+def _over(mine: np.ndarray, theirs: np.ndarray, row: dict, limit: dict, name: str) -> dict:
+    """A K = 1 row over its limit (`name`: "plain" or a schedule): the median
+    of the rounds' paired time ratios, the bytes accessed and the MFU (the
+    inverse time ratio)."""
     ratio = float(np.median(mine / theirs))
-    return {"over_plain": round(ratio, 3), "mfu_over_plain": round(1 / ratio, 3),
-            "bytes_over_plain": round(row["gb_accessed"] / limit["gb_accessed"], 3)
+    return {f"over_{name}": round(ratio, 3), f"mfu_over_{name}": round(1 / ratio, 3),
+            f"bytes_over_{name}": round(row["gb_accessed"] / limit["gb_accessed"], 3)
             if limit["gb_accessed"] else None}
 
 
