@@ -17,14 +17,18 @@ time       Predicted step time against the measured one on the 4 simulated
            stages = 4, batch 64). The machine is measured first, apart from
            the candidates: the rate of the processor the devices share (a
            plain data-parallel jit of the model's gradient over the 4
-           devices; measured again in the candidates' rounds, and the
-           predictions made again at that rate), the fixed cost of a tick (a
-           4-stage 1F1B step of layers of width 4, whose arithmetic is
-           nothing), the copy rate of a message and the rate of the
-           memory as the rings use it (`_ring_rate`). Reported: Spearman's
-           rank correlation and the relative error of each candidate, and
-           the correlation and errors of the same steps predicted without
-           the ring traffic.
+           devices, past its layers' fixed cost; measured again in the
+           candidates' rounds, and the predictions made again at that rate),
+           a layer's fixed cost (the GPT at K = 1 on the 4 devices as
+           replicas, its batch in 1 and in 16 micro-batches: what the 15
+           more passes over the layers add, `_layer_seconds`), the fixed
+           cost of a tick (a 4-stage 1F1B step of layers of width 4, whose
+           arithmetic is nothing), the copy rate of a message and the rate
+           of the memory as the rings use it (`_ring_rate`). Reported: Spearman's rank correlation and the
+           relative error of each candidate, and the correlation and
+           errors of the same steps predicted without the ring traffic,
+           and without the layers' fixed cost (at the plain gradient's
+           average rate).
 
 Run: python benchmarks/planner.py [--part staleness memory time]
 """
@@ -175,6 +179,35 @@ def _plain_gradient() -> tuple[Callable[[], None], float]:
     return lambda: jax.block_until_ready(grad(variables, xs, ys)), flops
 
 
+def _layer_seconds() -> float:
+    """A layer's forward's fixed seconds (`pj.search`'s `layer_seconds`): the
+    GPT's pipelined step at K = 1 on the 4 devices as replicas, the batch
+    in M = 1 and in M = 16 micro-batches (alternated): the same FLOPs, 15
+    more runs of every layer's forward and backward (three forwards' worth,
+    as `step_costs.fixed_costs` counts them) on each device."""
+    layers, (x, y) = pj.models.gpt(**GPT), _gpt_batch(BATCH)
+    runs = {}
+    for M in (1, 16):
+        mb = BATCH // DEVICES // M
+        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:mb], targets=y[:mb],
+                           stages=1, microbatches=M, mesh=pj.make_mesh(1, data=DEVICES))
+        trainer = pipe.trainer(optax.adam(1e-3))
+        runs[M] = _stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
+    times = alternate(runs, 3 * REPEATS)
+    more = float(np.median(times[16] - times[1]))
+    if more <= 0:
+        raise RuntimeError(f"16 micro-batches were no slower than 1 ({more * 1e3:.1f} ms): the "
+                           "machine is too loaded to measure a layer's fixed cost; run again")
+    return more / (15 * 3 * len(layers) * DEVICES)
+
+
+def _rate(flops: float, seconds: float, layer_seconds: float) -> float:
+    """The processor's rate from the plain gradient's FLOPs and time, past
+    its layers' fixed cost (every layer's forward and backward on each
+    device, as `_layer_seconds` counts them)."""
+    return flops / (seconds - layer_seconds * DEVICES * 3 * len(pj.models.gpt(**GPT)))
+
+
 def _data_split() -> jax.sharding.NamedSharding:
     """The batch axis over the simulated devices."""
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:DEVICES]), ("data",))
@@ -182,9 +215,11 @@ def _data_split() -> jax.sharding.NamedSharding:
 
 
 def machine() -> dict:
-    """The simulated host's constants, measured apart from the candidates."""
+    """The simulated host's constants, measured apart from the candidates:
+    the processor's rate past the layers' fixed cost, and that cost."""
     plain, flops = _plain_gradient()
-    host = flops / _seconds(plain)
+    layer = _layer_seconds()
+    host = _rate(flops, _seconds(plain), layer)
     tiny = pj.pipeline(pj.models.mlp(depth=7, width=4), loss=pj.losses.cross_entropy,
                        example=jnp.zeros((1, 4)), stages=4, microbatches=16, schedule="1f1b")
     trainer = tiny.trainer(optax.sgd(0.1))
@@ -195,7 +230,8 @@ def machine() -> dict:
     copy = jax.jit(lambda a: a * 1.0)
     link = big.nbytes / _seconds(lambda: jax.block_until_ready(copy(big)))
     return {"host_flops": host, "tick_seconds": tick, "link_bandwidth": link,
-            "memory_bandwidth": _ring_rate(_data_split()), "model_gflop_per_step": flops / 1e9}
+            "memory_bandwidth": _ring_rate(_data_split()),
+            "layer_seconds": layer, "model_gflop_per_step": flops / 1e9}
 
 
 def _ring_rate(split: jax.sharding.NamedSharding, rows: int = 4, trips: int = 32) -> float:
@@ -244,7 +280,8 @@ def _search(consts: dict) -> list:
                            device_flops=consts["host_flops"], host_flops=consts["host_flops"],
                            tick_seconds=consts["tick_seconds"],
                            link_bandwidth=consts["link_bandwidth"],
-                           memory_bandwidth=consts["memory_bandwidth"])
+                           memory_bandwidth=consts["memory_bandwidth"],
+                           layer_seconds=consts["layer_seconds"])
     return sorted(found, key=lambda c: c.step_seconds)
 
 
@@ -267,13 +304,17 @@ def step_time() -> dict:
         runs[i] = _stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
     plain, flops = _plain_gradient()
     measured = alternate({**runs, "plain": plain}, REPEATS)
-    consts["host_flops"] = flops / float(np.median(measured["plain"]))
+    large = float(np.median(measured["plain"]))
+    consts["host_flops"] = _rate(flops, large, consts["layer_seconds"])
     key = lambda c: (c.schedule, c.stages, c.data, c.fsdp, c.tensor, c.virtual, c.microbatches,
                      c.remat, c.compute_dtype)  # the configuration, not its predictions
     again = {key(c): c for c in _search(consts)}
     picked = [again[key(c)] for c in picked]
-    # the same steps predicted without the ring traffic, for comparison
+    # the same steps predicted without the ring traffic, and without the
+    # layers' fixed cost (the rate then the plain gradient's average), for comparison
     flops_only = {key(c): c for c in _search({**consts, "memory_bandwidth": float("inf")})}
+    unfixed = {key(c): c for c in _search({**consts, "layer_seconds": 0.0,
+                                           "host_flops": flops / large})}
     rows, seconds = [], [float(np.median(measured[i])) for i in range(len(picked))]
     for i, c in enumerate(picked):
         rows.append({"schedule": c.schedule, "K x R": f"{c.stages} x {c.data}", "v": c.virtual,
@@ -286,7 +327,9 @@ def step_time() -> dict:
     return {"machine": {k: float(f"{v:.4g}") for k, v in consts.items()}, "rows": rows,
             "candidates_searched": len(found),
             **_agreement([c.step_seconds for c in picked], seconds),
-            "without ring traffic": _agreement(without, seconds)}
+            "without ring traffic": _agreement(without, seconds),
+            "without the layers' fixed cost": _agreement(
+                [unfixed[key(c)].step_seconds for c in picked], seconds)}
 
 
 def _agreement(predicted: list[float], measured: list[float]) -> dict:

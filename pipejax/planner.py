@@ -13,7 +13,9 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     bridge) over `memory_bandwidth` (`step_costs.ring_costs`), plus the
     messages over `link_bandwidth` (each collective the table runs,
     `messages.carried`, sends its message buffers, `messages.buffers`),
-    plus a fixed `tick_seconds` a tick; a data-parallel mean of the
+    plus a fixed `tick_seconds` a tick and a fixed `layer_seconds` for
+    each layer an op runs (`step_costs.fixed_costs`: its kernels' launch,
+    whatever the micro-batch's size); a data-parallel mean of the
     gradients over the link once a step (synchronous) or once a tick
     (asynchronous); a sharded stage's gather of its weights and scatter
     of their gradients over the link, (F − 1)/F of the stage's parameter
@@ -32,7 +34,7 @@ recomputes its forward (not the last stage's when the table fuses its
 forward and backward into one tick); a zero-bubble W takes its share of
 the backward as XLA counts the split's B and W (`step_costs.w_shares`),
 B the rest and the recomputation; every device runs at one rate,
-whatever the dtype or the micro-batch's size.
+whatever the dtype or the micro-batch's size, past each layer's fixed cost.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ from pipejax.pipeline import Pipeline, pipeline
 from pipejax.schedules import FAMILIES, Op, names
 from pipejax.schedules.bubbles import table_bubble_fraction
 from pipejax.staleness import STABLE_DELAY, advise, effective_delay
-from pipejax.step_costs import op_costs, ring_costs, split_costs, step_seconds, w_shares
+from pipejax.step_costs import (fixed_costs, op_costs, ring_costs, split_costs, step_seconds,
+                                w_shares)
 from pipejax.transforms.data_parallel import ssgd
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +109,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
            partition: str | Sequence[int] = "variance", device_flops: float = 50e12,
            link_bandwidth: float = 50e9, tick_seconds: float = 20e-6,
            host_flops: float | None = None,
-           memory_bandwidth: float = 2e12) -> list[Candidate]:
+           memory_bandwidth: float = 2e12, layer_seconds: float = 0.0) -> list[Candidate]:
     """The configurations of `layers` for `batch` examples a step on
     `devices` devices, best first: stable (or unknown) before unstable,
     then by predicted step time, then memory.
@@ -136,7 +139,10 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
         tick, 2 TB/s of memory); host_flops: the rate of the one processor
         the devices share, if they do (simulated CPU devices:
         `benchmarks/planner.py --part time` measures it and the rate of
-        its memory as the rings use it).
+        its memory as the rings use it); layer_seconds: a layer's forward's
+        fixed cost, whatever the micro-batch's size (the launch of its
+        kernels; its backward's twice that; default 0: none counted;
+        `benchmarks/planner.py --part time` measures it with the rates).
     """
     if devices < 1 or batch < 1:
         raise ConfigError(f"devices={devices}, batch={batch}; both must be positive")
@@ -191,7 +197,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                 # that no annotation or not every annotated axis takes, ...)
             out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
                                   momentum, reference, device_flops, link_bandwidth,
-                                  tick_seconds, host_flops, memory_bandwidth))
+                                  tick_seconds, host_flops, memory_bandwidth, layer_seconds))
     if memory is not None and out and min(c.memory_bytes for c in out) > memory:
         raise ConfigError(f"no candidate fits memory={human_bytes(memory)} a device: the "
                           f"smallest needs {human_bytes(min(c.memory_bytes for c in out))}; "
@@ -203,7 +209,7 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
 
 def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: str, dtype,
                optimizer, learning_rate, momentum, reference, device_flops, link_bandwidth,
-               tick_seconds, host_flops, memory_bandwidth) -> Candidate:
+               tick_seconds, host_flops, memory_bandwidth, layer_seconds) -> Candidate:
     """What `pipe` (one replica of R) is predicted to cost."""
     schedule, plan = pipe.schedule, pipe.plan
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
@@ -214,7 +220,9 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     if T > 1:
         costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)
     moved = ring_costs(pipe, device_flops / memory_bandwidth)
-    costs = {op: cost + moved[op] for op, cost in costs.items()}
+    fixed = fixed_costs(code, rm != "none", bool(schedule.fused.any()),
+                        layer_seconds * device_flops)
+    costs = {op: cost + moved[op] + fixed[op] for op, cost in costs.items()}
     sends = int((carried(schedule) * buffers(schedule)).sum())  # buffers the collectives send
     message = sends * pipe.layout.acts.slot_bytes() / link_bandwidth
     allreduce = 2 * (R - 1) / R * params / link_bandwidth if R > 1 else 0.0

@@ -59,6 +59,19 @@ def w_shares(code: StageCode, chunk_flops: Sequence[float]) -> np.ndarray:
                      for j in range(code.S)])
 
 
+def fixed_costs(code: StageCode, remat: bool, fused: bool, layer_flops: float) -> dict:
+    """FLOPs of each op on each virtual stage that count its fixed cost,
+    what it spends whatever its micro-batch's size (the launch and dispatch
+    of its kernels): `layer_flops` (a layer's forward's fixed seconds at the
+    device's rate) for each layer of the chunk, in `op_costs`' 1 : 2 split
+    (B and W one each; a replayed forward again). What it adds grows with
+    the micro-batches, not the FLOPs: `benchmarks/planner.py --part time`
+    measures it (the GPT 6x64 at K = 1, its batch in 1 and in 16
+    micro-batches) and reports the timed steps' errors with and without it."""
+    layers = np.array([len(code.plan.stage_specs(j)) for j in range(code.S)], float)
+    return op_costs(3 * layer_flops * layers, remat, fused, None, code.deferred)
+
+
 def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
     """FLOPs of each op on each virtual stage that count its ring traffic
     (`flops_per_byte`: the device's FLOP rate over its memory's byte rate):

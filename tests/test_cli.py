@@ -53,7 +53,7 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
     assert "--pick 99: the search found" in capsys.readouterr().err
     assert main(["plan", "--data", _data(tmp_path), "--search", "--machine", "1e9,1e9"]) == 2
     err = capsys.readouterr().err
-    assert "--machine '1e9,1e9': give 3 or 4 or 5 comma-separated numbers" in err
+    assert "--machine '1e9,1e9': give 3 or 4 or 5 or 6 comma-separated numbers" in err
 
 
 def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):
@@ -315,6 +315,9 @@ def test_machine_reads_the_device_rate_a_gpu_bench_measured(tmp_path, capsys):
         "memory_bandwidth": 5e9}
     with pytest.raises(pj.errors.ConfigError, match="every rate must be positive"):
         machine_rates("1e9,2e9,1e-4,0,0", "float32")
+    # a sixth: a layer's fixed seconds (0: none counted)
+    assert machine_rates("1e9,2e9,1e-4,0,5e9,1e-5", "float32")["layer_seconds"] == 1e-5
+    assert "layer_seconds" not in machine_rates("1e9,2e9,1e-4,0,5e9,0", "float32")
 
 
 def test_bench_gpu_without_a_gpu_says_so(capsys):

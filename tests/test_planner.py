@@ -282,3 +282,33 @@ def test_messages_cost_the_collectives_the_table_runs():
         assert c.step_seconds == pytest.approx(sends * pipe.layout.acts.slot_bytes(), rel=1e-6)
         if c.schedule == "gpipe":  # M + K − 2 ticks send on, as many back, of 2(M + K − 1)
             assert sends == 2 * (8 + 4 - 2)
+
+
+def test_each_layer_an_op_runs_costs_its_fixed_seconds():
+    """At no other cost, a step is its layers' fixed cost: on one stage
+    (K = 1, every tick the last stage's forward and backward) each of M
+    micro-batches runs every layer's forward and its backward (twice the
+    forward's); at K = 2 the critical path, each tick the slowest stage's
+    ops, costs its chunk's layers."""
+    layers = pj.models.mlp(depth=4, width=64)
+    L, M, s = len(layers), 4, 1e-3
+    free = dict(device_flops=1e30, memory_bandwidth=1e30, tick_seconds=0.0,
+                link_bandwidth=1e30, layer_seconds=s)
+    found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
+                           devices=1, batch=16, stages=[1], schedules=["1f1b"],
+                           microbatches=[M], remat=["none", "stage"], **free)
+    assert len(found) == 2
+    assert all(c.step_seconds == pytest.approx(M * 3 * L * s) for c in found)
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 40)),
+                       stages=2, microbatches=M, schedule="gpipe", remat="none")
+    fixed = step_costs.fixed_costs(pipe.build.code, False, False, s)
+    sizes = [len(pipe.plan.stage_specs(j)) for j in range(2)]
+    Op = pj.schedules.Op
+    assert list(fixed[Op.F]) == [s * n for n in sizes]
+    assert list(fixed[Op.BW]) == [2 * s * n for n in sizes]
+    (c,) = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
+                          devices=2, batch=16, stages=[2], schedules=["gpipe"],
+                          microbatches=[M], remat=["none"], **free)
+    # GPipe: M + K − 1 = 5 ticks of forwards, as many of backwards: the first
+    # and the last run one stage, the M − 1 between both, as slow as the larger
+    assert c.step_seconds == pytest.approx(3 * s * (sum(sizes) + (M - 1) * max(sizes)))

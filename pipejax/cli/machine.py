@@ -41,9 +41,11 @@ def machine_rates(machine: str | None, dtype: str) -> dict:
               f"to measure)")
         return {"device_flops": flops}
     rates = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops",
-                      "memory_bandwidth"), parse_numbers(machine, "--machine", (3, 4, 5),
-                                                         "50e12,50e9,20e-6")))
-    if any(r < 0 or r == 0 and name != "host_flops" for name, r in rates.items()):
-        raise ConfigError(f"--machine {machine}: every rate must be positive (HOST may be 0: "
-                          f"no processor shared), e.g. 50e12,50e9,20e-6,0,2e12")
-    return {name: r for name, r in rates.items() if r}  # HOST 0: processors of their own
+                      "memory_bandwidth", "layer_seconds"),
+                     parse_numbers(machine, "--machine", (3, 4, 5, 6), "50e12,50e9,20e-6")))
+    may_be_0 = ("host_flops", "layer_seconds")
+    if any(r < 0 or r == 0 and name not in may_be_0 for name, r in rates.items()):
+        raise ConfigError(f"--machine {machine}: every rate must be positive (HOST and LAYER "
+                          f"may be 0: no processor shared, no fixed cost a layer), e.g. "
+                          f"50e12,50e9,20e-6,0,2e12,0")
+    return {name: r for name, r in rates.items() if r}  # 0: none shared, none counted
