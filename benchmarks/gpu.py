@@ -59,9 +59,31 @@ def _setting(section: dict, env: dict) -> str:
         f"{model['parameters'] / 1e6:.1f} M parameters); a step is M = {model['M']} "
         f"micro-batches of {model['micro']} sequences "
         f"({model['M'] * model['micro'] * model['context']} tokens), AdamW; "
-        f"{section['flops_per_step'] / 1e12:.2f} TFLOP a step (forward + backward, `pj.trace`'s count); dense peaks {peaks or 'unknown for this device'}; "
+        f"{section['flops_per_step'] / 1e12:.2f} TFLOP a step (forward + backward, "
+        f"`pj.trace`'s count); dense peaks {peaks or 'unknown for this device'}; "
         f"median of up to {model['repeats']} alternated rounds (`{env['command']}`, "
         f"{section['seconds']:.0f} s).")
+
+
+def _split_costs(section: dict, env: dict) -> str:
+    """What a ring row read at a dynamic index and the zero-bubble split
+    cost on the GPU, in one sentence: GPipe at K = 1 with remat "none"
+    (its backward reads every kept residual from a ring of M rows) over
+    1F1B at K = 1 (one vjp, no ring), each over the plain jit, and zb-h1
+    over 1F1B where measured."""
+    rows = {d: {r["step"]: r for r in section.get(d, [])} for d in ("bfloat16", "float32")}
+    over = lambda d, step: rows[d].get(step, {}).get("over_plain")
+    ring = [f"{over(d, 'gpipe remat=none') / over(d, '1f1b remat=none'):.3f}× in {d}"
+            for d in rows if over(d, "gpipe remat=none") and over(d, "1f1b remat=none")]
+    if not ring:
+        return "On a GPU: not measured yet (`make gpu`)."
+    split = [f"{r['over_1f1b']:.3f}× ({d}, {r['step'].split()[1]})" for d in rows
+             for r in rows[d].values() if "over_1f1b" in r]
+    return (f"On one {env['device']} (`make gpu`, `bench_gpu.json`), GPipe at K = 1 with remat "
+            f"\"none\", whose backward reads every kept residual from a ring of M rows at a "
+            f"dynamic row, takes {' and '.join(ring)} the step of 1F1B at K = 1, whose one vjp "
+            f"keeps nothing in a ring (each over the plain jit); zb-h1 at K = 1 against 1F1B: "
+            + (", ".join(split) + "." if split else "not measured yet."))
 
 
 def tables() -> dict[str, str]:
@@ -69,7 +91,8 @@ def tables() -> dict[str, str]:
     ("not measured yet" without it)."""
     if not (RESULTS / "bench_gpu.json").exists():
         return {**dict.fromkeys(("setting", "bfloat16", "float32", "goals"), MISSING),
-                "headline": "not measured yet (no `bench_gpu.json`)."}
+                "headline": "not measured yet (no `bench_gpu.json`).",
+                "split_costs": "On a GPU: not measured yet (`make gpu`)."}
     result = load("bench_gpu")
     section, env = result["gpu"], result.get("rerun", {}).get("gpu", result["environment"])
     table = lambda dtype: markdown([{k: r.get(k) for k in (*COLUMNS, "error") if k in r}
@@ -85,7 +108,8 @@ def tables() -> dict[str, str]:
         + ("." if k1["mfu"] is None else
            f", MFU {k1['mfu']:.3f} (the plain jit's {plain['mfu']:.3f})."))
     return {"setting": _setting(section, env), "bfloat16": table("bfloat16"),
-            "float32": table("float32"), "goals": markdown(_goals(section)), "headline": headline}
+            "float32": table("float32"), "goals": markdown(_goals(section)), "headline": headline,
+            "split_costs": _split_costs(section, env)}
 
 
 if __name__ == "__main__":
