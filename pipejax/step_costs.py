@@ -1,7 +1,8 @@
 """The step-time model `pj.search` ranks by: each op's cost on each virtual
 stage in FLOPs (its arithmetic, its ring traffic, a tensor split's share
-and all-reduces, all at the device's rate), and the table's ticks in lock
-step over them. The planner's module docstring lists its assumptions."""
+and all-reduces, its layers' fixed cost, all at the device's rate), and
+the table's ticks in lock step over them. The planner's module docstring
+lists its assumptions."""
 
 from __future__ import annotations
 
