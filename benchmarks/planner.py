@@ -24,11 +24,11 @@ time       Predicted step time against the measured one on the 4 simulated
            more passes over the layers add, `_layer_seconds`), the fixed
            cost of a tick (a 4-stage 1F1B step of layers of width 4, whose
            arithmetic is nothing), the copy rate of a message and the rate
-           of the memory as the rings use it (`_ring_rate`). Reported: Spearman's rank correlation and the
-           relative error of each candidate, and the correlation and
-           errors of the same steps predicted without the ring traffic,
-           and without the layers' fixed cost (at the plain gradient's
-           average rate).
+           of the memory as the rings use it (`_ring_rate`). Reported:
+           Spearman's rank correlation and the relative error of each
+           candidate, and the correlation and errors of the same steps
+           predicted without the ring traffic, and without the layers'
+           fixed cost (at the plain gradient's average rate).
 
 Run: python benchmarks/planner.py [--part staleness memory time]
 """

@@ -215,13 +215,13 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
     flops = [sum(s.flops or 0.0 for s in plan.stage_specs(j)) for j in range(plan.chunks)]
     code = pipe.build.code
     share = w_shares(code, flops) if code.splits else None
-    costs = op_costs(flops, rm != "none", bool(schedule.fused.any()), share, code.deferred)
+    remat, fused = rm != "none", bool(schedule.fused.any())
+    costs = op_costs(flops, remat, fused, share, code.deferred)
     params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.parts
     if T > 1:
-        costs = split_costs(pipe, costs, rm != "none", device_flops / link_bandwidth)
+        costs = split_costs(pipe, costs, remat, device_flops / link_bandwidth)
     moved = ring_costs(pipe, device_flops / memory_bandwidth)
-    fixed = fixed_costs(code, rm != "none", bool(schedule.fused.any()),
-                        layer_seconds * device_flops)
+    fixed = fixed_costs(code, remat, fused, layer_seconds * device_flops)
     costs = {op: cost + moved[op] + fixed[op] for op, cost in costs.items()}
     sends = int((carried(schedule) * buffers(schedule)).sum())  # buffers the collectives send
     message = sends * pipe.layout.acts.slot_bytes() / link_bandwidth

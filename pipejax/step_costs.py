@@ -28,8 +28,8 @@ def op_costs(chunk_flops: Sequence[float], remat: bool, fused: bool = False,
     forward, but on the last stage where it runs with its forward as one
     vjp (compile/last_stage.py): a `fused` pair in one tick, or a backward
     (B or BW) that runs the forward (`deferred`), whose forward then costs
-    nothing at its own tick); W does `w_share` of the backward (`w_shares`; default half)
-    and B the rest."""
+    nothing at its own tick); W does `w_share` of the backward
+    (`w_shares`; default half) and B the rest."""
     forward = np.asarray(chunk_flops, float) / 3
     again, own = forward * remat, forward.copy()
     if fused:
