@@ -48,11 +48,12 @@ reproduce-more: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python spectrain_table.py && ../$(BIN)/python data_parallel.py
 
 # The language model: the synchronous schedules' table (25 minutes), every table's step against
-# 1F1B's (30 minutes) and the default GPT's validation loss and sample (15 minutes); the
-# first and the last fetch the Shakespeare corpus once.
+# 1F1B's (30 minutes), zero bubble's split compiled alone (3 minutes) and the default GPT's
+# validation loss and sample (15 minutes); the first and the last fetch the Shakespeare corpus once.
 lm: $(BIN)/pipejax
 	cd benchmarks && ../$(BIN)/python lm_table.py --remat stage && ../$(BIN)/python lm_table.py --remat none \
-		&& ../$(BIN)/python table_speed.py && ../$(BIN)/python lm_sample.py
+		&& ../$(BIN)/python table_speed.py && ../$(BIN)/python split_alone.py \
+		&& ../$(BIN)/python lm_sample.py
 
 # The documentation site into site/, strict: a broken link, a missing reference or a warning fails it.
 docs: $(BIN)/pipejax
