@@ -17,6 +17,7 @@ import pytest
 
 import pipejax as pj
 from pipejax.cli import main
+from pipejax.cli.models import _value, model_kwargs
 from pipejax.cli.train import StepCompiles
 
 
@@ -404,6 +405,29 @@ def test_train_a_language_model_then_sample_from_it(tmp_path, capsys, corpus_cac
     assert capsys.readouterr().out == first  # the most likely bytes: the same text
 
 
+def test_model_args_are_read_as_their_defaults_types():
+    """A bool's false is False (a word would be a true string), an int stays
+    one, a float default takes an int; a value without a default is read as
+    a number, true, false or none where it is one."""
+    assert model_kwargs("gpt", "depth=2,tie_embeddings=False,dropout=0")["tie_embeddings"] is False
+    got = model_kwargs("gpt", "tie_embeddings=1,dropout=0")
+    assert got["tie_embeddings"] is True and got["dropout"] == 0.0
+    assert isinstance(got["dropout"], float) and isinstance(got["depth"], int)
+    assert (_value("none", None, "x"), _value("2e-3", None, "x"), _value("FALSE", None, "x"),
+            _value("gelu", None, "x")) == (None, 2e-3, False, "gelu")
+
+
+def test_a_run_records_the_api_its_layers_are_written_in():
+    """Your own function decides its API, whatever --api says."""
+    from flax import nnx
+
+    from pipejax.cli.models import api_of
+    from pipejax.layers import layer_list
+
+    assert api_of(layer_list([nnx.Linear(2, 2, rngs=nnx.Rngs(0)), jax.nn.relu])) == "nnx"
+    assert api_of(layer_list(pj.models.mlp(depth=1, width=4))) == "linen"
+
+
 def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
     assert main(["train", "--model", "gpt", "--data", "mnist1d", "--stages", "2"]) == 2
     assert "--model gpt trains on a text corpus (shakespeare), not --data mnist1d" in (
@@ -412,6 +436,11 @@ def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
     assert ("--model-args 'depth=2,layers=3': 'layers=3' is not KEY=VALUE of an argument of "
             "pj.models.gpt (depth, width, heads, context, dropout, tie_embeddings)"
             ) in capsys.readouterr().err
+    for args, said in (("depth=two", "depth takes an int (its default is 6), not 'two'"),
+                       ("tie_embeddings=maybe", "tie_embeddings takes a bool"),
+                       ("vocab=100", "'vocab' is set from the data (the corpus's vocabulary)")):
+        assert main(["train", "--model", "gpt", "--model-args", args]) == 2
+        assert said in capsys.readouterr().err
     assert main(["train", "--model", "mlp", "--data", "shakespeare", "--stages", "2"]) == 2
     assert "--model mlp trains on a classification data set" in capsys.readouterr().err
     assert main(["train", "--model", "gpt", "--stages", "2", "--schedule", "pb",
@@ -435,7 +464,7 @@ def test_train_your_own_language_model_then_sample_from_it(tmp_path, capsys, cor
                  "--sample-length", "0", "--quiet", "--out", str(run)]) == 0
     assert "optimizer: adamw" in capsys.readouterr().out  # a language model's defaults
     recorded = json.loads((run / "run.json").read_text())
-    assert recorded["model"] == "tests.user_models:tiny_decoder"
+    assert (recorded["model"], recorded["api"]) == ("tests.user_models:tiny_decoder", "linen")
     assert (recorded["vocab"], recorded["context"]) == (256, 16)
     assert main(["sample", "--from", str(run), "--prompt", "Once", "--length", "8",
                  "--temperature", "0"]) == 0

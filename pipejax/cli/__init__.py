@@ -25,6 +25,22 @@ from pipejax.transforms.hyperparams import LR_SCHEDULES
 from pipejax.transforms.mitigations import MITIGATIONS
 
 
+def _count(text: str) -> int:
+    """A flag that counts something: an int of 1 or more."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not 1 or more")
+    return value
+
+
+def _rate(text: str) -> float:
+    """A learning rate: a float above 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not above 0")
+    return value
+
+
 def _common(q: argparse.ArgumentParser) -> None:
     """The flags of the pipeline `train` and `plan` build (config.Common)."""
     q.add_argument("--model", default="mlp", metavar="MODEL",
@@ -41,12 +57,12 @@ def _common(q: argparse.ArgumentParser) -> None:
                    help="mnist1d (default) | digits | path to a .npz file; shakespeare "
                         "(the default of --model gpt) | package.module:function returning a "
                         "pj.data.Corpus or pj.data.Dataset")
-    q.add_argument("--stages", type=int, default=4)
-    q.add_argument("--microbatches", type=int, default=4)
-    q.add_argument("--batch-size", type=int, default=None,
+    q.add_argument("--stages", type=_count, default=4)
+    q.add_argument("--microbatches", type=_count, default=4)
+    q.add_argument("--batch-size", type=_count, default=None,
                    help="examples (text windows) per step (default 128, gpt 32, or "
                         "--microbatch-size x --microbatches x --replicas)")
-    q.add_argument("--microbatch-size", type=int, default=None,
+    q.add_argument("--microbatch-size", type=_count, default=None,
                    help="examples per micro-batch: the update size of an asynchronous "
                         "schedule (Kosson et al. train at 1); sets --batch-size")
     q.add_argument("--schedule", default="gpipe", type=schedule_name, metavar="NAME|CSV",
@@ -55,7 +71,7 @@ def _common(q: argparse.ArgumentParser) -> None:
                         "own --virtual and --placement")
     on_v = [n for n, f in FAMILIES.items() if f.placement == "v"]
     defaults = sorted({f.virtual for f in FAMILIES.values()} - {1})
-    q.add_argument("--virtual", type=int, default=None, metavar="V",
+    q.add_argument("--virtual", type=_count, default=None, metavar="V",
                    help="model chunks per device (virtual stages; default 1, " + ", ".join(
                        f"{v} for {in_words([n for n, f in FAMILIES.items() if f.virtual == v])}"
                        for v in defaults) + "); with "
@@ -70,14 +86,14 @@ def _common(q: argparse.ArgumentParser) -> None:
                    help="the dtype the stages compute in (float32 master weights)")
     q.add_argument("--max-padding", type=float, default=None, metavar="F",
                    help="keep the packed parameters' padding within this fraction")
-    q.add_argument("--replicas", type=int, default=1,
+    q.add_argument("--replicas", type=_count, default=1,
                    help="pipeline replicas (data parallelism); --batch-size is split over them")
-    q.add_argument("--nodes", type=int, default=1,
+    q.add_argument("--nodes", type=_count, default=1,
                    help="groups of replicas, mesh (node, local, stage), for --rule hadpsgd")
-    q.add_argument("--fsdp", type=int, default=1, metavar="F",
+    q.add_argument("--fsdp", type=_count, default=1, metavar="F",
                    help="devices each stage is sharded over (ZeRO-3): its weights, gradients "
                         "and optimizer state in F pieces, each micro-batch in F parts")
-    q.add_argument("--tensor", type=int, default=1, metavar="T",
+    q.add_argument("--tensor", type=_count, default=1, metavar="T",
                    help="devices each annotated parameter is split over (tensor parallelism; "
                         "the gpt carries Megatron's layout)")
 
@@ -89,7 +105,7 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
     train.add_argument("--weight-decay", type=float, default=0.1,
                        help="adamw's decoupled weight decay, on matrices and embeddings "
                             "(adamw runs with betas 0.9, 0.95)")
-    train.add_argument("--lr", type=float, default=None, help="default: the model's")
+    train.add_argument("--lr", type=_rate, default=None, help="default: the model's")
     train.add_argument("--momentum", type=float, default=None,
                        help="for momentum and mitigations (default 0.9)")
     train.add_argument("--mitigation", default=None, choices=list(MITIGATIONS),
@@ -118,13 +134,13 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
     train.add_argument("--rule", default=None, choices=list(RULES),
                        help="how replicas combine: ssgd (default), adpsgd, hadpsgd, elastic")
     train.add_argument("--alpha", type=float, default=0.1, help="elastic moving rate")
-    train.add_argument("--every", type=int, default=8, help="steps between elastic averagings")
-    train.add_argument("--processes", type=int, default=1,
+    train.add_argument("--every", type=_count, default=8, help="steps between elastic averagings")
+    train.add_argument("--processes", type=_count, default=1,
                        help="run as N local processes forming one mesh (jax.distributed, gloo); "
                             "on several hosts set PIPEJAX_COORDINATOR, PIPEJAX_PROCESSES, "
                             "PIPEJAX_PROCESS_ID on each instead")
-    train.add_argument("--epochs", type=int, default=None, help="default: the model's")
-    train.add_argument("--steps", type=int, default=None, help="overrides --epochs")
+    train.add_argument("--epochs", type=_count, default=None, help="default: the model's")
+    train.add_argument("--steps", type=_count, default=None, help="overrides --epochs")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--eval-every", type=int, default=None,
                        help="steps between evaluations: test accuracy, or a language model's "
@@ -173,7 +189,7 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
                       help="rank the configurations of --devices for --batch-size (pj.search): "
                            "predicted step time, memory per device, bubble, the delay in "
                            "effective steps")
-    plan.add_argument("--devices", type=int, default=8,
+    plan.add_argument("--devices", type=_count, default=8,
                       help="with --search: data x stages x --fsdp x --tensor")
     plan.add_argument("--schedules", default=None, metavar="NAME,...",
                       help="with --search: the schedules to rank (default "
@@ -184,7 +200,7 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--reference", default=None, metavar="LR,M,B",
                       help="with --search: the synchronous recipe an asynchronous candidate "
                            "moves to its micro-batch by eq. 9 (Kosson et al.)")
-    plan.add_argument("--lr", type=float, default=None,
+    plan.add_argument("--lr", type=_rate, default=None,
                       help="with --search: the asynchronous update's own rate (with --momentum)")
     plan.add_argument("--momentum", type=float, default=0.0,
                       help="with --search and --lr: the update's momentum")

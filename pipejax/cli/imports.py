@@ -65,6 +65,12 @@ def parameters(fn: Callable) -> tuple[list[str], bool]:
     return names, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
+def defaults(fn: Callable) -> dict[str, Any]:
+    """`fn`'s keyword parameters that have a default, and that default."""
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
+            if p.default is not p.empty}
+
+
 def call_model(spec: str, kwargs: dict, given: dict[str, Any]) -> list:
     """The layer list of the function `spec` names, called with `kwargs`
     (--model-args) and those of `given` (what the data decides) it names.

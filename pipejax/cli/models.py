@@ -4,7 +4,9 @@ arguments and training settings, or your own function by import path
 
 from __future__ import annotations
 
-from pipejax.cli.imports import call_model, imported, is_import_path, parameters
+from typing import Any
+
+from pipejax.cli.imports import call_model, defaults, imported, is_import_path, parameters
 
 # Per model: keyword arguments of its builder and the training settings that
 # reach the accuracies of docs/training-job.md on MNIST-1D (4 stages, GPipe); the GPT's
@@ -55,29 +57,77 @@ def training_defaults(name: str, text: bool) -> dict:
 
 def model_kwargs(name: str, text: str | None = None) -> dict:
     """The model's builder arguments: its defaults, overridden by --model-args
-    `text` ("depth=2,width=64": numbers, or words for string arguments).
+    `text` ("depth=2,width=64,tie_embeddings=true": each value read as the
+    type of the argument's default where it has one; else a number, true,
+    false, none or a word).
 
     Raises:
-      ConfigError: naming an argument the builder does not take, or a pair
-        that is not KEY=VALUE.
+      ConfigError: naming an argument the builder does not take or one the
+        CLI sets from the data, a pair that is not KEY=VALUE, or a value that
+        is not of its default's type.
     """
     import pipejax as pj
 
     own = is_import_path(name)
     kwargs = {} if own else dict(MODEL_DEFAULTS[name][0])
-    names, anything = parameters(imported(name, "--model") if own else pj.models.MODELS[name])
-    known = [p for p in names if p not in ("api", "inputs", "rngs", "classes", "vocab")]
+    builder = imported(name, "--model") if own else pj.models.MODELS[name]
+    names, anything = parameters(builder)
+    known = [p for p in names if p not in _SET_BY_CLI]
+    typed = defaults(builder)
     for pair in filter(None, (text or "").split(",")):
-        key, eq, value = pair.partition("=")
-        if not eq or (key.strip() not in known and not anything):
+        key, eq, value = (part.strip() for part in pair.partition("="))
+        if key in _SET_BY_CLI and key in names:
+            raise pj.errors.ConfigError(f"--model-args {text!r}: {key!r} is set from "
+                                        f"{_SET_BY_CLI[key]}, not --model-args")
+        if not eq or (key not in known and not anything):
             raise pj.errors.ConfigError(
                 f"--model-args {text!r}: {pair!r} is not KEY=VALUE of an argument of "
                 f"{name if own else 'pj.models.' + name} ({', '.join(known)})")
-        try:
-            kwargs[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
-        except ValueError:
-            kwargs[key.strip()] = value.strip()
+        kwargs[key] = _value(value, typed.get(key), f"--model-args {text!r}: {key}")
     return kwargs
+
+
+# Builder arguments the CLI passes itself, and what sets them.
+_SET_BY_CLI = {"api": "--api", "inputs": "the data (one example's shape)",
+               "rngs": "--seed (an nnx.Rngs)", "classes": "the data (its classes)",
+               "vocab": "the data (the corpus's vocabulary)"}
+_WORDS = {"true": True, "false": False, "none": None}
+
+
+def _value(word: str, default: Any, where: str) -> Any:
+    """`word` read as the type of `default` (a bool, an int, a float), or,
+    with no such default, as a number, true, false, none or itself.
+
+    Raises:
+      ConfigError: `word` is not of `default`'s type (`where` names it).
+    """
+    from pipejax.errors import ConfigError
+
+    if isinstance(default, str):
+        return word
+    value = _WORDS.get(word.lower(), word)
+    if isinstance(value, str):
+        try:
+            value = int(word) if word.lstrip("-").isdigit() else float(word)
+        except ValueError:
+            pass
+    if isinstance(default, bool) and value in (0, 1):
+        return bool(value)
+    kinds = {bool: (bool,), int: (int,), float: (int, float)}
+    wanted = next((k for k in kinds if type(default) is k), None)
+    if wanted and (type(value) not in kinds[wanted]):
+        raise ConfigError(f"{where} takes {'a' if wanted is not int else 'an'} "
+                          f"{wanted.__name__} (its default is {default!r}), not {word!r}")
+    return float(value) if wanted is float else value
+
+
+def api_of(layers) -> str:
+    """The Flax API of a pipeline's (wrapped) layers: "nnx" where one is an
+    NNX module, else "linen" (what --api builds for the zoo; your own
+    function decides its own)."""
+    from pipejax.layers.nnx import NnxLayer
+
+    return "nnx" if any(isinstance(layer, NnxLayer) for layer in layers) else "linen"
 
 
 def build_layers(name: str, example_shape: tuple, classes: int, api: str = "linen",

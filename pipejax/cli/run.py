@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from pipejax.cli.config import SampleConfig, TrainConfig
+from pipejax.cli.models import api_of, build_layers
 from pipejax.cli.tasks import LanguageModel
 
 RUN = "run.json"
@@ -31,7 +32,8 @@ def save_run(out: Path, cfg: TrainConfig, trainer, state, task) -> None:
     if jax.process_index() > 0:
         return
     language = isinstance(task, LanguageModel)
-    run = {"model": cfg.model, "model_args": cfg.model_kwargs(), "api": cfg.api, "seed": cfg.seed,
+    api = api_of(trainer.build.code.model.layers)
+    run = {"model": cfg.model, "model_args": cfg.model_kwargs(), "api": api, "seed": cfg.seed,
            "data": cfg.data, "step": int(state.step), "language_model": language,
            **({"vocab": task.classes, "context": task.context} if language else {})}
     (out / RUN).write_text(json.dumps(run, indent=1) + "\n")
@@ -42,7 +44,6 @@ def sample(cfg: SampleConfig) -> int:
     import jax.numpy as jnp
 
     import pipejax as pj
-    from pipejax.cli.models import build_layers
     from pipejax.cli.tasks import LANGUAGE_MODELS, sample_text
 
     where = Path(cfg.from_)

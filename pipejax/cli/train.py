@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jax
 
 from pipejax.cli.config import TrainConfig
+from pipejax.cli.models import api_of
 from pipejax.cli.optimizer import describe_optimizer, make_optimizer
 from pipejax.cli.outputs import Run, finish
 from pipejax.cli.run import save_run
@@ -216,7 +217,7 @@ def train(cfg: TrainConfig) -> int:
                "seconds": round(seconds, 1),
                "compile_seconds": None if compile_seconds is None else round(compile_seconds, 2),
                f"{task.unit}_per_s": rate,
-               "model": cfg.model, "api": cfg.api, "data": cfg.data,
+               "model": cfg.model, "api": api_of(pipe.build.code.model.layers), "data": cfg.data,
                "schedule": cfg.schedule, "stages": cfg.stages,
                "split": list(pipe.plan.split), "virtual": pipe.plan.placement.virtual,
                "batch_size": cfg.batch_size,
