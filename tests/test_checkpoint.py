@@ -105,6 +105,27 @@ def test_asynchronous_checkpoint_restores_into_other_stages_after_a_flush(tmp_pa
     assert np.isfinite(float(m["loss"])) and int(m["microbatch"][0]) >= 3 * M
 
 
+def test_a_synchronous_checkpoint_restores_into_an_asynchronous_trainer(tmp_path):
+    """Nothing is in flight between a synchronous table's steps: the
+    asynchronous trainer starts an empty pipeline, as its own init does,
+    from the saved weights, optimizer state and step."""
+    pipe, four = _trainer(4)
+    state = four.init(pipe.init(jax.random.key(0)))
+    for i in range(3):
+        state, _ = four.step(state, _batch(i))
+    pj.save(tmp_path, four, state)
+    for K in (4, 2):  # the saved layout, and another
+        pipe_pb, pb = _trainer(K, "pb")
+        again = pj.restore(tmp_path, pb)
+        np.testing.assert_array_equal(_flat(again), _flat(state))
+        fresh = pb.init(pipe_pb.init(jax.random.key(0)))
+        for a, b in zip(jax.tree.leaves(again.inflight), jax.tree.leaves(fresh.inflight)):
+            np.testing.assert_array_equal(a, b)
+        assert int(again.step) == 3
+        again, m = pb.step(again, _batch(3))
+        assert np.isfinite(float(m["loss"]))
+
+
 def test_incompatible_trainer_names_the_first_mismatching_layer(tmp_path):
     pipe, trainer = _trainer(2)
     pj.save(tmp_path, trainer, trainer.init(pipe.init(jax.random.key(0))))
