@@ -50,7 +50,7 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
         offers a decode step (a linen module with a `decode` field, an NNX
         module with `init_cache`).
     """
-    prompt = np.asarray(prompt, np.int32).reshape(-1)
+    prompt = _tokens(prompt)
     if len(prompt) < 1 or length < 0 or context < 1 or temperature < 0:
         raise ConfigError(f"generate: prompt of {len(prompt)} tokens, length {length}, context "
                           f"{context}, temperature {temperature}; give at least one prompt "
@@ -69,6 +69,7 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
             "cache=False")
     if length == 0:
         return np.zeros((0,), np.int32)
+    _check_model(layers, variables, prompt, min(n + length, context), context)
     tokens = jnp.zeros((n + length,), jnp.int32).at[:n].set(prompt)
     cached = min(n + length, context) if (cache is None and not missing) or cache else n
     kind = ("generate", n, length, context, temperature, top_k, cached)
@@ -77,6 +78,56 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
                              _run, layers, decoders, n, cached, context,
                              _picker(temperature, top_k))))
     return np.asarray(program(variables, tokens, jax.random.split(key, length)))[n:]
+
+
+def _tokens(prompt: Any) -> np.ndarray:
+    """`prompt` as one int32 sequence [n].
+
+    Raises:
+      ConfigError: text, a batch of prompts, or values that are not integers.
+    """
+    if isinstance(prompt, (str, bytes)):
+        raise ConfigError(f"generate: prompt {prompt[:20]!r}... is text; give its tokens, "
+                          "e.g. pj.data.encode(text) for the byte-level models")
+    tokens = np.asarray(prompt)
+    if tokens.ndim > 1:
+        raise ConfigError(f"generate: prompt of shape {tokens.shape}; give one sequence of "
+                          "tokens [n] (generate a batch of prompts one at a time)")
+    if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+        raise ConfigError(f"generate: prompt of dtype {tokens.dtype}; give integer token ids")
+    return tokens.astype(np.int32).reshape(-1)
+
+
+def _check_model(layers: Sequence[Layer], variables: Any, prompt: np.ndarray, window: int,
+                 context: int) -> None:
+    """That `variables` are one entry per layer and that the layers take a
+    window of `window` tokens (at most `context`) and give logits over a
+    vocabulary that holds every id of `prompt`.
+
+    Raises:
+      ConfigError: naming what does not fit and how to fix it.
+    """
+    if type(variables).__name__ in ("Staged", "TrainState"):
+        raise ConfigError(f"generate: variables are a pipeline's {type(variables).__name__}; "
+                          "give one entry per layer, pj.unstage(state or params)")
+    if len(variables) != len(layers):
+        raise ConfigError(f"generate: {len(variables)} variables entries for {len(layers)} "
+                          "layers; give one per layer (pj.unstage)")
+    try:
+        logits = remembered(memories.GENERATORS if lasting(layers) else [], layers,
+                            ("logits", window), lambda: jax.eval_shape(
+                                lambda v: apply_layers(layers, v, jnp.zeros((1, window),
+                                                                           jnp.int32),
+                                                       train=False), variables))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"generate: the layers cannot take {window} tokens at once "
+                          f"(context={context}): {str(e).rstrip('.')}; give the context the "
+                          "model was built with (the length of its position table)") from e
+    vocab = logits.shape[-1]
+    bad = prompt[(prompt < 0) | (prompt >= vocab)]
+    if bad.size:
+        raise ConfigError(f"generate: prompt ids {sorted(set(bad.tolist()))[:5]} outside the "
+                          f"vocabulary [0, {vocab}) of the model's logits")
 
 
 def _run(layers: Sequence[Layer], decoders: Sequence[Decoder | None], n: int, cached: int,

@@ -48,6 +48,25 @@ def test_sampling_is_fixed_by_the_key_and_top_k_limits_it(model):
         pj.generate(layers, variables, [], 3, context=CONTEXT, key=jax.random.key(0))
 
 
+@pytest.mark.parametrize("prompt, variables, context, said", [
+    ([[1, 2], [3, 4]], None, CONTEXT, r"prompt of shape \(2, 2\); give one sequence"),
+    ([1.5, 2.0], None, CONTEXT, "give integer token ids"),
+    ("Once", None, CONTEXT, "is text; give its tokens, e.g. pj.data.encode"),
+    ([3, 256, -1], None, CONTEXT, r"prompt ids \[-1, 256\] outside the vocabulary \[0, 256\)"),
+    ([1, 2], None, 4 * CONTEXT, "cannot take 12 tokens at once .context=32.*position table"),
+    ([1, 2], "staged", CONTEXT, r"a pipeline's Staged; give one entry per layer, pj.unstage"),
+])
+def test_a_prompt_or_model_that_does_not_fit_is_named(model, prompt, variables, context, said):
+    """Never a silent flattened batch, a NaN's token 0 or a broadcasting error."""
+    layers, values = model
+    if variables == "staged":
+        example = jnp.zeros((1, CONTEXT), jnp.int32)
+        values = pj.pipeline(layers, loss=pj.losses.next_token, example=example,
+                             targets=example, stages=1, microbatches=1).init(jax.random.key(0))
+    with pytest.raises(pj.errors.ConfigError, match=said):
+        pj.generate(layers, values, prompt, 10, context=context, key=jax.random.key(0))
+
+
 def test_decode_steps_give_the_logits_of_the_whole_window(model):
     """Token by token through every layer's cache: each position's logits
     are those of the layers run on the whole window."""
