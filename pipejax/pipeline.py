@@ -260,9 +260,11 @@ def _at_shape(b: Build, flags: Flags, example: Any, targets: Any) -> Build:
       BatchError: naming the first layer whose parameters differ at this shape.
     """
     model = b.code.model._replace(example=example, targets=targets)
-    specs = tuple(trace(list(model.layers), example))
-    trace_loss(model.loss, specs[-1].output, targets)
     arrays = lambda tree: ", ".join(f"{a.dtype}{list(a.shape)}" for a in jax.tree.leaves(tree))
+    specs = tuple(trace(list(model.layers), example, source=(
+        f"a batch of other micro-batches than the pipeline's {arrays(b.example)} (a language "
+        "model takes windows up to its context)")))
+    trace_loss(model.loss, specs[-1].output, targets)
     for old, new in zip(b.code.plan.specs, specs):
         if abstract(old.variables) != abstract(new.variables):
             raise BatchError(

@@ -192,7 +192,10 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                                 mesh=make_mesh(K, fsdp=F, tensor=T) if F * T > 1 else None)
             except (ConfigError, LayerError) as err:
                 if isinstance(err, LayerError) and T == 1:
-                    raise
+                    shapes = ", ".join(str(np.shape(a)) for a in jax.tree.leaves(example))
+                    raise LayerError(f"{err} (pj.search stacked {mb} of example {shapes} into "
+                                     "each micro-batch: give one example, without its batch "
+                                     "axis)") from None
                 continue  # this table does not take these settings (M < K, v·K > layers, T
                 # that no annotation or not every annotated axis takes, ...)
             out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,

@@ -135,6 +135,11 @@ def trace_loss(loss: Any, output: Any, targets: Any) -> None:
         hint = "" if isinstance(err, PipejaxError) else (  # a pipejax loss says how to fix it
             "; give pj.pipeline(targets=...) one micro-batch of targets shaped as the loss "
             "expects")
+        leads = {np.shape(a)[0] if np.ndim(a) else None
+                 for a in jax.tree.leaves((output, targets))}
+        if len(leads) > 1:
+            hint += (f" (outputs and targets differ in their first axis, {sorted(leads, key=str)}"
+                     ": is pj.pipeline's example one micro-batch, its batch axis first?)")
         raise LayerError(
             f"the loss cannot take {where}: {type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}{hint}") from None
@@ -159,9 +164,10 @@ def _seconds(layer: Layer, variables: Any, h: Any, key: jax.Array, repeats: int 
 
 
 def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
-          key: jax.Array | None = None) -> list[LayerSpec]:
+          key: jax.Array | None = None, source: str = "the example") -> list[LayerSpec]:
     """Trace `layers` on one example micro-batch; allocates no parameters
     (except with `cost="time"`, which must run each layer to time it).
+    `source` names where `example` came from, in the errors.
 
     Raises:
       LayerError: naming the layer index, its class and the shapes, when a
@@ -180,8 +186,8 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
         name = layer.name
 
         def failed(err: Exception) -> LayerError:
-            produced = "the example" if i == 0 else f"layer {i - 1} ({specs[-1].name})"
-            first_line = str(err).splitlines()[0] if str(err) else ""
+            produced = source if i == 0 else f"layer {i - 1} ({specs[-1].name})"
+            first_line = str(err).splitlines()[0].rstrip(".") if str(err) else ""
             return LayerError(
                 f"layer {i} ({name}){layer.detail} cannot take input {_describe(h)} produced by "
                 f"{produced}: {type(err).__name__}: {first_line}; "

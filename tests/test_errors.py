@@ -80,6 +80,11 @@ def test_a_loss_that_does_not_fit_the_outputs():
                     loss=pj.losses.next_token, example=jnp.zeros((2, 8), jnp.int32), stages=1,
                     microbatches=1)
     assert str(err.value).count("give pj.pipeline(targets=...)") == 1
+    with pytest.raises(LayerError, match=r"outputs float32\[10\] and targets int32\[20\].*"
+                       r"differ in their first axis, \[10, 20\]: is pj.pipeline's example one "
+                       "micro-batch, its batch axis first"):  # an example without its batch axis
+        pj.pipeline(pj.models.mlp(depth=2, width=16), loss=pj.losses.cross_entropy,
+                    example=jnp.zeros((20,)), stages=1, microbatches=1)
 
 
 def test_layer_whose_input_does_not_fit():

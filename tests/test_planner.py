@@ -259,6 +259,15 @@ def test_bad_settings_name_themselves(settings, message):
                        remat=["stage"], **settings)
 
 
+def test_an_example_with_a_batch_axis_is_named():
+    """The search stacks micro-batches of one example; a batched one does not fit."""
+    with pytest.raises(pj.errors.LayerError, match=r"stacked 2 of example \(2, 40\) into each "
+                       "micro-batch: give one example, without its batch axis"):
+        planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                       example=jnp.zeros((2, 40)), devices=4, batch=32, microbatches=[4],
+                       remat=["stage"], stages=[1])
+
+
 def test_messages_cost_the_collectives_the_table_runs():
     """At 1 byte/s over the link and nothing else costed, a step is its
     messages: each collective the table runs (`messages.carried`) sends its

@@ -88,7 +88,10 @@ def test_shape_bounds_and_mismatches_are_clear_errors():
     with pytest.raises(pj.errors.BatchError, match=r"past max_shapes=1 .*pad_to_lengths"):
         pipe.value_and_grad(params, _tokens(0, T // 2))
     # Longer than the position table: the embedding layer says so.
-    with pytest.raises(pj.errors.LayerError, match=r"layer 0 \(TokenEmbed\)"):
+    with pytest.raises(pj.errors.LayerError, match=r"layer 0 \(TokenEmbed\) cannot take input "
+                       r"int32\[2, 32\] produced by a batch of other micro-batches than the "
+                       r"pipeline's int32\[2, 16\] \(a language model takes windows up to its "
+                       r"context\)"):
         _pipeline().value_and_grad(params, _tokens(0, 2 * T))
     # An asynchronous table keeps micro-batches of one shape in flight.
     asynchronous = _pipeline(schedule="pipedream")
