@@ -121,8 +121,9 @@ _BUILT_IN = (
            bubble=fill_drain),
     Family("1f1b", _one_layout(one_f_one_b), virtuals=(1,),
            refusal="1F1B over virtual stages is 'interleaved'", bubble=fill_drain),
-    # Interleaving pays only with chunks to interleave: pj.search builds it at v = 2.
-    Family("interleaved", interleaved, search_virtual=2, bubble=fill_drain),
+    # Interleaving pays only with chunks to interleave (at v = 1 its table is 1F1B's):
+    # built at v = 2 unless told otherwise.
+    Family("interleaved", interleaved, virtual=2, bubble=fill_drain),
     Family("zb-h1", zb_h1, bubble=zero_bubble_fill),
     Family("zb-h2", zb_h2, searched=False, bubble=zero_bubble_fill),
     Family("zb-v", _one_layout(zb_v), placement="v", virtual=2, virtuals=(2,),
