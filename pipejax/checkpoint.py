@@ -258,28 +258,28 @@ def _count(tree: dict, k: int) -> int:
 def _layout_bound(prefix: str, what: str, template: Any, tree: dict, meta: dict,
                   same_layout: bool, sharding: Any, flushable: bool) -> Any:
     """A part only the saved layout reads (`template` of this trainer): as
-    saved when the layouts agree; for the in-flight state (`flushable`) of a
-    flushed checkpoint, an empty pipeline continuing the saved ids, and of a
-    synchronous schedule's (which holds none), an empty pipeline as a new
-    trainer starts one; else an error (the caller checked that an unflushed
-    one has the same layout)."""
+    saved when the layouts and the parts agree; for the in-flight state
+    (`flushable`) of a synchronous table's checkpoint (none in flight), an
+    empty pipeline as a new trainer starts one, of a flushed one, an empty
+    pipeline continuing the saved ids; else an error (the caller checked that
+    an unflushed one has the same layout)."""
     names = list(files.flat(prefix, template))
     if not names:
         return template
     missing = [n for n in names if n not in tree]
-    if missing and flushable and len(missing) == len(names):
-        values = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), template)
-    elif missing:
-        raise CheckpointError(f"the checkpoint does not hold {what} ({missing[0]} and "
-                              f"{len(missing) - 1} more are not saved; it was saved by a "
-                              f"{meta['schedule']} trainer): restore it into a trainer of "
-                              "the same data rule")
-    elif same_layout:
+    if same_layout and not missing:
         values = jax.tree.unflatten(jax.tree.structure(template), [tree[n] for n in names])
+    elif flushable and f"{prefix}base" not in tree:  # a synchronous table's: nothing in flight
+        values = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), template)
     elif flushable and meta["flushed"]:
         base = tree[f"{prefix}base"]
         values = jax.tree.map(lambda t: np.zeros(t.shape, t.dtype), template)
         values = values._replace(base=base, start=base, fed=base)
+    elif missing:
+        raise CheckpointError(f"the checkpoint holds {what} of another kind ({missing[0]} and "
+                              f"{len(missing) - 1} more are not saved; a {meta['schedule']} "
+                              f"trainer saved it): restore it into a trainer of that schedule "
+                              "and data rule, or flush its micro-batches before saving")
     else:
         raise CheckpointError(f"the checkpoint holds {what} of another layout (layer ranges "
                               f"{meta['ranges']}, {meta['replicas']} replicas, fsdp="

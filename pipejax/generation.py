@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax import memories
+from pipejax.compile.state import Staged, TrainState
 from pipejax.errors import ConfigError
 from pipejax.layers import Decoder, Layer, Variables, apply_layers, lasting, layer_list, remembered
 
@@ -107,7 +108,7 @@ def _check_model(layers: Sequence[Layer], variables: Any, prompt: np.ndarray, wi
     Raises:
       ConfigError: naming what does not fit and how to fix it.
     """
-    if type(variables).__name__ in ("Staged", "TrainState"):
+    if isinstance(variables, (Staged, TrainState)):
         raise ConfigError(f"generate: variables are a pipeline's {type(variables).__name__}; "
                           "give one entry per layer, pj.unstage(state or params)")
     if len(variables) != len(layers):
