@@ -109,7 +109,8 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
            partition: str | Sequence[int] = "variance", device_flops: float = 50e12,
            link_bandwidth: float = 50e9, tick_seconds: float = 20e-6,
            host_flops: float | None = None,
-           memory_bandwidth: float = 2e12, layer_seconds: float = 0.0) -> list[Candidate]:
+           memory_bandwidth: float = 2e12, layer_seconds: float = 0.0,
+           progress: Callable[[int, int], None] | None = None) -> list[Candidate]:
     """The configurations of `layers` for `batch` examples a step on
     `devices` devices, best first: stable (or unknown) before unstable,
     then by predicted step time, then memory.
@@ -143,6 +144,9 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
         fixed cost, whatever the micro-batch's size (the launch of its
         kernels; its backward's twice that; default 0: none counted;
         `benchmarks/planner.py --part time` measures it with the rates).
+      progress: called with (configurations tried, configurations in all)
+        before each and once at the end (each builds a pipeline and
+        compiles what is new of its backward: seconds each).
     """
     if devices < 1 or batch < 1:
         raise ConfigError(f"devices={devices}, batch={batch}; both must be positive")
@@ -168,7 +172,8 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                           f"{len(jax.devices())}; on CPU call pj.simulate_devices({devices}) "
                           "before JAX starts, or pass fewer stages")
     optimizer = optimizer or optax.sgd(0.1, momentum=0.9)
-    out = []
+    searched = [n for n, f in FAMILIES.items() if f.searched]
+    tries = []  # (K, F, T, replicas, M, schedule, remat, compute dtype)
     for K, F, T in layouts:
         R = devices // (K * F * T)
         if batch % R:
@@ -176,31 +181,35 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
         per_replica = batch // R
         Ms = microbatches or [m for m in (K * 2 ** i for i in range(8))
                               if m <= per_replica and per_replica % m == 0][:4]
-        searched = [n for n, f in FAMILIES.items() if f.searched]
-        for M, name, rm, dtype in itertools.product(Ms, schedules or searched, remat,
-                                                    compute_dtypes):
-            if per_replica % (M * F):
-                continue
-            v = FAMILIES[name].search_virtual
-            mb = per_replica // M
-            stack = lambda a: jnp.zeros((mb, *np.shape(a)), jnp.result_type(a))
-            try:
-                pipe = pipeline(layers, loss=loss, example=jax.tree.map(stack, example),
-                                targets=None if targets is None else jax.tree.map(stack, targets),
-                                stages=K, microbatches=M, schedule=name, virtual=v, remat=rm,
-                                compute_dtype=dtype, partition=partition,
-                                mesh=make_mesh(K, fsdp=F, tensor=T) if F * T > 1 else None)
-            except (ConfigError, LayerError) as err:
-                if isinstance(err, LayerError) and T == 1:
-                    shapes = ", ".join(str(np.shape(a)) for a in jax.tree.leaves(example))
-                    raise LayerError(f"{err} (pj.search stacked {mb} of example {shapes} into "
-                                     "each micro-batch: give one example, without its batch "
-                                     "axis)") from None
-                continue  # this table does not take these settings (M < K, v·K > layers, T
-                # that no annotation or not every annotated axis takes, ...)
-            out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
-                                  momentum, reference, device_flops, link_bandwidth,
-                                  tick_seconds, host_flops, memory_bandwidth, layer_seconds))
+        tries += [(K, F, T, R, *c) for c in itertools.product(Ms, schedules or searched, remat,
+                                                               compute_dtypes)
+                  if per_replica % (c[0] * F) == 0]
+    out = []
+    for i, (K, F, T, R, M, name, rm, dtype) in enumerate(tries):
+        if progress is not None:
+            progress(i, len(tries))
+        v = FAMILIES[name].search_virtual
+        mb = batch // R // M
+        stack = lambda a: jnp.zeros((mb, *np.shape(a)), jnp.result_type(a))
+        try:
+            pipe = pipeline(layers, loss=loss, example=jax.tree.map(stack, example),
+                            targets=None if targets is None else jax.tree.map(stack, targets),
+                            stages=K, microbatches=M, schedule=name, virtual=v, remat=rm,
+                            compute_dtype=dtype, partition=partition,
+                            mesh=make_mesh(K, fsdp=F, tensor=T) if F * T > 1 else None)
+        except (ConfigError, LayerError) as err:
+            if isinstance(err, LayerError) and T == 1:
+                shapes = ", ".join(str(np.shape(a)) for a in jax.tree.leaves(example))
+                raise LayerError(f"{err} (pj.search stacked {mb} of example {shapes} into "
+                                 "each micro-batch: give one example, without its batch "
+                                 "axis)") from None
+            continue  # this table does not take these settings (M < K, v·K > layers, T
+            # that no annotation or not every annotated axis takes, ...)
+        out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
+                              momentum, reference, device_flops, link_bandwidth,
+                              tick_seconds, host_flops, memory_bandwidth, layer_seconds))
+    if progress is not None:
+        progress(len(tries), len(tries))
     if memory is not None and out and min(c.memory_bytes for c in out) > memory:
         raise ConfigError(f"no candidate fits memory={human_bytes(memory)} a device: the "
                           f"smallest needs {human_bytes(min(c.memory_bytes for c in out))}; "

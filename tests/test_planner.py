@@ -259,6 +259,16 @@ def test_bad_settings_name_themselves(settings, message):
                        remat=["stage"], **settings)
 
 
+def test_the_search_reports_its_progress():
+    calls = []
+    found = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                           example=jnp.zeros((40,)), devices=4, batch=32, microbatches=[4],
+                           remat=["stage"], schedules=["1f1b", "pb"], stages=[2, 4],
+                           progress=lambda *a: calls.append(a))
+    total = 2 * 2  # stages x schedules, one M and remat each
+    assert calls == [(i, total) for i in range(total + 1)] and len(found) == total
+
+
 def test_an_example_with_a_batch_axis_is_named():
     """The search stacks micro-batches of one example; a batched one does not fit."""
     with pytest.raises(pj.errors.LayerError, match=r"stacked 2 of example \(2, 40\) into each "

@@ -4,6 +4,7 @@ configuration, or with --search `pj.search`'s ranking of them."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from pipejax.cli.config import PlanConfig
 from pipejax.cli.machine import machine_rates
@@ -61,7 +62,8 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
         learning_rate=cfg.lr, momentum=cfg.momentum,
         schedules=cfg.schedules and cfg.schedules.split(","),
         compute_dtypes=(cfg.compute_dtype,), partition=partition_arg(cfg),
-        reference=reference and (reference[0], reference[1], int(reference[2])), **machine)
+        reference=reference and (reference[0], reference[1], int(reference[2])),
+        progress=_progress if sys.stderr.isatty() else None, **machine)
     print(planner.render(ranked, limit=max(20, (cfg.pick or 0) + 1)))
     if cfg.pick is None:
         return None
@@ -76,3 +78,9 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
         schedule=c.schedule,
         virtual=c.virtual, remat=c.remat,
         compute_dtype=None if c.compute_dtype == "float32" else c.compute_dtype)
+
+
+def _progress(tried: int, total: int) -> None:
+    """The search's progress on one line of the terminal."""
+    end = "\n" if tried == total else ""
+    print(f"\rsearching: {tried}/{total} configurations", end=end, file=sys.stderr, flush=True)
