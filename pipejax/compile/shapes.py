@@ -74,6 +74,20 @@ class Shapes:
         """The shapes built so far, the pipeline's own first."""
         return list(self._builds)
 
+    def cast(self, batch: Any) -> Any:
+        """`batch` with each integer leaf of another integer dtype than the
+        pipeline's in the pipeline's (tokens as uint8 or uint16, as corpora
+        are stored, or NumPy's int64: as `jax.jit` takes int64 as int32); a
+        batch of another structure as it is (the pipeline's check names it)."""
+        leaves = _leaves(batch)
+        if leaves is None or jax.tree.structure(tuple(batch)) != self._structure:
+            return batch
+        wanted = [e.dtype for e in jax.tree.leaves((self.base.example, self.base.targets))]
+        integer = lambda d: jnp.issubdtype(d, jnp.integer)
+        return tuple(jax.tree.unflatten(self._structure, [
+            a.astype(d) if integer(jnp.result_type(a)) and integer(d)
+            and jnp.result_type(a) != d else a for a, d in zip(leaves, wanted)]))
+
     def of(self, batch: Any, where: str) -> Build:
         """The build that runs `batch` (see the class); with `ranges`
         (`pj.pipeline(checks=True)`), its ids checked first (compile/ids.py)."""
@@ -125,22 +139,35 @@ class PerShape:
         self._programs: dict[Build, Any] = {shapes.base: make(shapes.base)}
 
     def program(self, args: tuple) -> Any:
-        """The program for `args`, made on first use."""
+        """The program for `args` (their batch cast, `Shapes.cast`), made on first use."""
         if self._check is not None:
             self._check(args)
-        b = (self._shapes.base if self._batch is None or len(args) <= self._batch
+        b = (self._shapes.base if not self._batched(args)
              else self._shapes.of(args[self._batch], self._where))
         if b not in self._programs:
             self._programs[b] = self._make(b)
         return self._programs[b]
 
+    def _batched(self, args: tuple) -> bool:
+        return self._batch is not None and len(args) > self._batch
+
+    def _cast(self, args: tuple) -> tuple:
+        """`args` with their batch in the pipeline's integer dtypes (`Shapes.cast`)."""
+        if not self._batched(args):
+            return args
+        i = self._batch
+        return (*args[:i], self._shapes.cast(args[i]), *args[i + 1:])
+
     def __call__(self, *args):
+        args = self._cast(args)
         return self.program(args)(*args)
 
     def lower(self, *args):
+        args = self._cast(args)
         return self.program(args).lower(*args)
 
     def trace(self, *args):
+        args = self._cast(args)
         return self.program(args).trace(*args)
 
     def __getattr__(self, name: str) -> Any:

@@ -7,6 +7,7 @@ import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -110,6 +111,22 @@ def test_shape_bounds_and_mismatches_are_clear_errors():
     with pytest.raises(pj.errors.ArgumentTypeError, match=r"trainer.step got Staged parameters "
                        r"packed for another pipeline \(its layers per device \[1, 2\]"):
         pipe.trainer(optax.sgd(0.1)).step(state, _tokens(0, T))
+
+
+def test_tokens_of_any_integer_dtype_train_as_the_pipelines():
+    """uint8 or uint16 tokens (as corpora are stored) and NumPy's int64 are
+    cast to the pipeline's int32, at its own length and at another; a float
+    batch of a token pipeline stays an error."""
+    pipe = _pipeline()
+    params = pipe.init(jax.random.key(0))
+    for length in (T, T // 2):
+        x, y = (np.asarray(a) for a in _tokens(0, length))
+        want = jax.tree.leaves(pipe.value_and_grad(params, (x, y)))
+        for dtype in (np.uint8, np.uint16, np.int64):
+            got = jax.tree.leaves(pipe.value_and_grad(params, (x.astype(dtype), y.astype(dtype))))
+            assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(pj.errors.BatchError, match="dtype int32"):
+        pipe.value_and_grad(params, (x.astype(np.float32), y))
 
 
 def test_parameters_that_depend_on_the_length_are_named():
