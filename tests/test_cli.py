@@ -472,6 +472,7 @@ def test_train_your_own_language_model_then_sample_from_it(tmp_path, capsys, cor
     assert main(["plan", "--model", "tests.user_models:tiny_decoder", "--model-args", "context=16",
                  "--data", "shakespeare", "--search", "--devices", "2", "--batch-size", "2",
                  "--schedules", "1f1b"]) == 0
+    assert "pj.search's default machine, a GPU (50 TFLOP/s" in capsys.readouterr().out
 
 
 def test_your_own_classifier_and_data_by_import_path(tmp_path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipejax.cli.imports import defaults
 from pipejax.cli.setup import parse_numbers
 from pipejax.errors import ConfigError
 
@@ -33,6 +34,13 @@ def machine_rates(machine: str | None, dtype: str) -> dict:
     measured in `dtype` (one GPU has no link to measure: the link and the
     tick keep their defaults)."""
     if machine is None:
+        from pipejax.planner import search
+
+        d = defaults(search)
+        print(f"predicted for pj.search's default machine, a GPU ({d['device_flops'] / 1e12:g} "
+              f"TFLOP/s, {d['link_bandwidth'] / 1e9:g} GB/s links, {d['tick_seconds'] * 1e6:g} "
+              f"µs a tick, {d['memory_bandwidth'] / 1e12:g} TB/s of memory); --machine gives "
+              "yours")
         return {}
     if machine.lower().endswith(".json"):
         flops, device = measured_flops(Path(machine), dtype)
