@@ -65,6 +65,7 @@ class Shapes:
         self.base, self.max_shapes, self._rebuild = base, max_shapes, rebuild
         self.ranges = ranges  # the ids checked before every step; None: unchecked
         whole = jax.tree.leaves((base.example, base.targets))
+        self._dtypes = [leaf.dtype for leaf in whole]
         self._builds: dict[Key, Build] = {_key(whole): base}
         self._rows = [base.R * base.M * base.F * leaf.shape[0] for leaf in whole]
         self._structure = jax.tree.structure((base.example, base.targets))
@@ -82,11 +83,10 @@ class Shapes:
         leaves = _leaves(batch)
         if leaves is None or jax.tree.structure(tuple(batch)) != self._structure:
             return batch
-        wanted = [e.dtype for e in jax.tree.leaves((self.base.example, self.base.targets))]
         integer = lambda d: jnp.issubdtype(d, jnp.integer)
         return tuple(jax.tree.unflatten(self._structure, [
             a.astype(d) if integer(jnp.result_type(a)) and integer(d)
-            and jnp.result_type(a) != d else a for a, d in zip(leaves, wanted)]))
+            and jnp.result_type(a) != d else a for a, d in zip(leaves, self._dtypes)]))
 
     def of(self, batch: Any, where: str) -> Build:
         """The build that runs `batch` (see the class); with `ranges`

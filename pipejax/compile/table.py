@@ -93,8 +93,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         schedule = build.schedule
         fused, forwards = schedule.fused, schedule.fwd != NONE
         self.fusion, self.deferred = bool(fused.any()), build.code.deferred
-        inside = (last_stage_cells(schedule, (Op.F,)) != NONE).sum() if self.deferred else 0
-        self.separate = bool(forwards.sum() > (inside if self.deferred else fused.sum()))
+        inside = (last_stage_cells(schedule, (Op.F,)) != NONE) if self.deferred else fused
+        self.separate = bool(forwards.sum() > inside.sum())
         # Every loop runs at every tick: a synchronous table with no idle cell
         # and no lane that mixes ops (K = 1 under GPipe and 1F1B).
         self.busy = (self.sync and bool((build.schedule.ops != Op.IDLE).all())
