@@ -51,6 +51,7 @@ import optax
 from pipejax.bench.op_costs import busy_ticks
 from pipejax.compile.memory import estimate
 from pipejax.compile.messages import buffers, carried
+from pipejax.compile.programs import crossing
 from pipejax.errors import ConfigError, DeviceError, LayerError
 from pipejax.formatting import human_bytes, table
 from pipejax.mesh import make_mesh
@@ -205,6 +206,9 @@ def search(layers: Sequence, *, loss: Callable, example: Any, devices: int, batc
                                  "axis)") from None
             continue  # this table does not take these settings (M < K, v·K > layers, T
             # that no annotation or not every annotated axis takes, ...)
+        if crossing(pipe.build):
+            continue  # its step would hang on a collective in a stage's branch (e.g. T
+            # splitting attention heads)
         out.append(_candidate(pipe, name, R, v, M, mb, rm, dtype, optimizer, learning_rate,
                               momentum, reference, device_flops, link_bandwidth,
                               tick_seconds, host_flops, memory_bandwidth, layer_seconds))

@@ -12,6 +12,7 @@ from pipejax.bench import peak_bytes
 from pipejax.bench.op_costs import op_counts
 from pipejax.compile.messages import carried
 from pipejax.compile.tensor import split_parts
+from tests import llama
 
 
 @pytest.mark.parametrize("name,K,D", [("pb", 4, 6), ("pb", 8, 14), ("pipedream", 4, 3),
@@ -331,3 +332,15 @@ def test_each_layer_an_op_runs_costs_its_fixed_seconds():
     # GPipe: M + K − 1 = 5 ticks of forwards, as many of backwards: the first
     # and the last run one stage, the M − 1 between both, as slow as the larger
     assert c.step_seconds == pytest.approx(3 * s * (sum(sizes) + (M - 1) * max(sizes)))
+
+
+def test_a_tensor_degree_whose_step_would_hang_is_never_proposed():
+    """Two heads of 16 over tensor = 4 put a collective-permute in a stage's
+    branch (the rotary embedding's halves cross devices): left out at K = 2,
+    kept at K = 1, where every device runs the one stage's code."""
+    tokens = jnp.zeros((8,), jnp.int32)
+    found = planner.search(llama.decoder(width=32, heads=2), loss=pj.losses.next_token,
+                           example=tokens, targets=tokens, devices=8, batch=8,
+                           stages=[2, 1], tensor=[2, 4], schedules=["1f1b"],
+                           microbatches=[2], remat=["stage"])
+    assert {(c.stages, c.tensor) for c in found} == {(2, 2), (1, 2), (1, 4)}

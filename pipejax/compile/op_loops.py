@@ -17,6 +17,7 @@ from jax import lax
 from pipejax.compile import messages
 from pipejax.compile.layout import Layout
 from pipejax.compile.lanes import TickTask
+from pipejax.compile.rendezvous import varying
 from pipejax.compile.spmd import run_if
 from pipejax.compile.table_state import Ops
 from pipejax.schedules import Op
@@ -61,6 +62,9 @@ class OpLoops:
             return (carry, *lax.optimization_barrier((rings, mail)))
 
         state = (carry, ops.rings, ops.mail)
-        carry, rings, mail = (body(operands, state) if self.busy
-                              else run_if(task.real, body, operands, state))
+        if self.busy:
+            carry, rings, mail = body(operands, state)
+        else:
+            with varying():  # whether a stage runs the op this tick
+                carry, rings, mail = run_if(task.real, body, operands, state)
         return carry, ops._replace(rings=rings, mail=mail)

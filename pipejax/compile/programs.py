@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from pipejax.compile import asynchronous, synchronous
 from pipejax.compile.build import Build
 from pipejax.compile.guard import guarded
+from pipejax.compile.rendezvous import Checked
 from pipejax.compile.ids import ranges as id_ranges
 from pipejax.compile.lanes import compiled_lanes
 from pipejax.compile.layout import Layout
@@ -33,7 +34,7 @@ from pipejax.compile.shapes import PerShape, Shapes
 from pipejax.compile.last_stage import backwards
 from pipejax.compile.model import Model
 from pipejax.compile.stages import StageCode
-from pipejax.compile.tensor import slot_shardings
+from pipejax.compile.tensor import alone, slot_shardings
 from pipejax.compile.ties import initial
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
@@ -46,7 +47,7 @@ from pipejax.transforms.per_stage import Optimizer
 
 __all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers",
            "Shapes", "Staged", "TrainPrograms", "TrainState", "build", "check_params",
-           "check_table", "id_ranges", "key_or_default", "opt_states", "pipeline_programs",
+           "check_table", "crossing", "id_ranges", "key_or_default", "opt_states", "pipeline_programs",
            "stage_rows", "train_programs", "unstage"]
 
 
@@ -81,6 +82,15 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags
     return Build(plan.placement, code, schedule, layout, mesh, flags.fsdp_gather)
 
 
+def crossing(b: Build) -> tuple[str, ...]:
+    """The user's lines where XLA's partitioner would put a collective that
+    joins every stage into a stage's code (rendezvous.py), read from each
+    stage's code compiled alone; empty where nothing crosses."""
+    if b.K == 1 or tensor_parts(b.mesh) == 1:
+        return ()
+    return tuple(line for j in b.code.groups.first for line in alone(b.code, j, b.mesh).crossing)
+
+
 def check_table(schedule: Schedule) -> None:
     """Raise unless the executor runs `schedule`: each op kind in one lane,
     its backwards all fused (BW) or all split (B, W)."""
@@ -98,9 +108,17 @@ def pipeline_programs(shapes: Shapes) -> PipelinePrograms:
     """The init and (synchronous tables) value_and_grad programs of the
     pipeline's build, value_and_grad at every shape of `shapes`."""
     b = shapes.base
-    vg = (PerShape(shapes, lambda at: guarded(jax.jit(synchronous.value_and_grad(at)), at.mesh),
-                   "value_and_grad") if b.schedule.synchronous else None)
+    vg = (PerShape(shapes, lambda at: _program(synchronous.value_and_grad(at), at.mesh,
+                                               "value_and_grad"), "value_and_grad")
+          if b.schedule.synchronous else None)
     return PipelinePrograms(functools.partial(initial_params, b), vg)
+
+
+def _program(fn: Callable, mesh: Mesh, where: str, donates: str | None = None,
+             **jit: Any) -> Any:
+    """`fn` jitted, its compiled program checked for collectives that some
+    devices would skip (rendezvous.py), behind the CPU dispatch guard."""
+    return guarded(Checked(jax.jit(fn, **jit), mesh, where), mesh, donates)
 
 
 def initial_params(b: Build, key: jax.Array) -> Staged:
@@ -213,10 +231,11 @@ def train_programs(shapes: Shapes, optimizer: Optimizer, rule: DataRule | None,
     shardings = _shardings(b, opts)
     out = (shardings, sharding(b.mesh, REPLICATED))
     # The state is donated: the new one takes the old one's buffers.
-    jitted = lambda fn, name: guarded(jax.jit(fn, out_shardings=out, donate_argnums=0), b.mesh,
-                                      name)
+    jitted = lambda fn, name: _program(fn, b.mesh, name, name, out_shardings=out,
+                                       donate_argnums=0)
     initial = lambda replicated: _initial(b, opts, replicated)
-    init = {r: guarded(jax.jit(initial(r), out_shardings=shardings), b.mesh) for r in (True, False)}
+    init = {r: _program(initial(r), b.mesh, "trainer.init", out_shardings=shardings)
+            for r in (True, False)}
     check = lambda where: lambda args: _check_state(b, opts, args[0] if args else None, where)
     return TrainPrograms(opts, shardings, initial, init,
                          PerShape(shapes, lambda at: jitted(step(at), "trainer.step"),

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 from jax import lax
 
+from pipejax.compile.rendezvous import branch_of, varying
 from pipejax.compile.spmd import run_if, stage_index
 
 
@@ -60,13 +61,15 @@ class StageGroups:
         """Inside shard_map: this device's stage's branch applied to `operands`."""
         if len(branches) == 1:
             return branches[0](*operands)
-        return lax.switch(self.index(), branches, *operands)
+        with varying():
+            return lax.switch(self.index(), self._named(branches), *operands)
 
     def switch_at(self, j: Any, branches: Sequence[Callable], *operands: Any) -> Any:
         """Inside shard_map: the branch of (virtual) stage `j`'s group applied to `operands`."""
         if len(branches) == 1:
             return branches[0](*operands)
-        return lax.switch(jnp.asarray(self.of, jnp.int32)[j], branches, *operands)
+        with varying():
+            return lax.switch(jnp.asarray(self.of, jnp.int32)[j], self._named(branches), *operands)
 
     def run(self, branches: Sequence[Callable], operands: Any, carry: Any,
             at: Any = None) -> Any:
@@ -78,9 +81,16 @@ class StageGroups:
         if len(branches) == 1:
             return branches[0](operands, carry)
         index = self.index() if at is None else jnp.asarray(self.of, jnp.int32)[at]
-        for g, branch in enumerate(branches):
-            carry = run_if(index == g, branch, operands, carry)
+        with varying():
+            for g, branch in enumerate(self._named(branches)):
+                carry = run_if(index == g, branch, operands, carry)
         return carry
+
+    def _named(self, branches: Sequence[Callable]) -> list[Callable]:
+        """Each group's branch traced under the names of the stages that run
+        it, which a collective there carries into the compiled HLO (rendezvous.py)."""
+        return [branch_of([k for k, o in enumerate(self.of) if o == g], b)
+                for g, b in enumerate(branches)]
 
     def index(self) -> Any:
         """Inside shard_map: this device's group."""

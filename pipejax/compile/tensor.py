@@ -22,13 +22,14 @@ in the GPT's step at data 2 x tensor 2, measured).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from pipejax.compile.rendezvous import permutes
 from pipejax.compile.stages import StageCode
 from pipejax.mesh import TENSOR, tensor_parts
 from pipejax.packing import Buffers, Packing
@@ -76,13 +77,28 @@ def split_parts(code: StageCode, j: int) -> tuple[float, int]:
     return (split / total if total else 0.0), rows
 
 
-def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
-    """One tensor device's bytes of what virtual stage j's vjp keeps without
-    rematerialization (its working set), as XLA partitions it: the function
-    compiled alone on one group of the mesh's T tensor devices, each
-    parameter split as annotated. Counting it whole over-predicted the
-    zoo GPT's step by 1.45x at T = 2 and 2.03x at T = 4 (its MLP's hidden
-    activations and attention's heads are split, the residual stream not)."""
+class Alone(NamedTuple):
+    """Virtual stage j's vjp compiled alone on one group of T tensor devices."""
+
+    working: int  # one device's bytes of what the vjp keeps without remat (its working set)
+    crossing: tuple[str, ...]  # the user's lines of its collectives that would cross stages
+
+
+def alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
+    """Virtual stage j's vjp as XLA partitions it: the function compiled
+    alone on one group of the mesh's T tensor devices, each parameter split
+    as annotated; once per process for equal layers, shapes and T.
+
+    Its output bytes are the working set: counting it whole over-predicted
+    the zoo GPT's step by 1.45x at T = 2 and 2.03x at T = 4 (its MLP's hidden
+    activations and attention's heads are split, the residual stream not).
+    Its collective-permutes are the collectives that, in the pipeline, join
+    the devices of every stage inside stage j's branch (rendezvous.py)."""
+    T = tensor_parts(mesh)
+    return code.remembered(j, ("alone over tensor", T), lambda: _compiled_alone(code, j, mesh))
+
+
+def _compiled_alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
     T = tensor_parts(mesh)
     group = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(TENSOR), -1)
     devices = Mesh(group.reshape(-1, T)[0], (TENSOR,))
@@ -97,4 +113,11 @@ def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
     kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, everything)[1],
                    in_shardings=(shardings, None if h is None else whole, None))
     compiled = kept.lower(params, h, code.abstract_feed()).compile()
-    return int(compiled.memory_analysis().output_size_in_bytes)
+    return Alone(int(compiled.memory_analysis().output_size_in_bytes),
+                 permutes(compiled.as_text()))
+
+
+def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
+    """One tensor device's bytes of what virtual stage j's vjp keeps without
+    rematerialization (its working set), as XLA partitions it (`alone`)."""
+    return alone(code, j, mesh).working
