@@ -30,7 +30,7 @@ import numpy as np
 from pipejax import memories
 from pipejax.compile.state import Staged, TrainState
 from pipejax.errors import ConfigError
-from pipejax.layers import Decoder, Layer, Variables, apply_layers, lasting, layer_list, remembered
+from pipejax.layers import Decoder, Layer, Variables, apply_layers, layer_list, remembered
 
 Pick = Callable[[jax.Array, jax.Array], jax.Array]  # (logits [vocab], key) -> token
 
@@ -58,7 +58,9 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
                           "token, length ≥ 0, context ≥ 1 and temperature ≥ 0")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"generate: top_k={top_k}; draw among 1 or more tokens, or give None")
-    layers, n = layer_list(layers, []), len(prompt)  # tied weights: on their copies
+    # Tied weights: on their copies. Without their values (an NNX module's), kept
+    # with the program in the process-wide memory: a later call runs the same program.
+    layers, n = [layer.without_values() for layer in layer_list(layers, [])], len(prompt)
     decoders = [layer.decoder() for layer in layers]
     missing = [i for i, d in enumerate(decoders) if d is None]
     if cache and missing:
@@ -74,7 +76,7 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
     tokens = jnp.zeros((n + length,), jnp.int32).at[:n].set(prompt)
     cached = min(n + length, context) if (cache is None and not missing) or cache else n
     kind = ("generate", n, length, context, temperature, top_k, cached)
-    program = remembered(memories.GENERATORS if lasting(layers) else [], layers, kind,
+    program = remembered(memories.GENERATORS, layers, kind,
                          lambda: jax.jit(functools.partial(
                              _run, layers, decoders, n, cached, context,
                              _picker(temperature, top_k))))
@@ -115,7 +117,7 @@ def _check_model(layers: Sequence[Layer], variables: Any, prompt: np.ndarray, wi
         raise ConfigError(f"generate: {len(variables)} variables entries for {len(layers)} "
                           "layers; give one per layer (pj.unstage)")
     try:
-        logits = remembered(memories.GENERATORS if lasting(layers) else [], layers,
+        logits = remembered(memories.GENERATORS, layers,
                             ("logits", window), lambda: jax.eval_shape(
                                 lambda v: apply_layers(layers, v, jnp.zeros((1, window),
                                                                            jnp.int32),

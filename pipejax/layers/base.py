@@ -68,6 +68,10 @@ class Layer(Protocol):
         would drop (BatchNorm statistics), as the rest of an error message
         after 'layer i (name)'; None for a stateless layer. Abstract values in."""
 
+    def without_values(self) -> Layer:
+        """The same function of (variables, input) holding none of the values
+        it arrived with (NNX), which a process-wide memory may keep."""
+
     def same(self, other: Layer) -> bool:
         """Whether both are one function of (variables, input), so stages
         holding them may share one branch."""

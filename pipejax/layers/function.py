@@ -50,6 +50,10 @@ class FunctionLayer:
         """None: a function keeps no state."""
         return None
 
+    def without_values(self) -> FunctionLayer:
+        """Itself: it holds no parameters."""
+        return self
+
     def same(self, other: Layer) -> bool:
         """The same function object."""
         return isinstance(other, FunctionLayer) and other.fn is self.fn

@@ -82,6 +82,10 @@ class LinenLayer:
         return (f"keeps mutable collections {extra} (BatchNorm statistics?); pipelines train "
                 "stateless layers only: use GroupNorm or LayerNorm instead")
 
+    def without_values(self) -> LinenLayer:
+        """Itself: it holds no parameters."""
+        return self
+
     def same(self, other: Layer) -> bool:
         """The same module, or equal modules of one class (`nn.Dense(64) ==
         nn.Dense(64)`); fields that do not compare (arrays): not provably equal."""

@@ -29,6 +29,7 @@ pipeline cannot own alone (shared variables, abstract parameters);
 
 from __future__ import annotations
 
+import copy
 import zlib
 from typing import Any, Sequence
 
@@ -63,21 +64,23 @@ class NnxLayer:
         self.streams = tuple(sorted({v.tag for _, v in nnx.to_flat_state(self.rngs)
                                      if isinstance(v, nnx.RngKey)}))
         self.abstract = _abstract(params)
+        self.name = type(module).__name__  # the module's class
+        self.dtype = getattr(module, "dtype", None)  # its computation dtype (None: its inputs')
+        self._decodes = callable(getattr(module, "init_cache", None))
 
     @property
     def source(self) -> nnx.Module:
         """The NNX module."""
         return self.module
 
-    @property
-    def name(self) -> str:
-        """The module's class."""
-        return type(self.module).__name__
-
-    @property
-    def dtype(self) -> Any:
-        """The module's own computation `dtype` (None: as its inputs)."""
-        return getattr(self.module, "dtype", None)
+    def without_values(self) -> NnxLayer:
+        """This layer without its module, which holds the parameters: its
+        graphdef, streams and constants, all that its `apply` and `decoder`
+        read, which a process-wide memory may keep (its `source` and
+        `values` are gone)."""
+        light = copy.copy(self)
+        light.module = None
+        return light
 
     @property
     def detail(self) -> str:
@@ -168,7 +171,7 @@ class NnxLayer:
     def decoder(self) -> Decoder | None:
         """nnx.MultiHeadAttention's convention, for a module with
         `init_cache(input_shape, dtype)` (decoding.py); None without it."""
-        if not callable(getattr(self.module, "init_cache", None)):
+        if not self._decodes:
             return None
         return cache_decoder(self._module, self.rngs, self.constants)
 
