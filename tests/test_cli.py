@@ -237,6 +237,23 @@ def test_train_saves_and_resumes_into_other_stages(tmp_path, capsys):
     assert rows[-1]["steps"] == 10 and rows[0]["skipped"] == 0
 
 
+def test_resume_takes_a_run_directory_and_refuses_one_without_checkpoints(tmp_path, capsys):
+    common = ["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
+              "--batch-size", "32", "--quiet"]
+    run = tmp_path / "run"
+    assert main([*common, "--steps", "3", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main([*common, "--steps", "5", "--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from step 3 ({run / 'checkpoint'})" in out
+    assert sorted(p.name for p in run.iterdir() if p.name.isdigit()) == []  # none scattered
+    stray = tmp_path / "notes"
+    stray.mkdir()
+    (stray / "todo.txt").write_text("")
+    assert main([*common, "--steps", "5", "--resume", str(stray)]) == 2
+    assert "holds neither checkpoints" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_writes_its_tables_and_json(tmp_path, capsys):
     out = tmp_path / "bench.json"

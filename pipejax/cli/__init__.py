@@ -160,8 +160,9 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
                        help="of the report's sample (0: the most likely byte each time)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                       help="checkpoint directory: continue from its latest checkpoint if it "
-                            "holds one (any --stages for a synchronous schedule), and save there")
+                       help="a checkpoint directory, or a run's --out directory (its "
+                            "checkpoint/): continue from its latest checkpoint if it holds one "
+                            "(any --stages for a synchronous schedule), and save there")
     train.add_argument("--save-every", type=int, default=0, metavar="N",
                        help="steps between checkpoints in --resume DIR (also saved at the end)")
     train.add_argument("--clip", type=float, default=None,

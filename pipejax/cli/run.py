@@ -20,6 +20,27 @@ RUN = "run.json"
 CHECKPOINT = "checkpoint"
 
 
+def checkpoints_of(resume: Path) -> Path:
+    """Where `--resume DIR` keeps its checkpoints: `DIR/checkpoint` for a run
+    directory (`--out DIR` wrote it), DIR itself for a directory of
+    checkpoints or a new or empty one (the first run of a resumable job).
+
+    Raises:
+      CheckpointError: DIR is a file, or holds neither checkpoints nor a run.
+    """
+    import pipejax as pj
+
+    if (resume / RUN).exists() or (resume / CHECKPOINT).is_dir():
+        return resume / CHECKPOINT
+    if not resume.exists() or (resume.is_dir() and (not any(resume.iterdir())
+                                                    or pj.checkpoint.latest(resume) is not None)):
+        return resume
+    raise pj.errors.CheckpointError(
+        f"--resume {resume} holds neither checkpoints (the step folders of pj.save) nor a run "
+        f"({RUN} and {CHECKPOINT}/, what --out DIR writes); give one of those, or a new or "
+        "empty directory to save into")
+
+
 def save_run(out: Path, cfg: TrainConfig, trainer, state, task) -> None:
     """The final `state` of `trainer` in `out/checkpoint` (every process of a
     job takes part), the model and `task` in `out/run.json` (the first

@@ -18,7 +18,7 @@ from pipejax.cli.config import TrainConfig
 from pipejax.cli.models import api_of
 from pipejax.cli.optimizer import describe_optimizer, make_optimizer
 from pipejax.cli.outputs import Run, finish
-from pipejax.cli.run import save_run
+from pipejax.cli.run import checkpoints_of, save_run
 from pipejax.cli.schedule_flag import synchronous as is_synchronous
 from pipejax.cli.setup import make_pipeline, setup_devices
 from pipejax.cli.tasks import load_task
@@ -173,8 +173,11 @@ def _start(cfg: TrainConfig, trainer, pipe):
     if cfg.resume is not None and pj.checkpoint.latest(cfg.resume) is not None:
         state = pj.restore(cfg.resume, trainer)
         if jax.process_index() == 0:
-            print(f"resumed from step {int(state.step)} in {cfg.resume}", flush=True)
+            print(f"resumed from step {int(state.step)} ({cfg.resume})", flush=True)
         return state
+    if cfg.resume is not None and jax.process_index() == 0:
+        print(f"no checkpoint in {cfg.resume} yet: training from step 0, saving there",
+              flush=True)
     return trainer.init(pipe.init(jax.random.key(cfg.seed)), jax.random.key(cfg.seed + 1))
 
 
@@ -182,6 +185,8 @@ def train(cfg: TrainConfig) -> int:
     """`pipejax train`: build, train, evaluate and report (see the module)."""
     import pipejax as pj
 
+    if cfg.resume is not None:
+        cfg = dataclasses.replace(cfg, resume=checkpoints_of(cfg.resume))
     mesh = setup_devices(cfg.stages, cfg.replicas, cfg.nodes, cfg.fsdp, cfg.tensor)
     task = load_task(cfg.model, cfg.data, cfg.model_kwargs().get("context"), cfg.eval_windows,
                      cfg.seed)
