@@ -6,6 +6,7 @@ from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
 from pipejax.memories import cache_sizes, clear_caches
 from pipejax.mesh import make_mesh, simulate_devices
+from pipejax.placed import Placed, parameters
 from pipejax.pipeline import Pipeline, pipeline
 from pipejax.placement import Placement
 from pipejax.planner import Candidate, search
@@ -17,11 +18,11 @@ from pipejax.layers import apply_layers
 from pipejax.trace import LayerSpec, trace
 from pipejax.trainer import Trainer
 
-__all__ = ["Candidate", "InFlight", "LayerSpec", "Layout", "Pipeline", "Placement",
+__all__ = ["Candidate", "InFlight", "LayerSpec", "Layout", "Pipeline", "Placed", "Placement",
            "Schedule", "StageInfo", "Staged", "Simulation", "TrainState", "Trainer",
            "apply_layers", "cache_sizes", "checkpoint", "clear_caches", "data", "distributed",
            "errors", "evaluator",
            "generate", "layers", "loss_evaluator", "losses", "make_mesh", "models",
-           "partition", "pipeline", "restore", "save", "schedules", "search",
+           "parameters", "partition", "pipeline", "restore", "save", "schedules", "search",
            "simulate", "simulate_devices", "trace", "transforms", "unstage"]
 __version__ = "0.1.0"
