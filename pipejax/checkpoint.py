@@ -92,7 +92,8 @@ def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
     meta = {"format": files.FORMAT, "step": int(state.step), "stages": K, "copies": copies,
             "layers": [[s.name, files.describe(s.variables)] for s in trainer.specs],
             "key_impl": str(jax.random.key_impl(state.key)), "flushed": flushed,
-            "synchronous": trainer.schedule.synchronous, **_layout(trainer)}
+            "synchronous": trainer.schedule.synchronous, "optimizer": files.kinds(opts[0][0]),
+            **_layout(trainer)}
     step = int(state.step)
     manager = files.manager(path, keep)
     if step in manager.all_steps():
@@ -165,9 +166,10 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     leaves = lambda prefix, template, r: files.entries(tree, prefix, template, lambda a: rep(a, r))
     others = _stage_others(meta, tree, K)
     params, states = [], []
-    wholes = [parts(jax.eval_shape(t.init, params_packing.abstract_tree(k)),
-                    params_packing.abstract_tree(k))
-              for k, t in enumerate(trainer.optimizers.transforms)]  # each stage's whole state
+    abstract = [jax.eval_shape(t.init, params_packing.abstract_tree(k))
+                for k, t in enumerate(trainer.optimizers.transforms)]  # each stage's whole state
+    files.check_optimizer(meta, abstract[0])
+    wholes = [parts(a, params_packing.abstract_tree(k)) for k, a in enumerate(abstract)]
     for r in range(R):
         for k in range(K):
             layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in plan.device_layers(k)]

@@ -112,3 +112,31 @@ def entries(tree: dict, prefix: str, template: Any,
                                   f"{list(want.shape)}, found {got}")
         return pick(tree[key]).astype(want.dtype)
     return jax.tree_util.tree_map_with_path(get, template)
+
+
+def kinds(opt_state: Any) -> list[str]:
+    """The optax state classes in `opt_state`, in order (`ScaleByAdamState`,
+    `EmptyState`, ...): what names the optimizer a checkpoint was saved by."""
+    out: list[str] = []
+
+    def visit(node: Any) -> None:
+        if hasattr(node, "_fields"):
+            out.append(type(node).__name__)
+        children = node.values() if isinstance(node, dict) else (
+            node if isinstance(node, (tuple, list)) else ())
+        for child in children:
+            visit(child)
+
+    visit(opt_state)
+    return out
+
+
+def check_optimizer(meta: dict, opt_state: Any) -> None:
+    """Raise unless the checkpoint was saved by an optimizer whose state has
+    the classes of `opt_state` (a stage's, abstract), naming both."""
+    saved, mine = meta.get("optimizer"), kinds(opt_state)
+    if saved is not None and saved != mine:
+        raise CheckpointError(
+            f"the checkpoint was saved by an optimizer whose state is ({', '.join(saved)}), "
+            f"this trainer's is ({', '.join(mine)}): restore with the optimizer it was saved "
+            "with, or read its parameters alone with pj.checkpoint.load_variables")

@@ -140,6 +140,11 @@ def test_incompatible_trainer_names_the_first_mismatching_layer(tmp_path):
         pj.restore(tmp_path, deeper)
     with pytest.raises(pj.errors.CheckpointError, match="no checkpoint"):
         pj.restore(tmp_path / "empty", trainer)
+    momentum = pipe.trainer(optax.sgd(0.1, momentum=0.9))
+    with pytest.raises(pj.errors.CheckpointError,
+                       match=r"saved by an optimizer whose state is \(ScaleByAdamState, "
+                             r"EmptyState\), this trainer's is \(TraceState, EmptyState\)"):
+        pj.restore(tmp_path, momentum)
 
 
 def test_replicas_and_a_decentralized_rule_state_resume_exactly(tmp_path):
