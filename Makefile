@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all plan bench gpu reproduce reproduce-more lm docs readme
+.PHONY: demo test test-slow test-all plan bench gpu reproduce reproduce-more lm docs readme
 
 $(BIN)/pipejax: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ plan: $(BIN)/pipejax
 
 test: $(BIN)/pipejax
 	$(BIN)/python -m pytest -q -n 2
+
+test-slow: $(BIN)/pipejax  # the slow cases alone, which `make test` skips (CI runs both)
+	$(BIN)/python -m pytest -q -n 2 --all -m slow
 
 test-all: $(BIN)/pipejax  # the slow cases too (12 minutes on 2 cores)
 	$(BIN)/python -m pytest -q -n 2 --all

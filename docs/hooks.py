@@ -4,9 +4,10 @@ reference rendered from pipejax's own registry and argument parsers: what
 the pages show cannot drift from them.
 
 The README, which GitHub shows as it is on disk, holds its figures between
-`<!-- from: SCRIPT.NAME -->` and `<!-- end -->`; `python docs/hooks.py`
-(`make readme`) writes them from the JSON, and a test fails when the README
-differs from what that writes."""
+`<!-- from: SCRIPT.NAME -->` and `<!-- end -->`, as do the pages where a
+figure sits inside a sentence (an empty `<!-- table: -->` there would leave
+a gap on GitHub); `python docs/hooks.py` (`make readme`) writes them from
+the JSON, and a test fails when a file differs from what that writes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CLI_MARK = "<!-- the argument parsers' help, one section a command -->"
 FAMILIES_MARK = "<!-- the schedule families -->"
 TABLE_MARK = re.compile(r"<!-- table: (\w+)\.(\w+) -->")  # benchmarks/<script>.py's tables()[name]
 README = BENCHMARKS.parent / "README.md"
+FILLED = [README, *sorted(pathlib.Path(__file__).parent.glob("*.md"))]  # may hold from-marks
 README_MARK = re.compile(r"<!-- from: (\w+)\.(\w+) -->(\s*)(.*?)(\s*)<!-- end -->", re.S)
 
 
@@ -100,4 +102,7 @@ def fill_readme(text: str) -> str:
 
 
 if __name__ == "__main__":
-    README.write_text(fill_readme(README.read_text()))
+    for path in FILLED:
+        text = path.read_text()
+        if README_MARK.search(text):
+            path.write_text(fill_readme(text))

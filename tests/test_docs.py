@@ -63,13 +63,15 @@ def _hooks():
     return module
 
 
-def test_the_readme_quotes_the_benchmark_json():
-    """The README's figures between `<!-- from: -->` marks are what the
-    benchmarks render from their JSON now (`make readme` writes them)."""
+def test_the_readme_and_pages_quote_the_benchmark_json():
+    """The figures between `<!-- from: -->` marks of the README and the pages
+    are what the benchmarks render from their JSON now (`make readme` writes them)."""
     hooks = _hooks()
-    text = (ROOT / "README.md").read_text()
-    assert len(hooks.README_MARK.findall(text)) >= 4
-    assert hooks.fill_readme(text) == text, "the README differs from benchmarks/results: make readme"
+    assert len(hooks.README_MARK.findall((ROOT / "README.md").read_text())) >= 4
+    for path in hooks.FILLED:
+        text = path.read_text()
+        assert hooks.fill_readme(text) == text, f"{path.name} differs from benchmarks/results: " \
+                                                "make readme"
 
 
 def test_every_table_mark_of_the_pages_names_a_rendered_table():
