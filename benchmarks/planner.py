@@ -11,6 +11,9 @@ memory     Predicted bytes per device against the compiled step's
            (argument + output − aliased + temp) for candidates across
            schedules, remat and virtual stages, two MLPs and a GPT at K = 4,
            and the asynchronous tables at K = 1 on 8 data replicas.
+sharded    The same for the GPT's stages split over tensor = 2 by its
+           annotations, and over fsdp = 2 × tensor = 2, at K = 2 (GPipe,
+           1F1B, zb-h1 and PB, both remat settings).
 time       Predicted step time against the measured one on the 4 simulated
            CPU devices, for `TIMED` candidates of a GPT spread evenly over
            the predicted ranking of every candidate (K ∈ {1, 2, 4}, data ×
@@ -30,7 +33,7 @@ time       Predicted step time against the measured one on the 4 simulated
            predicted without the ring traffic, and without the layers'
            fixed cost (at the plain gradient's average rate).
 
-Run: python benchmarks/planner.py [--part staleness memory time]
+Run: python benchmarks/planner.py [--part staleness memory sharded time]
 """
 
 from __future__ import annotations
@@ -107,37 +110,57 @@ def memory() -> list[dict]:
                             pj.losses.cross_entropy),
               "MLP 16x512": (pj.models.mlp(depth=16, width=512), jnp.zeros((40,)), None,
                              pj.losses.cross_entropy),  # weights outweigh activations
-              "GPT 6x64": (pj.models.gpt(depth=6, width=64, heads=4, context=32),
-                           jnp.zeros((32,), jnp.int32), jnp.zeros((32,), jnp.int32),
-                           pj.losses.next_token)}
-    out = []
-    for name, (layers, example, targets, loss) in models.items():
-        for schedule, remat, K in CASES:
-            found = planner.search(layers, loss=loss, example=example, targets=targets,
-                                   devices=4 if K > 1 else 8, batch=64, stages=[K],
-                                   microbatches=[8 if K > 1 else 1], schedules=[schedule],
-                                   remat=[remat], optimizer=optax.adam(1e-3))
-            if not found:
-                continue  # e.g. PB without remat: its backward runs on newer weights
-            c = found[0]
-            stack = lambda a: jnp.zeros((c.microbatch, *a.shape), a.dtype)
-            pipe = pj.pipeline(layers, loss=loss, example=stack(example),
-                               targets=None if targets is None else stack(targets),
-                               **c.pipeline_args())
-            trainer = pipe.trainer(optax.adam(1e-3))
-            state = trainer.init(pipe.init(jax.random.key(0)))
-            n = c.microbatches * c.microbatch * c.data
-            x = jnp.zeros((n, *example.shape), example.dtype)
-            y = jnp.zeros((n,), jnp.int32) if targets is None else jnp.zeros(
-                (n, *targets.shape), targets.dtype)
-            compiled = peak_bytes(trainer.step.lower(state, (x, y)).compile())
-            out.append({"model": name, "schedule": schedule, "remat": remat, "K": K,
-                        "replicas": c.data, "virtual": c.virtual,
-                        "predicted_MiB": round(c.memory_bytes / 2**20, 3),
-                        "compiled_MiB": round(compiled / 2**20, 3),
-                        "error_%": round(100 * (c.memory_bytes / compiled - 1), 1)})
-            print(out[-1], flush=True)
-    return out
+              "GPT 6x64": _gpt_model()}
+    return [row for name, model in models.items()
+            for schedule, remat, K in CASES
+            for row in _memory_row(name, model, schedule, remat, K)]
+
+
+def sharded() -> list[dict]:
+    """The GPT's stages split over tensor = 2 (Megatron's annotations) and
+    over fsdp = 2 × tensor = 2, at K = 2."""
+    return [row for schedule, remat in SHARDED for F in (1, 2)
+            for row in _memory_row("GPT 6x64", _gpt_model(), schedule, remat, 2, F, 2)]
+
+
+SHARDED = [(s, r) for s in ("gpipe", "1f1b", "zb-h1", "pb") for r in ("stage", "none")]
+
+
+def _gpt_model() -> tuple:
+    return (pj.models.gpt(depth=6, width=64, heads=4, context=32), jnp.zeros((32,), jnp.int32),
+            jnp.zeros((32,), jnp.int32), pj.losses.next_token)
+
+
+def _memory_row(name: str, model: tuple, schedule: str, remat: str, K: int, F: int = 1,
+                T: int = 1) -> list[dict]:
+    """The predicted and compiled bytes of the best candidate of one setting
+    (none where the search finds none: PB without remat)."""
+    layers, example, targets, loss = model
+    found = planner.search(layers, loss=loss, example=example, targets=targets,
+                           devices=(4 if K > 1 else 8) if F * T == 1 else K * F * T, batch=64,
+                           stages=[K], fsdp=[F], tensor=[T],
+                           microbatches=[8 if K > 1 else 1], schedules=[schedule],
+                           remat=[remat], optimizer=optax.adam(1e-3))
+    if not found:
+        return []  # e.g. PB without remat: its backward runs on newer weights
+    c = found[0]
+    stack = lambda a: jnp.zeros((c.microbatch, *a.shape), a.dtype)
+    pipe = pj.pipeline(layers, loss=loss, example=stack(example),
+                       targets=None if targets is None else stack(targets), **c.pipeline_args())
+    trainer = pipe.trainer(optax.adam(1e-3))
+    state = trainer.init(pipe.init(jax.random.key(0)))
+    n = c.microbatches * c.microbatch * c.data
+    x = jnp.zeros((n, *example.shape), example.dtype)
+    y = jnp.zeros((n,), jnp.int32) if targets is None else jnp.zeros(
+        (n, *targets.shape), targets.dtype)
+    compiled = peak_bytes(trainer.step.lower(state, (x, y)).compile())
+    row = {"model": name, "schedule": schedule, "remat": remat, "K": K, "replicas": c.data,
+           "virtual": c.virtual, **({"fsdp": F, "tensor": T} if F * T > 1 else {}),
+           "predicted_MiB": round(c.memory_bytes / 2**20, 3),
+           "compiled_MiB": round(compiled / 2**20, 3),
+           "error_%": round(100 * (c.memory_bytes / compiled - 1), 1)}
+    print(row, flush=True)
+    return [row]
 
 
 GPT = dict(depth=6, width=64, heads=4, context=32)
@@ -341,7 +364,27 @@ def _agreement(predicted: list[float], measured: list[float]) -> dict:
             "max |error| %": round(max(errors), 1)}
 
 
-PARTS = {"staleness": staleness, "memory": memory, "time": step_time}
+def tables() -> dict[str, str]:
+    """The planner page's sentence on split stages, from the JSON."""
+    rows = load("planner").get("sharded", []) if (RESULTS / "planner.json").exists() else []
+    if not rows:
+        return {"sharded": ""}
+    err = lambda r: f"{r['error_%']:+.1f} %"
+    within = [r for r in rows if abs(r["error_%"]) <= 5]
+    outside = [r for r in rows if abs(r["error_%"]) > 5]
+    span = lambda rs: f"{min(r['error_%'] for r in rs):+.1f} to {max(r['error_%'] for r in rs):+.1f} %"
+    named = "; ".join(f"{r['schedule']} remat \"{r['remat']}\" at fsdp {r['fsdp']} × tensor "
+                      f"{r['tensor']}: {err(r)}" for r in outside)
+    return {"sharded": (
+        f"Split stages (`python benchmarks/planner.py --part sharded`, the GPT 6x64 at K = 2 "
+        f"over tensor = 2 and over fsdp = 2 × tensor = 2; GPipe, 1F1B, zb-h1 and PB, both remat "
+        f"settings; {len(rows)} candidates): {len(within)} within {span(within)}"
+        + (f", and {named}" if outside else "") + ". A split stage's working set is its "
+        "backward compiled alone on one group of T tensor devices, each parameter split as "
+        "annotated (with remat; without it, what its vjp keeps as XLA partitions it).")}
+
+
+PARTS = {"staleness": staleness, "memory": memory, "sharded": sharded, "time": step_time}
 
 
 def main() -> None:
@@ -360,13 +403,14 @@ def main() -> None:
             f"flag right ({label})": f"{sum(r[f'flag right ({label})'] for r in rows if key in r)} "
                                      f"of {sum(key in r for r in rows)}"
             for label in ("PB", "recipe") for key in [f"flag right ({label})"]}
-    if "memory" in results:
-        errors = [abs(r["error_%"]) for r in results["memory"]]
-        results["memory_summary"] = {"candidates": len(errors), "mean |error| %":
-                                     round(float(np.mean(errors)), 1),
-                                     "max |error| %": max(errors)}
+    for part in ("memory", "sharded"):
+        if part in results:
+            errors = [abs(r["error_%"]) for r in results[part]]
+            results[f"{part}_summary"] = {"candidates": len(errors), "mean |error| %":
+                                          round(float(np.mean(errors)), 1),
+                                          "max |error| %": max(errors)}
     save("planner", {**results, "stable_delay": planner.STABLE_DELAY})
-    for key in ("staleness_summary", "memory_summary"):
+    for key in ("staleness_summary", "memory_summary", "sharded_summary"):
         if key in results:
             print(key, results[key])
     if "time" in results:

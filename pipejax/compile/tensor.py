@@ -22,7 +22,8 @@ in the GPT's step at data 2 x tensor 2, measured).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -98,23 +99,47 @@ def alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
     return code.remembered(j, ("alone over tensor", T), lambda: _compiled_alone(code, j, mesh))
 
 
-def _compiled_alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
+def _group(code: StageCode, j: int, mesh: Mesh) -> tuple[Mesh, Any]:
+    """One group of the mesh's T tensor devices, and virtual stage j's
+    parameters placed on it as annotated."""
     T = tensor_parts(mesh)
     group = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(TENSOR), -1)
     devices = Mesh(group.reshape(-1, T)[0], (TENSOR,))
-    params = code.abstract_params(j)
     place = lambda s: NamedSharding(devices, P(*[TENSOR if i == s.split else None
                                                  for i in range(len(s.shape))]))
-    shardings = jax.tree.unflatten(jax.tree.structure(params),
-                                   [place(s) for s in code.param_leaves(j)])
+    return devices, jax.tree.unflatten(jax.tree.structure(code.abstract_params(j)),
+                                       [place(s) for s in code.param_leaves(j)])
+
+
+def _compiled_alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
+    devices, shardings = _group(code, j, mesh)
     whole = NamedSharding(devices, P())
     h = code.input_of(j)
     everything = jax.checkpoint_policies.everything_saveable
     kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, everything)[1],
                    in_shardings=(shardings, None if h is None else whole, None))
-    compiled = kept.lower(params, h, code.abstract_feed()).compile()
+    compiled = kept.lower(code.abstract_params(j), h, code.abstract_feed()).compile()
     return Alone(int(compiled.memory_analysis().output_size_in_bytes),
                  permutes(compiled.as_text()))
+
+
+def backward_bytes(code: StageCode, j: int, mesh: Mesh, options: dict) -> int:
+    """One tensor device's temporary and output bytes of virtual stage j's
+    backward compiled alone on one group of T tensor devices (compiled with
+    `options`), once per process for equal stages: with remat, what the
+    replayed forward keeps and the gradients, as XLA partitions them."""
+    def compiled() -> int:
+        devices, shardings = _group(code, j, mesh)
+        whole = NamedSharding(devices, P())
+        params, h, feed, kept, ct = code.backward_args(j)
+        ins = (shardings, None if h is None else whole, None, [whole] * len(kept),
+               None if ct is None else whole)
+        program = jax.jit(functools.partial(code.backward, j), in_shardings=ins)
+        analysis = program.lower(params, h, feed, kept, ct).compile(options).memory_analysis()
+        return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+
+    return code.remembered(j, ("split backward bytes", code.model.remat, tensor_parts(mesh)),
+                           compiled)
 
 
 def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:

@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pipejax as pj
 from pipejax.compile import rendezvous
@@ -56,6 +57,7 @@ def test_a_collective_in_a_stage_branch_is_a_config_error_not_an_abort():
     assert "divides the number of heads" in message
 
 
+@pytest.mark.slow
 def test_the_same_decoder_at_a_tensor_degree_that_divides_the_heads_equals_the_sequential():
     layers = llama.decoder(width=32, heads=2)
     pipe, batch = _pipe(layers, tensor=2)
