@@ -83,7 +83,8 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
 
 def ties(ties: tuple, specs: tuple, schedule: Schedule, mesh: Any) -> None:
     """Raise unless the pipeline keeps tied copies equal: a synchronous
-    table, stages neither sharded over `fsdp` nor split over `tensor`."""
+    table, stages not sharded over `fsdp` (split over `tensor` they are:
+    each copy's gradient is summed over the stages column by column)."""
     if not ties:
         return
     i, j = ties[0].holders[0][0], ties[0].holders[1][0]
@@ -93,11 +94,11 @@ def ties(ties: tuple, specs: tuple, schedule: Schedule, mesh: Any) -> None:
             f"{held}, but {schedule.name!r} updates each stage with its own delayed gradient, "
             "so the copies would part; use a synchronous schedule ('1f1b', 'gpipe', "
             "'interleaved', ...), or give each layer its own module")
-    sharded = {a: n for a, n in mesh.shape.items() if a in ("fsdp", "tensor") and n > 1}
-    if sharded:
-        raise ConfigError(f"{held}; tied weights are kept equal on whole stages, not on a mesh "
-                          f"that shards them ({sharded}); use a mesh without fsdp and tensor "
-                          "axes, or give each layer its own module")
+    if mesh.shape.get("fsdp", 1) > 1:
+        raise ConfigError(f"{held}; tied weights are kept equal on whole or tensor-split stages, "
+                          f"not on stages sharded over fsdp={mesh.shape['fsdp']}; use a mesh "
+                          "without an fsdp axis (tensor splits the shared matrix over its "
+                          "vocabulary), or give each layer its own module")
 
 
 def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:

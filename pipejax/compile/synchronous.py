@@ -33,7 +33,7 @@ from pipejax.compile.state import Rings, Staged, TrainState
 from pipejax.compile.metrics import metrics
 from pipejax.compile.table import run_table
 from pipejax.compile.table_state import TableIn, TableOut
-from pipejax.compile.ties import summed
+from pipejax.compile.ties import equal, summed
 
 
 def scratch(build: Build) -> Rings:
@@ -95,6 +95,7 @@ def train_step(build: Build, opts: StageOptimizers, carried: bool = True) -> Cal
 
         grads = lead(summed(build.code.params, out.grads))
         p, s, rule, skipped = in_place(apply)(p, grads, s, rule)
+        p = lead(equal(build.code.params, local(p)))
         skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
         rings = lead(out.rings) if carried else rings
         return p, s, rule, rings, out.losses, out.done, outer.consensus(local(p)), skipped

@@ -10,7 +10,8 @@ home every program reads them from. The copies start equal (`initial`: the
 first holder's values), and at every step `summed` gives each copy the sum
 of every copy's gradient, a psum over the stage axis: the gradient of the
 one matrix the sequential model has (the sum of both uses). The same update
-of the same gradient by the same optimizer keeps them bitwise equal.
+of the same gradient by the same optimizer keeps them equal, and `equal`
+sets every copy to the first after each update, bitwise.
 `counted_once` is the gradient with one copy of each tie, for the global
 norm (`clip_norm`). `Staged.per_stage` hands the copies back as one array.
 """
@@ -80,6 +81,25 @@ def summed(packing: Packing, grads: Buffers) -> Buffers:
                              for d, s in leaves), AXIS)
         for d, s in leaves:
             _put(packing, out, k == d, s, total)
+    return tuple(out)
+
+
+def equal(packing: Packing, params: Buffers) -> Buffers:
+    """Inside shard_map: a device's packed parameters with each tied leaf set
+    to its tie's first copy (a psum over the stage axis), after an update.
+    The copies get one gradient and one optimizer, but each stage's update
+    is its own branch, which XLA compiles on its own: split over `tensor`,
+    the copies of the tied GPT's embedding differed in the last bit after
+    20 AdamW steps (tests/models/test_tied.py); whole, they had not."""
+    if not packing.tied:
+        return params
+    k, out = lax.axis_index(AXIS), list(params)
+    for group in packing.tied:
+        (d0, n0), leaves = group[0], [(d, packing.leaves[d][n]) for d, n in group]
+        first = packing.leaves[d0][n0]
+        value = lax.psum(jnp.where(k == d0, packing.from_slot(first, out[first.slot]), 0), AXIS)
+        for d, s in leaves[1:]:
+            _put(packing, out, k == d, s, value)
     return tuple(out)
 
 

@@ -14,6 +14,7 @@ from flax import nnx
 
 import pipejax as pj
 from pipejax import checkpoint_files as files
+from tests.cases import fast_and_slow
 from tests.reference import nnx_sequential_value_and_grad, rel_err, sequential_value_and_grad
 
 MB, M, T = 2, 4, 16
@@ -22,10 +23,11 @@ LAYERS = pj.models.gpt(**SIZE)
 EMBED = ("params", "embed", "embedding")  # the shared matrix in TokenEmbed and LMHead
 
 
-def _pipeline(layers=LAYERS, stages=2, schedule="1f1b"):
+def _pipeline(layers=LAYERS, stages=2, schedule="1f1b", fsdp=1, tensor=1):
     x = jnp.zeros((MB, T), jnp.int32)
+    mesh = pj.make_mesh(stages, fsdp=fsdp, tensor=tensor) if fsdp * tensor > 1 else None
     return pj.pipeline(layers, loss=pj.losses.next_token, example=x, targets=x, stages=stages,
-                       microbatches=M, schedule=schedule)
+                       microbatches=M, schedule=schedule, mesh=mesh)
 
 
 def _tokens(seed=1):
@@ -48,10 +50,12 @@ def _tied(grads, first, last):
     return grads
 
 
-@pytest.mark.parametrize("stages, schedule", [(1, "1f1b"), (2, "1f1b"), (4, "1f1b"),
-                                              (2, "interleaved")])
-def test_the_tied_gpt_pipelines_as_the_tied_model_in_sequence(stages, schedule):
-    pipe = _pipeline(stages=stages, schedule=schedule)
+@pytest.mark.parametrize("stages, schedule, tensor", [
+    (1, "1f1b", 1), (2, "1f1b", 1), (4, "1f1b", 1), (2, "interleaved", 1), (2, "1f1b", 2)])
+def test_the_tied_gpt_pipelines_as_the_tied_model_in_sequence(stages, schedule, tensor):
+    """At tensor = 2 the shared matrix is split over its vocabulary (Megatron's
+    vocabulary-parallel embedding and head share the split)."""
+    pipe = _pipeline(stages=stages, schedule=schedule, tensor=tensor)
     params = pipe.init(jax.random.key(0))
     variables = nn.meta.unbox(pj.unstage(params))
     np.testing.assert_array_equal(_get(variables[0], EMBED), _get(variables[-1], EMBED))
@@ -64,8 +68,9 @@ def test_the_tied_gpt_pipelines_as_the_tied_model_in_sequence(stages, schedule):
                    _tied(nn.meta.unbox(ref_grads), EMBED, EMBED)) < 1e-5
 
 
-def test_the_copies_stay_bitwise_equal_and_a_checkpoint_holds_one(tmp_path):
-    pipe = _pipeline(stages=4)
+@pytest.mark.parametrize("stages, tensor", fast_and_slow([(4, 1), (2, 2)], fast=[(4, 1)]))
+def test_the_copies_stay_bitwise_equal_and_a_checkpoint_holds_one(tmp_path, stages, tensor):
+    pipe = _pipeline(stages=stages, tensor=tensor)
     trainer = pipe.trainer(optax.adamw(1e-2), clip_norm=1.0)
     state = trainer.init(pipe.init(jax.random.key(0)))
     for step in range(20):
@@ -128,3 +133,9 @@ def test_tied_weights_on_an_asynchronous_table_are_a_clear_error():
     with pytest.raises(pj.errors.ConfigError, match=r"layers 0 \(TokenEmbed\) and 3 \(LMHead\) "
                        r"share a module .*'pipedream' updates each stage"):
         _pipeline(schedule="pipedream")
+
+
+def test_tied_weights_on_stages_sharded_over_fsdp_are_a_clear_error():
+    with pytest.raises(pj.errors.ConfigError, match=r"share a module .*not on stages sharded "
+                       r"over fsdp=2.*tensor splits the shared matrix"):
+        _pipeline(fsdp=2, tensor=2)
