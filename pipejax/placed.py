@@ -32,11 +32,6 @@ class Placed(NamedTuple):
     fsdp: int  # the pieces its stage's slots are cut into (1: whole on each device)
     device_bytes: int  # what one device of its stage holds of it
 
-    def __str__(self) -> str:
-        return (f"stage {self.stage} {self.dtype}{list(self.shape)} {self.spec}"
-                f"{f' fsdp {self.fsdp}' if self.fsdp > 1 else ''} "
-                f"{human_bytes(self.device_bytes)} a device")
-
 
 class Placements(list):
     """`pj.parameters(pipe)`: one entry per layer, printed as a table."""

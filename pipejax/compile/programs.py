@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from pipejax.compile import asynchronous, synchronous
 from pipejax.compile.build import Build
 from pipejax.compile.guard import guarded
-from pipejax.compile.rendezvous import Checked
+from pipejax.compile.rendezvous import Checked, applies
 from pipejax.compile.ids import ranges as id_ranges
 from pipejax.compile.lanes import compiled_lanes
 from pipejax.compile.layout import Layout
@@ -47,8 +47,8 @@ from pipejax.transforms.per_stage import Optimizer
 
 __all__ = ["Build", "Flags", "MemoryEstimate", "Model", "PipelinePrograms", "StageOptimizers",
            "Shapes", "Staged", "TrainPrograms", "TrainState", "build", "check_params",
-           "check_table", "crossing", "id_ranges", "key_or_default", "opt_states", "pipeline_programs",
-           "stage_rows", "train_programs", "unstage"]
+           "check_table", "crossing", "id_ranges", "key_or_default", "opt_states",
+           "pipeline_programs", "stage_rows", "train_programs", "unstage"]
 
 
 class Flags(NamedTuple):
@@ -86,7 +86,7 @@ def crossing(b: Build) -> tuple[str, ...]:
     """The user's lines where XLA's partitioner would put a collective that
     joins every stage into a stage's code (rendezvous.py), read from each
     stage's code compiled alone; empty where nothing crosses."""
-    if b.K == 1 or tensor_parts(b.mesh) == 1:
+    if not applies(b.mesh):
         return ()
     return tuple(line for j in b.code.groups.first for line in alone(b.code, j, b.mesh).crossing)
 

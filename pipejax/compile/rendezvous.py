@@ -112,10 +112,16 @@ def permutes(hlo: str) -> tuple[str, ...]:
                          if _op(line).removesuffix("-start") == "collective-permute"}))
 
 
+def applies(mesh: Mesh) -> bool:
+    """Whether a program on `mesh` can hold such a collective: several
+    stages, and a `tensor` axis for XLA's partitioner to split over."""
+    return mesh.shape[AXIS] > 1 and tensor_parts(mesh) > 1
+
+
 def check(compiled: Any, mesh: Mesh, where: str) -> None:
     """Raise a `ConfigError` if `compiled` (a `jax.stages.Compiled` on
     `mesh`) has a collective that some devices of its group would skip."""
-    if mesh.shape[AXIS] == 1 or tensor_parts(mesh) == 1:
+    if not applies(mesh):
         return
     found = hazards(compiled.as_text(), mesh)
     if not found:
@@ -140,7 +146,7 @@ class Checked:
         self._fn, self._mesh, self._where, self._checked = fn, mesh, where, False
 
     def __call__(self, *args, **kwargs):
-        if not self._checked and self._mesh.shape[AXIS] > 1 and tensor_parts(self._mesh) > 1:
+        if not self._checked and applies(self._mesh):
             self.lower(*args, **kwargs).compile()
         return self._fn(*args, **kwargs)
 

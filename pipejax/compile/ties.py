@@ -72,34 +72,31 @@ def initial(variables: Callable[[int], Any], ties: Sequence[Tie]) -> Callable[[i
 def summed(packing: Packing, grads: Buffers) -> Buffers:
     """Inside shard_map: a device's packed gradient with each tied leaf
     replaced by the sum over every copy on every stage."""
-    if not packing.tied:
-        return grads
-    k, out = lax.axis_index(AXIS), list(grads)
-    for group in packing.tied:
-        leaves = [(d, packing.leaves[d][n]) for d, n in group]
-        total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, out[s.slot]), 0.0)
-                             for d, s in leaves), AXIS)
-        for d, s in leaves:
-            _put(packing, out, k == d, s, total)
-    return tuple(out)
+    return _spread(packing, grads, lambda group: group, lambda group: group)
 
 
 def equal(packing: Packing, params: Buffers) -> Buffers:
     """Inside shard_map: a device's packed parameters with each tied leaf set
-    to its tie's first copy (a psum over the stage axis), after an update.
-    The copies get one gradient and one optimizer, but each stage's update
-    is its own branch, which XLA compiles on its own: split over `tensor`,
-    the copies of the tied GPT's embedding differed in the last bit after
-    20 AdamW steps (tests/models/test_tied.py); whole, they had not."""
+    to its tie's first copy, after an update. The copies get one gradient
+    and one optimizer, but each stage's update is its own branch, which XLA
+    compiles on its own: split over `tensor`, the copies of the tied GPT's
+    embedding differed in the last bit after 20 AdamW steps
+    (tests/models/test_tied.py); whole, they had not."""
+    return _spread(packing, params, lambda group: group[:1], lambda group: group[1:])
+
+
+def _spread(packing: Packing, buffers: Buffers, sources: Callable, targets: Callable) -> Buffers:
+    """Each tie's leaf on its `targets(group)` copies set to the sum of its
+    `sources(group)` copies, a psum over the stage axis."""
     if not packing.tied:
-        return params
-    k, out = lax.axis_index(AXIS), list(params)
+        return buffers
+    k, out = lax.axis_index(AXIS), list(buffers)
     for group in packing.tied:
-        (d0, n0), leaves = group[0], [(d, packing.leaves[d][n]) for d, n in group]
-        first = packing.leaves[d0][n0]
-        value = lax.psum(jnp.where(k == d0, packing.from_slot(first, out[first.slot]), 0), AXIS)
-        for d, s in leaves[1:]:
-            _put(packing, out, k == d, s, value)
+        leaves = lambda holders: [(d, packing.leaves[d][n]) for d, n in holders]
+        total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, out[s.slot]), 0.0)
+                             for d, s in leaves(sources(group))), AXIS)
+        for d, s in leaves(targets(group)):
+            _put(packing, out, k == d, s, total)
     return tuple(out)
 
 
