@@ -81,10 +81,10 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
             "(backward weights, stashed input)); use remat='stage' or weight_stashing=True")
 
 
-def ties(ties: tuple, specs: tuple, schedule: Schedule, mesh: Any) -> None:
+def ties(ties: tuple, specs: tuple, schedule: Schedule) -> None:
     """Raise unless the pipeline keeps tied copies equal: a synchronous
-    table, stages not sharded over `fsdp` (split over `tensor` they are:
-    each copy's gradient is summed over the stages column by column)."""
+    table (each copy's gradient is summed over the stages, whole, split
+    over `tensor` or in fsdp pieces, compile/ties.py)."""
     if not ties:
         return
     i, j = ties[0].holders[0][0], ties[0].holders[1][0]
@@ -94,11 +94,6 @@ def ties(ties: tuple, specs: tuple, schedule: Schedule, mesh: Any) -> None:
             f"{held}, but {schedule.name!r} updates each stage with its own delayed gradient, "
             "so the copies would part; use a synchronous schedule ('1f1b', 'gpipe', "
             "'interleaved', ...), or give each layer its own module")
-    if mesh.shape.get("fsdp", 1) > 1:
-        raise ConfigError(f"{held}; tied weights are kept equal on whole or tensor-split stages, "
-                          f"not on stages sharded over fsdp={mesh.shape['fsdp']}; use a mesh "
-                          "without an fsdp axis (tensor splits the shared matrix over its "
-                          "vocabulary), or give each layer its own module")
 
 
 def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:

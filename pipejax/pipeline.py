@@ -240,7 +240,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
     ties = leaf_ties(shared, [s.variables for s in specs], [s.name for s in specs])
-    valid.ties(ties, specs, table, mesh)
+    valid.ties(ties, specs, table)
     in_flight = [capacities.in_flight(table, k) for k in range(stages)] if max_bytes else None
     plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
                      keeps_activations=remat == "none", max_padding=valid.padding(max_padding))

@@ -46,32 +46,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from pipejax.compile import messages
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.layout import Layout
 from pipejax.compile.optimizer import StageOptimizers
-from pipejax.compile.spmd import run_if
+from pipejax.compile.spmd import gather, run_if
 from pipejax.compile.stages import StageCode
 from pipejax.compile.table_state import Ops
-from pipejax.compile.tensor import per_column
-from pipejax.mesh import FSDP
 from pipejax.packing import Buffers, Packing
 from pipejax.schedules import Op
-
-
-def gather(pieces: Buffers, packing: Packing) -> Buffers:
-    """Inside shard_map: every slot of `packing` whole from this stage's F
-    pieces (a slot split over `tensor`: each tensor device's column)."""
-    return per_column(lambda b: lax.all_gather(b, FSDP, axis=0, tiled=True), pieces, packing)
-
-
-def scatter(grads: Buffers, shards: int, packing: Packing) -> Buffers:
-    """Inside shard_map: this device's piece of the mean over the stage's F
-    devices of the whole gradients `grads` (slots of `packing`)."""
-    return per_column(lambda g: lax.psum_scatter(g, FSDP, scatter_dimension=0, tiled=True)
-                      / shards, grads, packing)
 
 
 def gather_if(pred: jax.Array | None, pieces: Buffers, whole: Buffers,

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from pipejax.compile import fsdp
+from pipejax.compile.spmd import scatter
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.mesh import FSDP
 from pipejax.packing import Buffers, Packing
@@ -64,7 +64,7 @@ class GradientPolicy:
 
     def _pieces(self, grads: Buffers) -> Buffers:
         """A backward's gradient as the sum and the update hold it."""
-        return fsdp.scatter(grads, self.scatter, self.params) if self.scatter > 1 else grads
+        return scatter(grads, self.scatter, self.params) if self.scatter > 1 else grads
 
     def after(self, p: Buffers, s: OptState, grads: Buffers, real: jax.Array) -> tuple:
         """After the loop, on every device (`after_loop` only): (p, s, skipped)."""

@@ -60,7 +60,7 @@ def value_and_grad(build: Build) -> Callable:
 
     def body(p, x, y, key):
         out = _pass(build, local(p), (x, y), key)
-        grads = summed(build.code.params, out.grads)
+        grads = summed(build.code.params, out.grads, build.F)
         grads = lax.pmean(grads, axes) if axes else grads
         return jnp.mean(out.losses), lead(grads)
 
@@ -93,9 +93,9 @@ def train_step(build: Build, opts: StageOptimizers, carried: bool = True) -> Cal
             p, s, skipped = update(p, grads, OptState(s, rule), finite)
             return p, s.stages, s.rule, skipped
 
-        grads = lead(summed(build.code.params, out.grads))
+        grads = lead(summed(build.code.params, out.grads, build.F))
         p, s, rule, skipped = in_place(apply)(p, grads, s, rule)
-        p = lead(equal(build.code.params, local(p)))
+        p = lead(equal(build.code.params, local(p), build.F))
         skipped = None if finite is None else jnp.maximum(skipped[0], (~finite).astype(jnp.int32))
         rings = lead(out.rings) if carried else rings
         return p, s, rule, rings, out.losses, out.done, outer.consensus(local(p)), skipped

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pipejax.compile import branches, fsdp, messages
+from pipejax.compile import branches, messages
 from pipejax.compile.build import Build
 from pipejax.compile.fsdp import ShardedWeights
 from pipejax.compile.gradients import GradientPolicy
@@ -47,7 +47,7 @@ from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import last_stage_cells, loss_ticks
 from pipejax.compile.op_loops import OpLoops
 from pipejax.compile.optimizer import StageOptimizers
-from pipejax.compile.spmd import stage_index
+from pipejax.compile.spmd import gather, scatter, stage_index
 from pipejax.compile.split_ops import SplitBackwardOps
 from pipejax.compile.table_state import Ops, TableIn, TableOut
 from pipejax.packing import Buffers
@@ -281,7 +281,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule, build.code.deferred)  # static
     step = build.F > 1 and build.gather == "step"
-    whole = fsdp.gather(inp.params, build.code.params) if step else None
+    whole = gather(inp.params, build.code.params) if step else None
     sums = build.layout.pieces if whole is None else build.code.params  # the sum's packing
     grad_sum = sums.zeros() if schedule.synchronous else ()
     tick = _Tick(build, opts, inp, whole)
@@ -291,7 +291,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
         tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held(), tick.mail()),
         (lane_rows(schedule, tick.lanes), jnp.asarray(messages.carried(schedule))))
     if whole is not None:
-        grad_sum = fsdp.scatter(grad_sum, build.F, build.code.params)
+        grad_sum = scatter(grad_sum, build.F, build.code.params)
     losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
     skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)

@@ -10,12 +10,7 @@ and from the constraint on every unpacked leaf (`mesh.constrain`), and
 inserts the collectives of Megatron's layout itself (an all-reduce after a
 row-parallel matrix product). Nothing in a layer changes.
 
-FSDP's gathers and scatters over the manual axis `fsdp` on a slot split
-over `tensor` run in a `shard_map` manual over `tensor` too (`per_column`):
-on each tensor device's own column. Left to the partitioner, such a
-gather first gathers the slot whole over `tensor` (measured: a stage's
-weights all-gathered over `tensor` before each FSDP gather, on 8 CPU
-devices). The element-wise collectives of the data rules (SSGD's mean,
+The element-wise collectives of the data rules (SSGD's mean,
 ADPSGD's exchange) need no such care: XLA keeps the split (no all-gather
 in the GPT's step at data 2 x tensor 2, measured).
 """
@@ -23,7 +18,7 @@ in the GPT's step at data 2 x tensor 2, measured).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -33,21 +28,7 @@ from jax.sharding import PartitionSpec as P
 from pipejax.compile.rendezvous import permutes
 from pipejax.compile.stages import StageCode
 from pipejax.mesh import TENSOR, tensor_parts
-from pipejax.packing import Buffers, Packing
-
-
-def per_column(fn: Callable, buffers: Buffers, packing: Packing) -> Buffers:
-    """Inside the pipeline's shard_map: `fn` of each slot buffer (its slot's
-    trailing axes last), on every tensor device's own column of a split slot."""
-    out = []
-    for b, split in zip(buffers, packing.tensor_slots):
-        if not split:
-            out.append(fn(b))
-            continue
-        spec = P(*[None] * (b.ndim - 1), TENSOR)
-        out.append(jax.shard_map(fn, in_specs=spec, out_specs=spec, axis_names={TENSOR},
-                                 check_vma=False)(b))
-    return tuple(out)
+from pipejax.packing import Packing
 
 
 def slot_shardings(mesh: Mesh, spec: P, packing: Packing, ndim: int) -> tuple:

@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pipejax.compile.spmd import gather
 from pipejax.layers.ties import Tie, names
-from pipejax.mesh import AXIS
+from pipejax.mesh import AXIS, FSDP
 from pipejax.packing import Buffers, Packing
 from pipejax.partition import Plan
 
@@ -69,47 +70,83 @@ def initial(variables: Callable[[int], Any], ties: Sequence[Tie]) -> Callable[[i
     return tied_variables
 
 
-def summed(packing: Packing, grads: Buffers) -> Buffers:
-    """Inside shard_map: a device's packed gradient with each tied leaf
-    replaced by the sum over every copy on every stage."""
-    return _spread(packing, grads, lambda group: group, lambda group: group)
+def summed(packing: Packing, grads: Buffers, shards: int = 1) -> Buffers:
+    """Inside shard_map: a device's packed gradient (its piece of each slot
+    where the stage is sharded over `shards` fsdp devices) with each tied
+    leaf replaced by the sum over every copy on every stage."""
+    return _spread(packing, grads, shards, lambda group: group, lambda group: group)
 
 
-def equal(packing: Packing, params: Buffers) -> Buffers:
+def equal(packing: Packing, params: Buffers, shards: int = 1) -> Buffers:
     """Inside shard_map: a device's packed parameters with each tied leaf set
     to its tie's first copy, after an update. The copies get one gradient
     and one optimizer, but each stage's update is its own branch, which XLA
     compiles on its own: split over `tensor`, the copies of the tied GPT's
     embedding differed in the last bit after 20 AdamW steps
     (tests/models/test_tied.py); whole, they had not."""
-    return _spread(packing, params, lambda group: group[:1], lambda group: group[1:])
+    return _spread(packing, params, shards, lambda group: group[:1], lambda group: group[1:])
 
 
-def _spread(packing: Packing, buffers: Buffers, sources: Callable, targets: Callable) -> Buffers:
+def _spread(packing: Packing, buffers: Buffers, shards: int, sources: Callable,
+            targets: Callable) -> Buffers:
     """Each tie's leaf on its `targets(group)` copies set to the sum of its
-    `sources(group)` copies, a psum over the stage axis."""
+    `sources(group)` copies, a psum over the stage axis.
+
+    A slot holds one leaf of each stage at its first rows, so copies in
+    one slot on distinct stages line up row by row, and so do their fsdp
+    pieces: the psum runs on the slot as it is (the embedding and the head
+    of one vocabulary rank alike and share a slot). Otherwise the leaf is
+    read from its slot gathered whole over `fsdp` and put back as this
+    device's piece."""
     if not packing.tied:
         return buffers
     k, out = lax.axis_index(AXIS), list(buffers)
     for group in packing.tied:
+        devices = lambda holders: jnp.isin(k, jnp.array([d for d, _ in holders]))
+        slots = {packing.leaves[d][n].slot for d, n in group}
+        if len(slots) == 1 and len({d for d, _ in group}) == len(group):
+            j = slots.pop()
+            total = lax.psum(jnp.where(devices(sources(group)), out[j], 0), AXIS)
+            out[j] = jnp.where(devices(targets(group)), total, out[j])
+            continue
+        whole = _gathered(packing, out, slots, shards)
         leaves = lambda holders: [(d, packing.leaves[d][n]) for d, n in holders]
-        total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, out[s.slot]), 0.0)
+        total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, whole[s.slot]), 0.0)
                              for d, s in leaves(sources(group))), AXIS)
         for d, s in leaves(targets(group)):
-            _put(packing, out, k == d, s, total)
+            _put(packing, whole, k == d, s, total)
+        _scattered(packing, out, whole, slots, shards)
     return tuple(out)
+
+
+def _gathered(packing: Packing, out: list, slots: set, shards: int) -> list:
+    """`out` with `slots` whole: gathered over `fsdp` where sharded."""
+    if shards == 1:
+        return list(out)
+    whole = gather(tuple(out), packing)
+    return [whole[j] if j in slots else b for j, b in enumerate(out)]
+
+
+def _scattered(packing: Packing, out: list, whole: list, slots: set, shards: int) -> None:
+    """Set `slots` of `out` to this device's fsdp piece of `whole`."""
+    f = lax.axis_index(FSDP) if shards > 1 else 0
+    for j in slots:
+        rows = out[j].shape[0]
+        out[j] = whole[j] if shards == 1 else lax.dynamic_slice_in_dim(whole[j], f * rows, rows)
 
 
 def counted_once(packing: Packing, grads: Buffers) -> Buffers:
     """Inside shard_map: `grads` with every copy of a tied leaf but the
-    first zeroed: what the global norm sums, one matrix counted once."""
+    first zeroed: what the global norm sums, one matrix counted once. The
+    copy's slot holds only it on its stage (and zero padding), so the
+    whole slot, or its fsdp piece, is zeroed."""
     if not packing.tied:
         return grads
     k, out = lax.axis_index(AXIS), list(grads)
     for group in packing.tied:
         for d, n in group[1:]:
-            s = packing.leaves[d][n]
-            _put(packing, out, k == d, s, jnp.zeros(s.shape, out[s.slot].dtype))
+            j = packing.leaves[d][n].slot
+            out[j] = jnp.where(k == d, jnp.zeros_like(out[j]), out[j])
     return tuple(out)
 
 

@@ -30,9 +30,10 @@ def _pipeline(layers=LAYERS, stages=2, schedule="1f1b", fsdp=1, tensor=1):
                        microbatches=M, schedule=schedule, mesh=mesh)
 
 
-def _tokens(seed=1):
+def _tokens(seed=1, vocab=256):
     kx, ky = jax.random.split(jax.random.key(seed))
-    return jax.random.randint(kx, (M * MB, T), 0, 256), jax.random.randint(ky, (M * MB, T), 0, 256)
+    return (jax.random.randint(kx, (M * MB, T), 0, vocab),
+            jax.random.randint(ky, (M * MB, T), 0, vocab))
 
 
 def _get(tree, path):
@@ -50,27 +51,50 @@ def _tied(grads, first, last):
     return grads
 
 
-@pytest.mark.parametrize("stages, schedule, tensor", [
-    (1, "1f1b", 1), (2, "1f1b", 1), (4, "1f1b", 1), (2, "interleaved", 1), (2, "1f1b", 2)])
-def test_the_tied_gpt_pipelines_as_the_tied_model_in_sequence(stages, schedule, tensor):
-    """At tensor = 2 the shared matrix is split over its vocabulary (Megatron's
-    vocabulary-parallel embedding and head share the split)."""
-    pipe = _pipeline(stages=stages, schedule=schedule, tensor=tensor)
+def _equals_the_tied_model(pipe, layers=LAYERS, vocab=256):
+    """The copies start equal; loss and gradients are the tied model's in
+    sequence (each copy's gradient the sum of both uses) to 1e-5."""
     params = pipe.init(jax.random.key(0))
     variables = nn.meta.unbox(pj.unstage(params))
     np.testing.assert_array_equal(_get(variables[0], EMBED), _get(variables[-1], EMBED))
-    batch, key = _tokens(), jax.random.key(0)
+    batch, key = _tokens(vocab=vocab), jax.random.key(0)
     loss, grads = pipe.value_and_grad(params, batch, key)
-    ref_loss, ref_grads = sequential_value_and_grad(LAYERS, M, pj.losses.next_token)(
+    ref_loss, ref_grads = sequential_value_and_grad(layers, M, pj.losses.next_token)(
         pj.unstage(params), *batch, key)
     assert rel_err(loss, ref_loss) < 1e-5
     assert rel_err(nn.meta.unbox(pj.unstage(grads)),
                    _tied(nn.meta.unbox(ref_grads), EMBED, EMBED)) < 1e-5
 
 
-@pytest.mark.parametrize("stages, tensor", fast_and_slow([(4, 1), (2, 2)], fast=[(4, 1)]))
-def test_the_copies_stay_bitwise_equal_and_a_checkpoint_holds_one(tmp_path, stages, tensor):
-    pipe = _pipeline(stages=stages, tensor=tensor)
+@pytest.mark.parametrize("stages, schedule, fsdp, tensor", fast_and_slow([
+    (1, "1f1b", 1, 1), (2, "1f1b", 1, 1), (4, "1f1b", 1, 1), (2, "interleaved", 1, 1),
+    (2, "1f1b", 1, 2), (2, "1f1b", 2, 2), (2, "gpipe", 2, 1), (1, "1f1b", 2, 2)],
+    fast=[(1, "1f1b", 1, 1), (4, "1f1b", 1, 1), (2, "1f1b", 2, 2)]))
+def test_the_tied_gpt_pipelines_as_the_tied_model_in_sequence(stages, schedule, fsdp, tensor):
+    """At tensor = 2 the shared matrix is split over its vocabulary (Megatron's
+    vocabulary-parallel embedding and head share the split); over fsdp each
+    device holds a piece of it, summed with the other copy's piece."""
+    _equals_the_tied_model(_pipeline(stages=stages, schedule=schedule, fsdp=fsdp, tensor=tensor))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsdp, tensor", [(2, 1), (2, 2)])
+def test_copies_in_different_slots_are_summed_whole(fsdp, tensor):
+    """A small vocabulary ranks the embedding below the blocks' kernels, by
+    a different count on each stage: the copies sit in different slots, and
+    their fsdp pieces are gathered whole to be summed."""
+    layers = pj.models.gpt(**{**SIZE, "depth": 3}, vocab=64)
+    pipe = _pipeline(layers, fsdp=fsdp, tensor=tensor)
+    packing = pipe.build.code.params
+    assert len({packing.leaves[d][n].slot for d, n in packing.tied[0]}) == 2
+    _equals_the_tied_model(pipe, layers, vocab=64)
+
+
+@pytest.mark.parametrize("stages, fsdp, tensor", fast_and_slow([(4, 1, 1), (2, 1, 2), (2, 2, 2)],
+                                                                fast=[(4, 1, 1)]))
+def test_the_copies_stay_bitwise_equal_and_a_checkpoint_holds_one(tmp_path, stages, fsdp,
+                                                                  tensor):
+    pipe = _pipeline(stages=stages, fsdp=fsdp, tensor=tensor)
     trainer = pipe.trainer(optax.adamw(1e-2), clip_norm=1.0)
     state = trainer.init(pipe.init(jax.random.key(0)))
     for step in range(20):
@@ -134,8 +158,3 @@ def test_tied_weights_on_an_asynchronous_table_are_a_clear_error():
                        r"share a module .*'pipedream' updates each stage"):
         _pipeline(schedule="pipedream")
 
-
-def test_tied_weights_on_stages_sharded_over_fsdp_are_a_clear_error():
-    with pytest.raises(pj.errors.ConfigError, match=r"share a module .*not on stages sharded "
-                       r"over fsdp=2.*tensor splits the shared matrix"):
-        _pipeline(fsdp=2, tensor=2)
