@@ -14,6 +14,14 @@ memory     Predicted bytes per device against the compiled step's
 sharded    The same for the GPT's stages split over tensor = 2 by its
            annotations, and over fsdp = 2 × tensor = 2, at K = 2 (GPipe,
            1F1B, zb-h1 and PB, both remat settings).
+search     The seconds of one search: an NNX GPT of 2 blocks (width 32, 2
+           heads, context 32) on 8 devices, batch 32, stages {1, 2, 4} ×
+           fsdp [1, 2] × tensor [1, 2], 1F1B, GPipe and zb-h1, both remat
+           settings: 228 configurations. Once as a process runs it (a stage's
+           code traced and compiled once for all its candidates) and once
+           with the process's memories emptied before each configuration
+           (`pj.clear_caches`), what a process that kept none would pay. One
+           row at a time, each skipped when the JSON has it.
 time       Predicted step time against the measured one on the 4 simulated
            CPU devices, for `TIMED` candidates of a GPT spread evenly over
            the predicted ranking of every candidate (K ∈ {1, 2, 4}, data ×
@@ -33,7 +41,7 @@ time       Predicted step time against the measured one on the 4 simulated
            predicted without the ring traffic, and without the layers'
            fixed cost (at the plain gradient's average rate).
 
-Run: python benchmarks/planner.py [--part staleness memory sharded time]
+Run: python benchmarks/planner.py [--part staleness memory sharded search time]
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
 import json
+import time
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -124,6 +133,41 @@ def sharded() -> list[dict]:
 
 
 SHARDED = [(s, r) for s in ("gpipe", "1f1b", "zb-h1", "pb") for r in ("stage", "none")]
+
+
+SEARCH = dict(devices=8, batch=32, stages=[1, 2, 4], fsdp=[1, 2], tensor=[1, 2],
+              schedules=["1f1b", "gpipe", "zb-h1"])
+
+
+def search() -> list[dict]:
+    """How long `pj.search` takes (module docstring), kept and forgotten."""
+    from flax import nnx
+
+    path = RESULTS / "planner.json"
+    rows = json.loads(path.read_text()).get("search", []) if path.exists() else []
+    for memories in ("kept", "forgotten before each configuration"):
+        if any(r["memories"] == memories for r in rows):
+            continue
+        pj.clear_caches()
+        layers = pj.models.gpt(depth=2, width=32, heads=2, context=32, api="nnx",
+                               rngs=nnx.Rngs(0))
+        x, tried = jnp.zeros((32,), jnp.int32), []
+
+        def progress(i: int, total: int) -> None:
+            tried.append(total)
+            if memories != "kept":
+                pj.clear_caches()
+
+        start = time.perf_counter()
+        found = planner.search(layers, loss=pj.losses.next_token, example=x, targets=x,
+                               optimizer=optax.adamw(1e-3), progress=progress, **SEARCH)
+        rows.append({"memories": memories, "configurations": tried[-1],
+                     "candidates": len(found), "seconds": round(time.perf_counter() - start, 1)})
+        print(rows[-1], flush=True)
+        results = json.loads(path.read_text()) if path.exists() else {}
+        results.pop("environment", None)
+        save("planner", {**results, "search": rows})  # a row at a time: it runs in parts
+    return rows
 
 
 def _gpt_model() -> tuple:
@@ -365,26 +409,46 @@ def _agreement(predicted: list[float], measured: list[float]) -> dict:
 
 
 def tables() -> dict[str, str]:
-    """The planner page's sentence on split stages, from the JSON."""
-    rows = load("planner").get("sharded", []) if (RESULTS / "planner.json").exists() else []
+    """The planner page's sentences on split stages and on the search's
+    own time, from the JSON."""
+    results = load("planner") if (RESULTS / "planner.json").exists() else {}
+    return {"sharded": _sharded_sentence(results.get("sharded", [])),
+            "search": _search_sentence(results.get("search", []))}
+
+
+def _search_sentence(rows: list[dict]) -> str:
+    by = {r["memories"]: r for r in rows}
+    if len(by) < 2:
+        return ""
+    kept, forgotten = by["kept"], by["forgotten before each configuration"]
+    return (f"`python benchmarks/planner.py --part search`: an NNX GPT of 2 blocks on 8 simulated "
+            f"devices, batch 32, stages 1, 2 and 4 × fsdp [1, 2] × tensor [1, 2], 1F1B, GPipe "
+            f"and zb-h1, both remat settings: {kept['configurations']} configurations in "
+            f"{kept['seconds']:.0f} s ({kept['candidates']} candidates); with the memories "
+            f"emptied before each configuration, {forgotten['seconds']:.0f} s "
+            f"({forgotten['seconds'] / kept['seconds']:.1f}× as long).")
+
+
+def _sharded_sentence(rows: list[dict]) -> str:
     if not rows:
-        return {"sharded": ""}
+        return ""
     err = lambda r: f"{r['error_%']:+.1f} %"
     within = [r for r in rows if abs(r["error_%"]) <= 5]
     outside = [r for r in rows if abs(r["error_%"]) > 5]
     span = lambda rs: f"{min(r['error_%'] for r in rs):+.1f} to {max(r['error_%'] for r in rs):+.1f} %"
     named = "; ".join(f"{r['schedule']} remat \"{r['remat']}\" at fsdp {r['fsdp']} × tensor "
                       f"{r['tensor']}: {err(r)}" for r in outside)
-    return {"sharded": (
+    return (
         f"Split stages (`python benchmarks/planner.py --part sharded`, the GPT 6x64 at K = 2 "
         f"over tensor = 2 and over fsdp = 2 × tensor = 2; GPipe, 1F1B, zb-h1 and PB, both remat "
         f"settings; {len(rows)} candidates): {len(within)} within {span(within)}"
         + (f", and {named}" if outside else "") + ". A split stage's working set is its "
         "backward compiled alone on one group of T tensor devices, each parameter split as "
-        "annotated (with remat; without it, what its vjp keeps as XLA partitions it).")}
+        "annotated (with remat; without it, what its vjp keeps as XLA partitions it).")
 
 
-PARTS = {"staleness": staleness, "memory": memory, "sharded": sharded, "time": step_time}
+PARTS = {"staleness": staleness, "memory": memory, "sharded": sharded, "search": search,
+         "time": step_time}
 
 
 def main() -> None:

@@ -8,8 +8,9 @@ and the table, so a process that builds many pipelines of one model
 GPT of 4 blocks of width 32 on 4 devices, 104 candidates, took 128 s
 without these memories and 27 s with them. Each memory is bounded (the
 layer and stage ones hold the last 256 entries; a schedule's capacities
-live as long as the schedule), and holds no NNX layer, whose values it
-would keep alive (`pipejax.layers.lasting`).
+live as long as the schedule), and keeps each layer without the values it
+arrived with (an NNX module's parameters, `Layer.without_values`), so it
+holds no model alive and remembers NNX layers as it does linen ones.
 
 `pj.clear_caches()` empties them all; `pj.cache_sizes()` says how many
 entries each holds. JAX's own compiled programs are JAX's to keep:

@@ -24,7 +24,7 @@ import numpy as np
 
 from pipejax import memories
 from pipejax.errors import ConfigError, LayerError, PipejaxError
-from pipejax.layers import Layer, abstract, lasting, layer_list, remembered, shapes
+from pipejax.layers import Layer, abstract, layer_list, remembered, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,6 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
     key_struct = jax.eval_shape(lambda: key)
     h = abstract(example)
     specs = []
-    measured: list = []  # this call's analyses of layers that hold values (NNX)
     timed: list = []  # cost="time": seconds measured once per kind of layer and input a call
     for i, layer in enumerate(layers):
         name = layer.name
@@ -196,8 +195,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
         kind = shapes(h)
         try:
             variables, out, random, flops = remembered(
-                memories.ANALYSES if lasting([layer]) else measured, [layer], kind,
-                lambda: _analyse(layer, h, key_struct, key))
+                memories.ANALYSES, [layer], kind, lambda: _analyse(layer, h, key_struct, key))
         except _KeepsState as state:
             raise LayerError(f"layer {i} ({name}) {state}") from None
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named

@@ -288,6 +288,7 @@ def test_every_flag_is_a_field_of_its_command_config():
         cfg.stages = 2
 
 
+@pytest.mark.slow  # every GPU row built and run on the CPU: half a minute
 def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     """The GPU section's code path on a tiny GPT: every row built, run and
     timed (no error), K = 2 on two of the CPU devices; no peak on a CPU."""
@@ -369,6 +370,7 @@ def corpus_cache(tmp_path, monkeypatch):
     return cache
 
 
+@pytest.mark.slow  # the split itself: tests/compile/test_tensor.py
 def test_train_a_language_model_split_over_tensor(tmp_path, capsys, corpus_cache):
     run = tmp_path / "tp"
     assert main(["train", "--model", "gpt", "--model-args", "depth=2,width=16,heads=2,context=32",
@@ -470,6 +472,7 @@ def test_language_model_flags_are_clear_errors(tmp_path, capsys, corpus_cache):
     assert "give the --out directory of a `pipejax train --model gpt" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # an import path: test_your_own_classifier_and_data_by_import_path
 def test_train_your_own_language_model_then_sample_from_it(tmp_path, capsys, corpus_cache):
     """`--model package.module:function`: a layer list of plain linen modules
     gets the corpus's vocab and its context; the run records the import path

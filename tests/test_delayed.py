@@ -113,9 +113,8 @@ ADAMW = pj.transforms.AdamW(b2=0.95, weight_decay=0.1,
                             mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p))
 
 
-@pytest.mark.parametrize("name", ["none", pytest.param("lwp+sc", marks=pytest.mark.slow),
-                                  pytest.param("pipeoptim", marks=pytest.mark.slow),
-                                  pytest.param("nesterov", marks=pytest.mark.slow)])
+@pytest.mark.slow  # on an MLP: test_pb_with_each_mitigation_equals_the_versioned_reference_and_simulate
+@pytest.mark.parametrize("name", ["none", "lwp+sc", "pipeoptim", "nesterov"])
 def test_simulate_equals_the_pb_trainer_with_adamw_on_a_language_model(name):
     """50 updates of PB at K = 4 with AdamW (warm-up and cosine decay) on a
     GPT: the simulator's losses and weights are the trainer's."""

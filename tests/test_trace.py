@@ -37,7 +37,7 @@ def test_flops_follow_the_matrix_sizes():
 
 def test_equal_layers_on_equal_shapes_are_measured_once(monkeypatch):
     """Within a trace and across traces of one process (pj.search traces a list
-    many times); a layer that holds its values (NNX) is not kept for the next."""
+    many times); a layer that holds its values (NNX) is kept without them."""
     tracing = importlib.import_module("pipejax.trace")  # pj.trace is the function
 
     calls = []
@@ -49,11 +49,13 @@ def test_equal_layers_on_equal_shapes_are_measured_once(monkeypatch):
     first = pj.trace(layers, jnp.zeros((4, 24)))
     assert calls == ["Dense", "Linear", "Dense"]  # the second Dense(24) equals the first
     again = pj.trace(layers + [nn.Dense(24)], jnp.zeros((4, 24)))
-    assert calls == ["Dense", "Linear", "Dense", "Linear"]
+    assert calls == ["Dense", "Linear", "Dense"]
     assert [s.flops for s in again] == [s.flops for s in first] + [first[0].flops]
-    assert all(kept[0].name != "Linear" for kept, _, _ in memories.ANALYSES)
+    [linear] = [kept[0] for kept, _, _ in memories.ANALYSES if kept[0].name == "Linear"]
+    assert linear.module is None and not [x for x in jax.tree.leaves(memories.ANALYSES)
+                                          if isinstance(x, jax.Array)]  # no value kept alive
     pj.trace(layers[:1], jnp.zeros((8, 24)))  # other shapes: measured
-    assert calls[-1] == "Dense" and len(calls) == 5
+    assert calls[-1] == "Dense" and len(calls) == 4
 
 
 def test_the_process_memories_are_counted_and_cleared():

@@ -33,7 +33,7 @@ from pipejax.compile.precision import cast_floating, compute_weights
 from pipejax.packing import Packing
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.ties import tied
-from pipejax.layers import Layer, apply_layers, lasting, remembered
+from pipejax.layers import Layer, apply_layers, remembered
 from pipejax.layers.sharding import tensor_axes
 from pipejax.partition import Plan
 from pipejax.trace import shapes
@@ -103,7 +103,7 @@ class StageCode:
         m = self.model
         kind = (*kind, j == 0, j == self.S - 1, m.compute_dtype, m.loss,
                 shapes((self.abstract_params(j), self.input_of(j), m.example, m.targets)))
-        return remembered(memories.STAGES if lasting(layers) else [], layers, kind, compute)
+        return remembered(memories.STAGES, layers, kind, compute)
 
     def _structure(self, j: int) -> tuple:
         """What virtual stage j's code depends on: its role (reads the batch,

@@ -76,20 +76,18 @@ def remembered(memory: collections.deque | list, layers: Sequence[Layer], kind: 
     `memory` holds (layers, kind, value). What depends only on the layers'
     functions and shapes (a layer's analysis, a stage's residuals) is worked
     out once for all pipelines of a process: `pj.search` builds one list many
-    times. Callers give a run with a layer that holds its values (NNX) a
-    memory of their own call (`lasting`): a process-wide one would keep it alive."""
+    times. The memory keeps each layer without the values it arrived with
+    (`Layer.without_values`: an NNX module's parameters), so a process-wide
+    one holds no model alive and NNX layers are remembered as linen ones
+    (`pj.search` over a 2-block NNX decoder: each candidate had traced and
+    compiled its stages again); `compute` must return nothing that holds them."""
     for others, other_kind, value in memory:
         if (other_kind == kind and len(others) == len(layers)
                 and all(o.same(layer) for o, layer in zip(others, layers))):
             return value
     value = compute()
-    memory.append((tuple(layers), kind, value))
+    memory.append((tuple(layer.without_values() for layer in layers), kind, value))
     return value
-
-
-def lasting(layers: Sequence[Layer]) -> bool:
-    """Whether a process-wide memory may keep `layers` (none holds its values)."""
-    return all(layer.initial_values() is None for layer in layers)
 
 
 def abstract(tree: Any) -> Any:

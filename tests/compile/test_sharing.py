@@ -61,7 +61,7 @@ def test_deep_model_compiles_one_branch_per_structure():
 def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once():
     """Pipelines of one layer list (pj.search builds many) work out a stage's
     residuals and split backward once per process for equal layers, shapes,
-    remat and dtype; a stage holding an NNX layer (its values) is not kept."""
+    remat and dtype; a stage holding an NNX layer is kept without its values."""
     from flax import nnx
 
     pj.clear_caches()  # what other tests built in this process is forgotten
@@ -84,5 +84,7 @@ def test_a_stage_of_equal_layers_and_shapes_finds_its_residuals_once():
     assert build("zb-h1").build.code.splits == zb.build.code.splits
     assert pj.cache_sizes()["stage residuals"] == 8
     lin = [nnx.Linear(8, 16, rngs=nnx.Rngs(0)), *layers[1:]]
-    build("1f1b", ls=lin)  # stage 0 holds values: computed, not kept; stage 1 equals
-    assert pj.cache_sizes()["stage residuals"] == 8
+    build("1f1b", ls=lin)  # stage 0 is new, stage 1 equals
+    assert pj.cache_sizes()["stage residuals"] == 9
+    build("1f1b", ls=[nnx.Linear(8, 16, rngs=nnx.Rngs(1)), *layers[1:]])  # other values, one code
+    assert pj.cache_sizes()["stage residuals"] == 9

@@ -113,7 +113,7 @@ def test_a_step_counts_a_fused_pair_as_its_one_vjp():
     assert moved(zb) > moved(one)
 
 
-@pytest.mark.parametrize("remat", ["stage", "none"])
+@pytest.mark.parametrize("remat", ["stage", pytest.param("none", marks=pytest.mark.slow)])
 def test_the_last_stages_backward_runs_its_forward_where_it_keeps_nothing(remat):
     """With remat "stage" the last stage keeps nothing for its backward,
     which would replay its forward: the backward runs the forward instead
