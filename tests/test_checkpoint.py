@@ -88,6 +88,7 @@ def test_a_v_placement_checkpoint_restores_into_a_loop(tmp_path):
     np.testing.assert_allclose(_flat(again), _flat(state), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # restores across K and from asynchronous run fast apart
 def test_asynchronous_checkpoint_restores_into_other_stages_after_a_flush(tmp_path):
     pipe, four = _trainer(4, "pb")
     state = four.init(pipe.init(jax.random.key(0)))

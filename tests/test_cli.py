@@ -66,6 +66,7 @@ def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsy
     assert "V placement" in out  # the plan's chunks
 
 
+@pytest.mark.slow  # bf16 itself: tests/compile/test_precision.py
 def test_train_in_bf16_with_bounded_padding(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
                  "--batch-size", "32", "--steps", "5", "--quiet", "--compute-dtype", "bfloat16",

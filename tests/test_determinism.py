@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import pipejax as pj
 
@@ -31,6 +32,7 @@ def test_same_seed_same_metrics_and_parameters():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # the same seed twice runs fast
 def test_synchronous_run_is_the_same_twice_and_on_any_number_of_stages():
     """Dropout keys follow the layer's global index and the micro-batch, so
     1 and 4 stages train the same model (up to float reassociation)."""

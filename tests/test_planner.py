@@ -334,6 +334,7 @@ def test_each_layer_an_op_runs_costs_its_fixed_seconds():
     assert c.step_seconds == pytest.approx(3 * s * (sum(sizes) + (M - 1) * max(sizes)))
 
 
+@pytest.mark.slow  # the check itself: tests/compile/test_rendezvous.py
 def test_a_tensor_degree_whose_step_would_hang_is_never_proposed():
     """Two heads of 16 over tensor = 4 put a collective-permute in a stage's
     branch (the rotary embedding's halves cross devices): left out at K = 2,

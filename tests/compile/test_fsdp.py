@@ -81,7 +81,7 @@ TRAINERS = {  # name: (schedule, optimizer, pipeline and trainer settings, data 
 }
 
 
-@pytest.mark.parametrize("name", fast_and_slow(TRAINERS, fast=["pb-adamw"]))
+@pytest.mark.parametrize("name", fast_and_slow(TRAINERS, fast=[]))
 def test_a_sharded_trainer_equals_the_same_schedule_on_whole_stages(name):
     schedule, opt, settings, R = TRAINERS[name]
     split = {k: settings[k] for k in ("clip_norm",) if k in settings}

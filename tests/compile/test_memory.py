@@ -68,7 +68,7 @@ def test_a_recomputed_transformer_stage_is_predicted_within_three_percent():
     assert abs(trainer.memory().total / compiled - 1) < 0.03, (trainer.memory().total, compiled)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("pipedream", marks=pytest.mark.slow)])
 def test_a_step_whose_weights_outweigh_its_activations_is_predicted_within_two_percent(schedule):
     """The update holds copies of the flat slots' state and weights (the
     first stage's 40x256 kernel pads its slot), none where every slot keeps

@@ -96,6 +96,7 @@ def test_the_pipeline_keeps_running_between_steps():
     assert int(state.inflight.start) == int(state.inflight.fed) == int(state.inflight.base)
 
 
+@pytest.mark.slow  # asynchronous tables at one M run fast
 def test_an_asynchronous_step_of_more_micro_batches_trains_the_same():
     """Nothing drains between asynchronous steps, so M only sets how many
     micro-batches one call runs: 16 micro-batches as 8 steps of 2 or 2 steps

@@ -82,6 +82,7 @@ def _compiled(F, T):
     return pipe, trainer, trainer.step.lower(state, data).compile()
 
 
+@pytest.mark.slow  # the HLO of a split step; its equality runs fast
 def test_a_step_split_over_tensor_gathers_no_weight():
     pipe, trainer, compiled = _compiled(1, 2)
     gathers = hlo.per_tick(compiled.as_text(), pipe.schedule.ticks, "all-gather")

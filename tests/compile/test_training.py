@@ -96,6 +96,7 @@ def test_the_step_compiles_once(schedule):
     assert len(COMPILES) - before == 1
 
 
+@pytest.mark.slow  # nine seconds of two trainers
 def test_two_trainers_of_one_pipeline_are_independent():
     pipe = _pipe()
     params = pipe.init(jax.random.key(0))
@@ -124,6 +125,7 @@ def test_compiled_step_is_the_step():
     assert float(ma["loss"]) == float(mb["loss"])
 
 
+@pytest.mark.slow  # per-stage optimizers train in test_mitigations.py
 def test_optimizer_per_stage_gets_its_stage_info():
     seen = []
 

@@ -37,7 +37,7 @@ def _pipe(schedule: str, K: int, v: int, M: int = 4, **kw) -> pj.Pipeline:
 
 @pytest.mark.parametrize("schedule,K,v,M", fast_and_slow(
     [(*c, 4) for c in GRID] + [("zb-h1", 2, 2, 3)],
-    fast=[("zb-h1", 2, 2, 3), ("zb-h2", 4, 2, 4), ("zb-h1", 1, 1, 4)]))  # interleaved: the trainer test
+    fast=[("zb-h1", 2, 2, 3), ("zb-h1", 1, 1, 4)]))  # interleaved: the trainer test
 def test_new_schedules_equal_sequential(schedule, K, v, M):
     # remat "none" on the zero-bubble tables: W then reads kept residuals through the bridge
     # (at K = 1 a scalar residual keeps its shape in its slot).

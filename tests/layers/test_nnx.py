@@ -74,6 +74,7 @@ def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash
     assert rel_err(pj.unstage(run.state.params), run.ref) < 1e-5
 
 
+@pytest.mark.slow  # mitigations on replicas: tests/compile/test_data_parallel.py
 def test_mitigation_with_two_replicas_equals_the_reference():
     """PB + LWP_D + SC_D over an NNX list, two SSGD replicas: the forecast,
     the compensation and the data rule act on nnx.State parameters."""

@@ -36,6 +36,7 @@ def test_every_family_builds_tables_as_it_says():
         assert table.name == name and table.asynchronous == family.asynchronous
 
 
+@pytest.mark.slow  # trains a registered copy of GPipe; the refusals run fast
 def test_a_registered_family_trains_by_its_name_as_the_one_it_copies(tmp_path, mine):
     x = jax.random.normal(jax.random.key(3), (M * MB, 40))
     y = jnp.arange(M * MB) % 10
