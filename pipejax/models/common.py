@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -53,6 +53,33 @@ def causal_mask(x: jax.Array, segments: jax.Array | None = None) -> jax.Array:
     if segments is None:
         return causal
     return nn.combine_masks(causal, nn.make_attention_mask(segments, segments, jnp.equal))
+
+
+def fused(fallback: Callable) -> Callable:
+    """An `attention_fn` for Flax's attention modules (linen's and NNX's;
+    `fallback` their own `dot_product_attention`) that runs the softmax
+    attention as one `jax.nn.dot_product_attention`: JAX picks cuDNN's fused
+    kernel on a GPU and XLA's attention on a CPU, where it equals Flax's
+    einsum, softmax and einsum within 1e-6 (tests/models/test_gpt.py).
+    Dropout on the attention weights, which the fused call has not, runs
+    `fallback`; so do a bias and a `dtype` other than the inputs'."""
+
+    # Flax passes only the keywords this signature names.
+    def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+                  dropout_rng=None, dropout_rate=0.0, deterministic=False, dtype=None,
+                  precision=None, **rest):
+        same = jnp.result_type(query, key, value)
+        if (dropout_rate > 0.0 and not deterministic) or bias is not None or (
+                dtype is not None and jnp.dtype(dtype) != same):
+            return fallback(query, key, value, bias, mask, broadcast_dropout=broadcast_dropout,
+                            dropout_rng=dropout_rng, dropout_rate=dropout_rate,
+                            deterministic=deterministic, dtype=dtype, precision=precision,
+                            **rest)
+        cast = lambda a: a.astype(same)
+        mask = None if mask is None else mask.astype(jnp.bool_)  # Flax's masks come as 0/1 floats
+        return jax.nn.dot_product_attention(cast(query), cast(key), cast(value), mask=mask)
+
+    return attention
 
 
 def with_segments(x: Any) -> tuple[jax.Array, jax.Array | None]:

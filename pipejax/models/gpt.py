@@ -37,7 +37,7 @@ from pipejax.errors import ConfigError
 from pipejax.models import nnx_modules
 from pipejax.models.builder import Builder
 from pipejax.models.common import (COLUMNS, ROWS, VECTOR, GPT_INIT as INIT,
-                                   causal_mask, positions, residual_init, with_segments)
+                                   causal_mask, fused, positions, residual_init, with_segments)
 
 
 class TokenEmbed(nn.Module):
@@ -88,7 +88,7 @@ class CausalBlock(nn.Module):
             self.heads, use_bias=False, kernel_init=split(INIT, COLUMNS),
             out_kernel_init=split(residual_init(self.depth), ROWS),
             dropout_rate=self.dropout, deterministic=deterministic, decode=self.decode,
-            name="attention")(
+            attention_fn=fused(nn.dot_product_attention), name="attention")(
                 h, h, mask=causal_mask(x, segments))
         x = x + nn.Dropout(self.dropout, deterministic=deterministic)(h)
         h = nn.Dense(4 * self.width, kernel_init=split(INIT, COLUMNS),

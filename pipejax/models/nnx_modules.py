@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pipejax.models.common import (COLUMNS, GPT_INIT, ROWS, VECTOR, alpha_dropout, causal_mask,
-                                   global_avg_pool, patches, positions, residual_init,
+                                   fused, global_avg_pool, patches, positions, residual_init,
                                    with_segments)
 
 
@@ -253,7 +253,8 @@ class CausalBlock(nnx.Module):
         self.attention = nnx.MultiHeadAttention(
             heads, width, use_bias=False, kernel_init=split(GPT_INIT, COLUMNS),
             out_kernel_init=split(residual_init(depth), ROWS), dropout_rate=dropout,
-            decode=False, deterministic=False, keep_rngs=dropout > 0, rngs=rngs)
+            decode=False, deterministic=False, keep_rngs=dropout > 0,
+            attention_fn=fused(nnx.dot_product_attention), rngs=rngs)
         self.up = nnx.Linear(width, 4 * width, kernel_init=split(GPT_INIT, COLUMNS),
                              bias_init=split(nn.initializers.zeros, VECTOR), rngs=rngs)
         self.down = nnx.Linear(4 * width, width, kernel_init=split(residual_init(depth), ROWS),

@@ -66,6 +66,23 @@ def _variables(layers, h):
     return out
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_attention_equals_flax_einsum_attention(packed):
+    """The zoo GPT's attention (one jax.nn.dot_product_attention) against
+    Flax's einsum, softmax and einsum, linen's and NNX's, under the causal
+    mask and, packed, the documents' mask; and a decode step's mask."""
+    from pipejax.models.common import causal_mask, fused
+
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 16, 4, 8))
+    segments = jnp.array([[0] * 6 + [1] * 10, [0] * 16]) if packed else None
+    masks = [causal_mask(q, segments), jnp.arange(16)[None, None, None] <= 5]  # a decode step's
+    for flax_attention in (nn.dot_product_attention, nnx.dot_product_attention):
+        for mask, query in zip(masks, (q, q[:, 5:6])):
+            ours = fused(flax_attention)(query, k, v, mask=mask, deterministic=True)
+            theirs = flax_attention(query, k, v, mask=mask, deterministic=True)
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+
+
 def test_gpt_is_causal():
     """Changing the tokens from position 9 on leaves the logits before 9 as
     they were, and changes those after."""
