@@ -115,24 +115,25 @@ def _spread(packing: Packing, buffers: Buffers, shards: int, sources: Callable,
                              for d, s in leaves(sources(group))), AXIS)
         for d, s in leaves(targets(group)):
             _put(packing, whole, k == d, s, total)
-        _scattered(packing, out, whole, slots, shards)
+        _scattered(out, whole, slots, shards)
     return tuple(out)
 
 
 def _gathered(packing: Packing, out: list, slots: set, shards: int) -> list:
-    """`out` with `slots` whole: gathered over `fsdp` where sharded."""
+    """`out` with `slots` whole: gathered over `fsdp` where sharded (XLA
+    drops the gathers of the other slots, whose results nothing reads)."""
     if shards == 1:
         return list(out)
     whole = gather(tuple(out), packing)
     return [whole[j] if j in slots else b for j, b in enumerate(out)]
 
 
-def _scattered(packing: Packing, out: list, whole: list, slots: set, shards: int) -> None:
+def _scattered(out: list, whole: list, slots: set, shards: int) -> None:
     """Set `slots` of `out` to this device's fsdp piece of `whole`."""
-    f = lax.axis_index(FSDP) if shards > 1 else 0
     for j in slots:
         rows = out[j].shape[0]
-        out[j] = whole[j] if shards == 1 else lax.dynamic_slice_in_dim(whole[j], f * rows, rows)
+        out[j] = (whole[j] if shards == 1 else
+                  lax.dynamic_slice_in_dim(whole[j], lax.axis_index(FSDP) * rows, rows))
 
 
 def counted_once(packing: Packing, grads: Buffers) -> Buffers:
