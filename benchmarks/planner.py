@@ -444,7 +444,8 @@ def _sharded_sentence(rows: list[dict]) -> str:
         f"settings; {len(rows)} candidates): {len(within)} within {span(within)}"
         + (f", and {named}" if outside else "") + ". A split stage's working set is its "
         "backward compiled alone on one group of T tensor devices, each parameter split as "
-        "annotated (with remat; without it, what its vjp keeps as XLA partitions it).")
+        "annotated and each kept residual as XLA splits it (the kept ring holds a device's "
+        "heads and hidden units alone).")
 
 
 PARTS = {"staleness": staleness, "memory": memory, "sharded": sharded, "search": search,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipejax.packing import Packing
+from pipejax.compile import rows
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Rings
 from pipejax.formatting import human_bytes
@@ -57,11 +58,12 @@ class Layout:
         a GPU, zeros on a CPU) for a pass that reads only slots it wrote (a
         synchronous table: a slot is read by the task after the one that
         filled it, an invalid message is dropped)."""
-        fill = lambda packing, n: (packing.empty if empty else packing.zeros)((*lead, n))
+        fill = lambda packing, n: rows.ring(packing, n, lead, empty)
         return Rings(grads=fill(self.acts, self.grad_slots),
                      kept=fill(self.kept, self.kept_slots),
                      inputs=fill(self.acts, self.input_slots),
-                     weights=fill(self.pieces, self.kept_slots) if self.weight_stashing else (),
+                     weights=(self.pieces.empty if empty else self.pieces.zeros)(
+                         (*lead, self.kept_slots)) if self.weight_stashing else (),
                      bridge=fill(self.bridge, self.bridge_slots) if self.bridge_slots else ())
 
     @property

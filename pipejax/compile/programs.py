@@ -34,7 +34,7 @@ from pipejax.compile.shapes import PerShape, Shapes
 from pipejax.compile.last_stage import backwards
 from pipejax.compile.model import Model
 from pipejax.compile.stages import StageCode
-from pipejax.compile.tensor import alone, slot_shardings
+from pipejax.compile.tensor import crossing_lines, kept_packing, slot_shardings
 from pipejax.compile.ties import initial
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
@@ -71,6 +71,7 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags
     F = shards(mesh)
     code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule),
                      (F, tensor_parts(mesh)))
+    code.kept = kept_packing(code, mesh)
     if code.params.parts > 1 and not any(code.params.tensor_slots):
         raise ConfigError(
             f"the mesh splits each stage over tensor={code.params.parts} devices, but no layer "
@@ -88,7 +89,7 @@ def crossing(b: Build) -> tuple[str, ...]:
     stage's code compiled alone; empty where nothing crosses."""
     if not applies(b.mesh):
         return ()
-    return tuple(line for j in b.code.groups.first for line in alone(b.code, j, b.mesh).crossing)
+    return tuple(line for j in b.code.groups.first for line in crossing_lines(b.code, j, b.mesh))
 
 
 def check_table(schedule: Schedule) -> None:
@@ -266,7 +267,8 @@ def _shardings(b: Build, opts: StageOptimizers) -> TrainState:
     state = Staged(slot_shardings(b.mesh, per_device(b.mesh), opts.packing, 1), opts.packing)
     stashed = (slot_shardings(b.mesh, per_device(b.mesh), b.layout.pieces, 2)
                if b.layout.weight_stashing else ())
-    rings = Rings(device, device, device, stashed, device)
+    kept = slot_shardings(b.mesh, per_device(b.mesh), b.layout.kept, 1)  # rows.shapes
+    rings = Rings(device, kept, device, stashed, device)
     if b.schedule.asynchronous:
         inflight = InFlight(rings, device, device, replicated, replicated, replicated)
         return TrainState(rows, state, replicated, replicated, inflight, device)

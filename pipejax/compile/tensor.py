@@ -8,7 +8,10 @@ the layers' Flax annotations give (layers/sharding.py) from the slots
 (packing.py: a split leaf's slot is (m, T), its last axis over `tensor`)
 and from the constraint on every unpacked leaf (`mesh.constrain`), and
 inserts the collectives of Megatron's layout itself (an all-reduce after a
-row-parallel matrix product). Nothing in a layer changes.
+row-parallel matrix product). Nothing in a layer changes. The residuals a
+stage keeps for its backward are split where XLA computes them split
+(`kept_packing`), so that a device keeps its heads' attention and its part
+of the MLP's hidden units, as in Megatron's layout.
 
 The element-wise collectives of the data rules (SSGD's mean,
 ADPSGD's exchange) need no such care: XLA keeps the split (no all-gather
@@ -18,7 +21,7 @@ in the GPT's step at data 2 x tensor 2, measured).
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -59,25 +62,24 @@ def split_parts(code: StageCode, j: int) -> tuple[float, int]:
     return (split / total if total else 0.0), rows
 
 
-class Alone(NamedTuple):
-    """Virtual stage j's vjp compiled alone on one group of T tensor devices."""
+def crossing_lines(code: StageCode, j: int, mesh: Mesh) -> tuple[str, ...]:
+    """The user's lines of virtual stage j's collective-permutes as XLA
+    partitions its vjp (every intermediate kept, so that nothing is left
+    out) compiled alone on one group of the mesh's T tensor devices, each
+    parameter split as annotated; once per process for equal layers, shapes
+    and T. In the pipeline these are collectives that join the devices of
+    every stage inside stage j's branch (rendezvous.py)."""
+    def compiled() -> tuple[str, ...]:
+        devices, shardings = _group(code, j, mesh)
+        h = code.input_of(j)
+        everything = jax.checkpoint_policies.everything_saveable
+        kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, everything)[1],
+                       in_shardings=(shardings, None if h is None else
+                                     NamedSharding(devices, P()), None))
+        return permutes(kept.lower(code.abstract_params(j), h, code.abstract_feed())
+                        .compile().as_text())
 
-    working: int  # one device's bytes of what the vjp keeps without remat (its working set)
-    crossing: tuple[str, ...]  # the user's lines of its collectives that would cross stages
-
-
-def alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
-    """Virtual stage j's vjp as XLA partitions it: the function compiled
-    alone on one group of the mesh's T tensor devices, each parameter split
-    as annotated; once per process for equal layers, shapes and T.
-
-    Its output bytes are the working set: counting it whole over-predicted
-    the zoo GPT's step by 1.45x at T = 2 and 2.03x at T = 4 (its MLP's hidden
-    activations and attention's heads are split, the residual stream not).
-    Its collective-permutes are the collectives that, in the pipeline, join
-    the devices of every stage inside stage j's branch (rendezvous.py)."""
-    T = tensor_parts(mesh)
-    return code.remembered(j, ("alone over tensor", T), lambda: _compiled_alone(code, j, mesh))
+    return code.remembered(j, ("crossing over tensor", tensor_parts(mesh)), compiled)
 
 
 def _group(code: StageCode, j: int, mesh: Mesh) -> tuple[Mesh, Any]:
@@ -86,44 +88,71 @@ def _group(code: StageCode, j: int, mesh: Mesh) -> tuple[Mesh, Any]:
     T = tensor_parts(mesh)
     group = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(TENSOR), -1)
     devices = Mesh(group.reshape(-1, T)[0], (TENSOR,))
-    place = lambda s: NamedSharding(devices, P(*[TENSOR if i == s.split else None
-                                                 for i in range(len(s.shape))]))
     return devices, jax.tree.unflatten(jax.tree.structure(code.abstract_params(j)),
-                                       [place(s) for s in code.param_leaves(j)])
+                                       [_placed(devices, s) for s in code.param_leaves(j)])
 
 
-def _compiled_alone(code: StageCode, j: int, mesh: Mesh) -> Alone:
-    devices, shardings = _group(code, j, mesh)
-    whole = NamedSharding(devices, P())
-    h = code.input_of(j)
-    everything = jax.checkpoint_policies.everything_saveable
-    kept = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, everything)[1],
-                   in_shardings=(shardings, None if h is None else whole, None))
-    compiled = kept.lower(code.abstract_params(j), h, code.abstract_feed()).compile()
-    return Alone(int(compiled.memory_analysis().output_size_in_bytes),
-                 permutes(compiled.as_text()))
+def _placed(devices: Mesh, leaf: Any) -> NamedSharding:
+    """Where a packed leaf lives on one group of tensor devices: split on its
+    `split` axis, else whole."""
+    return NamedSharding(devices, P(*[TENSOR if i == leaf.split else None
+                                      for i in range(len(leaf.shape))]))
+
+
+def kept_packing(code: StageCode, mesh: Mesh) -> Packing:
+    """The kept ring's packing with each residual split over `tensor` on the
+    axis XLA's partitioner splits it (an attention's heads, an MLP's hidden
+    units), read from each stage's forward compiled alone on one group of T
+    tensor devices (`_group`); whole where XLA keeps it whole or splits it
+    unevenly. Packed whole, the ring held T copies of what XLA computes
+    split, and XLA kept a split shadow of the ring besides: the zoo GPT 6x64
+    at K = 2, tensor 2, remat "none" took 30.5 MiB a device under GPipe and
+    9.9 MiB under 1F1B; split, 17.3 and 8.1 MiB."""
+    T, remat = tensor_parts(mesh), code.model.remat
+    if T == 1 or not any(code.kept.leaves[j] for j in range(code.kept.stages)):
+        return code.kept
+
+    def axes(j: int) -> list[int | None]:
+        devices, shardings = _group(code, j, mesh)
+        h = code.input_of(j)
+        forward = jax.jit(lambda p, h, f: code.vjp(j, p, h, f, remat)[1],
+                          in_shardings=(shardings, None if h is None else
+                                        NamedSharding(devices, P()), None))
+        compiled = forward.lower(code.abstract_params(j), h, code.abstract_feed()).compile()
+        kept = jax.tree.leaves(code.residuals(j, remat))
+        return [_split_axis(s, x.shape, T) for s, x in
+                zip(jax.tree.leaves(compiled.output_shardings), kept)]
+
+    splits = [code.remembered(j, ("kept axes over tensor", remat, T), lambda: axes(j))
+              for j in code.groups.first]
+    trees = [code.residuals(j, remat) for j in code.groups.first]
+    return Packing.of([trees[g] for g in code.groups.of],
+                      splits=[splits[g] for g in code.groups.of], parts=T)
+
+
+def _split_axis(sharding: Any, shape: tuple[int, ...], T: int) -> int | None:
+    """The one axis `sharding` splits evenly over `tensor`, or None."""
+    spec = getattr(sharding, "spec", ())
+    over = [i for i, e in enumerate(spec) if e == TENSOR or (isinstance(e, tuple) and TENSOR in e)]
+    return over[0] if len(over) == 1 and spec[over[0]] == TENSOR and shape[over[0]] % T == 0 \
+        else None
 
 
 def backward_bytes(code: StageCode, j: int, mesh: Mesh, options: dict) -> int:
     """One tensor device's temporary and output bytes of virtual stage j's
     backward compiled alone on one group of T tensor devices (compiled with
-    `options`), once per process for equal stages: with remat, what the
-    replayed forward keeps and the gradients, as XLA partitions them."""
+    `options`), once per process for equal stages: what the replayed
+    forward keeps (with remat) or what the backward makes again from the
+    kept residuals (without), and the gradients, as XLA partitions them."""
     def compiled() -> int:
         devices, shardings = _group(code, j, mesh)
         whole = NamedSharding(devices, P())
         params, h, feed, kept, ct = code.backward_args(j)
-        ins = (shardings, None if h is None else whole, None, [whole] * len(kept),
-               None if ct is None else whole)
+        ins = (shardings, None if h is None else whole, None,
+               [_placed(devices, s) for s in code.kept.leaves[j]], None if ct is None else whole)
         program = jax.jit(functools.partial(code.backward, j), in_shardings=ins)
         analysis = program.lower(params, h, feed, kept, ct).compile(options).memory_analysis()
         return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
 
     return code.remembered(j, ("split backward bytes", code.model.remat, tensor_parts(mesh)),
                            compiled)
-
-
-def working_bytes(code: StageCode, j: int, mesh: Mesh) -> int:
-    """One tensor device's bytes of what virtual stage j's vjp keeps without
-    rematerialization (its working set), as XLA partitions it (`alone`)."""
-    return alone(code, j, mesh).working

@@ -108,6 +108,23 @@ def test_fsdp_2_by_tensor_2_holds_a_quarter_of_the_arguments_as_predicted():
     assert abs(predicted - 1) < 0.1 and abs(predicted - predicted_whole) < 0.05
 
 
+def test_the_kept_ring_holds_a_devices_heads_and_hidden_units_alone():
+    """remat "none" at tensor 2: the residuals XLA computes split over
+    `tensor` (an attention's heads, the MLP's hidden units) are kept split,
+    so a device's kept ring is smaller than unsplit; the residual stream's
+    stay whole."""
+    def kept(T):
+        layers, _, (x, y) = _gpt(2)
+        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:MB], targets=y[:MB],
+                           stages=2, microbatches=M, remat="none",
+                           mesh=pj.make_mesh(2, tensor=T))
+        return pipe.layout.kept
+
+    whole, split = kept(1), kept(2)
+    assert any(split.tensor_slots) and not all(split.tensor_slots)
+    assert split.slot_bytes() < 0.75 * whole.slot_bytes()
+
+
 def _dense(names):
     return nn.Dense(8, kernel_init=nn.with_partitioning(nn.initializers.lecun_normal(), names))
 
