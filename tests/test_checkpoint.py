@@ -56,6 +56,7 @@ def test_ten_saved_and_ten_restored_steps_equal_twenty(tmp_path, schedule):
     assert int(state.step) == 20
 
 
+@pytest.mark.slow  # stage 4 into stage 2 runs fast from data replicas into fsdp
 def test_four_stage_checkpoint_restores_into_two_stages(tmp_path):
     pipe4, four = _trainer(4)
     state = four.init(pipe4.init(jax.random.key(0)))

@@ -93,6 +93,7 @@ def test_train_learns_and_writes_metrics(tmp_path, capsys):
     assert params["1"]["params"]["kernel"].shape == (12, 256)  # layer 1: the first Dense
 
 
+@pytest.mark.slow  # evaluation every N steps: the language model's run; the VGG: test_models
 def test_train_another_model_with_evaluation(tmp_path, capsys):
     assert main(["train", "--model", "vgg", "--data", _data(tmp_path), "--stages", "4",
                  "--microbatches", "2", "--batch-size", "32", "--steps", "4", "--eval-every", "2",

@@ -70,7 +70,7 @@ def _reference(name: str, infos: list) -> tuple[list, list]:
 # forecast, with the slow tests.
 @pytest.mark.parametrize("name", fast_and_slow(
     [n for n in pj.transforms.MITIGATIONS if n not in ("pipeoptim", "nesterov")],
-    fast=["none", "lwp+sc"]))
+    fast=["lwp+sc"]))  # PB itself runs under each
 def test_pb_with_each_mitigation_equals_the_versioned_reference_and_simulate(name):
     schedule = optax.piecewise_constant_schedule(LR, {DECAY_AT: 0.1})
     mit = pj.transforms.mitigation(name, schedule, momentum=MOMENTUM, warmup_steps=WARMUP
