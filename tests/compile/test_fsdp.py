@@ -146,6 +146,7 @@ def _compiled(pipe, opt=optax.adam(1e-3)):
     return trainer.step.lower(state, batch(M * MB)).compile()
 
 
+@pytest.mark.slow  # a device's share of each leaf runs fast in tests/test_placed.py
 def test_a_device_holds_a_quarter_of_the_arguments_at_fsdp_4():
     """Parameters, Adam's state and the batch, per device, of a heterogeneous stage list."""
     whole, sharded = (_compiled(_pipe(2, F)).memory_analysis() for F in (1, 4))

@@ -52,6 +52,7 @@ def test_step_donates_its_state_and_says_so_when_it_is_reused():
     trainer.step(kept, batch)  # a copy made before is a state of its own
 
 
+@pytest.mark.slow  # every table and remat mode: benchmarks/planner.py --part memory
 def test_a_recomputed_transformer_stage_is_predicted_within_three_percent():
     # The working set is the backward's own buffers as XLA compiles it: the
     # residuals its vjp names without remat over-count a recomputed block
@@ -95,6 +96,7 @@ def test_a_step_whose_weights_outweigh_its_activations_is_predicted_within_two_p
     assert update_bytes(alike.trainer(optax.adam(1e-3))._programs.optimizers, 0) < 2**10
 
 
+@pytest.mark.slow  # the replicas' rows of benchmarks/planner.py --part memory
 def test_an_update_around_the_switch_is_predicted_with_the_gradient_it_waits_for():
     """PB on one stage and 2 data replicas runs SSGD's mean around the stage
     switch: the backward's gradient leaves the switch and is held beside the

@@ -186,6 +186,7 @@ def test_the_bridge_holds_a_layer_norms_cotangent_once():
     assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 20)]
 
 
+@pytest.mark.slow  # their tables equal the sequential model in test_new_schedules_equal_sequential
 def test_a_trainer_steps_on_interleaved_and_zero_bubble_tables_as_on_one_stage():
     x, y = batch(4 * MB)
     losses = {}

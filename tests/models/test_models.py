@@ -41,7 +41,7 @@ CASES = {
 # a 2-D convolution in test_conv_is_flax_conv).
 @pytest.mark.parametrize("name,api", fast_and_slow(
     [(n, api) for n in sorted(CASES) for api in ("linen", "nnx")],
-    fast=[("mlp", "linen"), ("snn", "linen"), ("vgg-1d", "nnx")]))
+    fast=[("mlp", "linen"), ("vgg-1d", "nnx")]))  # dropout in a pipeline: test_determinism.py
 def test_model_pipelines_exactly(name, api):
     """Linen against the sequential run of the same layers, NNX against the
     sequential model written with Flax's own API."""
@@ -116,6 +116,7 @@ def test_conv_is_flax_conv(dims, window, strides):
                                 atol=1e-5)
 
 
+@pytest.mark.slow  # each zoo model pipelines exactly in test_model_pipelines_exactly
 def test_fine_resnet_is_the_block_resnet_split_finer():
     """One block as three layers (fork, conv, sum) computes the block."""
     block = pj.models.resnet(depth=2, width=8, groups=4)
