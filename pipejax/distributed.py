@@ -33,6 +33,10 @@ from typing import Sequence
 from pipejax.errors import DeviceError
 
 ENV = ("PIPEJAX_COORDINATOR", "PIPEJAX_PROCESSES", "PIPEJAX_PROCESS_ID", "PIPEJAX_LOCAL_DEVICES")
+# XLA:CPU's Eigen kernels on the calling thread: with the process pinned to
+# one core (every thread it starts inherits the core), a stage computes on
+# its own core alone, as on its own GPU.
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
 
 
 def launched() -> bool:
@@ -56,6 +60,8 @@ def initialize(coordinator: str | None = None, processes: int | None = None,
     if process_id is None and "PIPEJAX_PROCESS_ID" in env:
         process_id = int(env["PIPEJAX_PROCESS_ID"])
     local_devices = local_devices or int(env.get("PIPEJAX_LOCAL_DEVICES", "0")) or None
+    if "PIPEJAX_CORE" in env:  # before XLA starts its threads: they inherit the core
+        os.sched_setaffinity(0, {int(env["PIPEJAX_CORE"])})
     if local_devices:
         jax.config.update("jax_num_cpu_devices", local_devices)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -77,13 +83,25 @@ def devices_per_process(devices: int, processes: int) -> int:
     return devices // processes
 
 
+def child_flags(pinned: bool) -> str:
+    """This process's XLA_FLAGS for a process it starts: without a forced
+    device count (each simulates its own devices; the count would override
+    them), and on one thread where `pinned`."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count"))
+    return f"{flags} {ONE_THREAD}".strip() if pinned else flags
+
+
 def launch(command: Sequence[str], processes: int, local_devices: int, timeout: float = 600.0,
-           quiet_others: bool = True, port: int | None = None) -> int:
+           quiet_others: bool = True, port: int | None = None, pinned: bool = False) -> int:
     """Run `command` as `processes` local processes of one job and wait.
 
     Each gets PIPEJAX_COORDINATOR (localhost and `port`, default a free
     one), PIPEJAX_PROCESSES,
-    PIPEJAX_PROCESS_ID and PIPEJAX_LOCAL_DEVICES. If one fails or the
+    PIPEJAX_PROCESS_ID and PIPEJAX_LOCAL_DEVICES; with `pinned`, process i
+    also gets PIPEJAX_CORE = i (mod the cores), which `initialize` pins it
+    to, and XLA:CPU runs on one thread (`ONE_THREAD`): an idle device is an
+    idle core, as on GPUs. If one fails or the
     `timeout` (seconds) passes, the others are killed with their children,
     so no process and no port outlive the call. Output of processes other
     than 0 is discarded when `quiet_others`. Returns the first non-zero exit
@@ -91,14 +109,14 @@ def launch(command: Sequence[str], processes: int, local_devices: int, timeout: 
     """
     port = port or free_port()
     children = []
-    # each process simulates its own devices; a forced count would override them
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count"))
+    flags, cores = child_flags(pinned), sorted(os.sched_getaffinity(0))
     try:
         for i in range(processes):
             env = dict(os.environ, XLA_FLAGS=flags, PIPEJAX_COORDINATOR=f"localhost:{port}",
                        PIPEJAX_PROCESSES=str(processes), PIPEJAX_PROCESS_ID=str(i),
                        PIPEJAX_LOCAL_DEVICES=str(local_devices))
+            if pinned:
+                env["PIPEJAX_CORE"] = str(cores[i % len(cores)])
             out = subprocess.DEVNULL if quiet_others and i else None
             children.append(subprocess.Popen(list(command), env=env, stdout=out, stderr=out,
                                              start_new_session=True))

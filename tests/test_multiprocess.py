@@ -5,6 +5,7 @@ train exactly as one process with 4 devices does. The launcher
 never leaves a process behind."""
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -86,3 +87,22 @@ def test_a_launch_past_its_time_is_stopped(tmp_path):
 def test_devices_that_do_not_split_over_the_processes():
     with pytest.raises(DeviceError, match=r"8 devices .* do not split evenly over 3 processes"):
         pj.distributed.devices_per_process(8, 3)
+
+
+def test_a_pinned_launch_gives_each_process_its_core_and_one_thread(tmp_path):
+    """`launch(pinned=True)`: process i is told core i (of the cores this
+    process may use), which `initialize` pins it to, and XLA:CPU runs its
+    kernels on one thread; no forced device count reaches it."""
+    script = ("import os, json, pathlib; e = os.environ; pathlib.Path(e['OUT'] + e['PIPEJAX_PROCESS_ID'])"
+              ".write_text(json.dumps([e['PIPEJAX_CORE'], e['XLA_FLAGS']]))")
+    os.environ["OUT"] = str(tmp_path / "p")
+    try:
+        assert pj.distributed.launch([sys.executable, "-c", script], 2, 1, timeout=30,
+                                     pinned=True) == 0
+    finally:
+        del os.environ["OUT"]
+    cores = sorted(os.sched_getaffinity(0))
+    for i in range(2):
+        core, flags = json.loads((tmp_path / f"p{i}").read_text())
+        assert int(core) == cores[i % len(cores)]
+        assert pj.distributed.ONE_THREAD in flags and "device_count" not in flags

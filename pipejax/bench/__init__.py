@@ -22,6 +22,10 @@ Sections (each a table, all in one JSON with the machine and versions):
              peak memory, compile time (bench/gpu.py); `--smoke` runs it
              on a tiny GPT on any backend, and writes its JSON to the
              temporary directory unless `--out` is given.
+  cores      (only with `--only cores`) every registered family at K = 2
+             stages in 2 processes, each pinned to its own core, against the
+             plain jit alone on one pinned core (bench/cores.py): step time
+             and speed-up where an idle tick costs time.
 Stages beyond the default backend's devices run on simulated CPU devices.
 Ratios are measured in one run (alternating calls), never across runs.
 `--only` runs some sections and replaces them in an existing JSON (the
@@ -47,6 +51,7 @@ import pipejax as pj
 from pipejax import formatting
 from pipejax.bench.bubbles import bubbles
 from pipejax.bench.compile_time import compile_times
+from pipejax.bench.cores import cores
 from pipejax.bench.gpu import BUDGET, gpu
 from pipejax.bench.memory import memory, padding, peak_bytes
 from pipejax.bench.plot import plot
@@ -95,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
                              "when run from the repository, else ./bench_<backend>.json)")
     parser.add_argument("--repeats", type=int, default=30, help="timed rounds per comparison")
     parser.add_argument("--only", nargs="*", default=None,
-                        choices=["overhead", "bubbles", "memory", "compile", "padding", "gpu"])
+                        choices=["overhead", "bubbles", "memory", "compile", "padding", "gpu",
+                                 "cores"])
     parser.add_argument("--smoke", action="store_true",
                         help="the gpu section alone, on a tiny GPT, on any backend (a test runs "
                              "it)")
@@ -114,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if jax.default_backend() == "gpu" or args.smoke:
         sections["gpu"] = lambda: gpu(args.smoke, args.budget)
     chosen = ["gpu"] if args.smoke else args.only or list(sections)
+    sections["cores"] = lambda: cores(args.repeats)  # minutes of processes: asked for alone
     if "gpu" in chosen and "gpu" not in sections:
         print(f"pipejax bench: the gpu section needs a GPU and JAX sees {jax.default_backend()} "
               f"devices; add --smoke to run it on a tiny GPT here", file=sys.stderr)
