@@ -127,6 +127,7 @@ def test_a_layer_without_a_decode_step_recomputes(model):
         pj.generate(with_function, [*variables, {}], [1, 2], 4, cache=True, **kw)
 
 
+@pytest.mark.slow  # the evaluator runs in the language model's CLI test
 def test_loss_evaluator_weighs_chunks_by_their_size(model):
     layers, variables = model
     x, y = pj.data.evaluation_windows(np.arange(90, dtype=np.uint8), CONTEXT)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipejax.errors import DeviceError
+
 WORKER = "pipejax.bench.cores"
 GPT = {"depth": 6, "width": 128, "heads": 4, "context": 128}
 MICRO = 4  # sequences a micro-batch
@@ -138,7 +140,9 @@ def measure(K: int, M: int, families: list[tuple[str, str]], repeats: int,
             code = distributed.launch([*cmd, "--out", str(job)], K, 1, timeout=1800,
                                       pinned=True)
             if code:
-                raise RuntimeError(f"the {K}-process job failed with exit status {code}")
+                raise DeviceError(f"the {K} pinned processes of the cores benchmark failed "
+                                  f"(exit status {code}); run `python -m {WORKER}` under "
+                                  "`pj.distributed.launch` to see process 0's error")
             times = json.loads(job.read_text())
         alone = folder / f"plain_{when}.json"
         env = dict(os.environ, PIPEJAX_CORE=str(sorted(os.sched_getaffinity(0))[0]),
