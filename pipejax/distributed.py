@@ -60,12 +60,18 @@ def initialize(coordinator: str | None = None, processes: int | None = None,
     if process_id is None and "PIPEJAX_PROCESS_ID" in env:
         process_id = int(env["PIPEJAX_PROCESS_ID"])
     local_devices = local_devices or int(env.get("PIPEJAX_LOCAL_DEVICES", "0")) or None
-    if "PIPEJAX_CORE" in env:  # before XLA starts its threads: they inherit the core
-        os.sched_setaffinity(0, {int(env["PIPEJAX_CORE"])})
+    pin()
     if local_devices:
         jax.config.update("jax_num_cpu_devices", local_devices)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator, num_processes=processes, process_id=process_id)
+
+
+def pin() -> None:
+    """Pin this process to the core PIPEJAX_CORE names (`launch(pinned=True)`),
+    if any; before XLA starts its threads, which inherit the core."""
+    if "PIPEJAX_CORE" in os.environ:
+        os.sched_setaffinity(0, {int(os.environ["PIPEJAX_CORE"])})
 
 
 def free_port() -> int:

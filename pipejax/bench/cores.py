@@ -11,8 +11,7 @@ medians. The baseline is the plain jit of the same micro-batches
 update) alone on one pinned core, in a process of its own run before and
 after the job (a pinned process cannot share the job's cores with it
 without changing what it measures); its speed-up is that median over the
-row's. Rows are written as each job ends, keyed by their settings, and a
-row already in the JSON is skipped, so the benchmark runs in parts.
+row's.
 """
 
 from __future__ import annotations
@@ -111,8 +110,7 @@ def worker(argv: list[str]) -> int:
     from pipejax import distributed
 
     if args.plain:
-        if "PIPEJAX_CORE" in os.environ:
-            os.sched_setaffinity(0, {int(os.environ["PIPEJAX_CORE"])})
+        distributed.pin()
         args.out.write_text(json.dumps({"plain": _plain(rows[0]["M"], args.repeats)}))
         return 0
     distributed.initialize()
@@ -133,24 +131,23 @@ def measure(K: int, M: int, families: list[tuple[str, str]], repeats: int,
     rows = [{"schedule": s, "remat": r, "M": M, "K": K} for s, r in families]
     spec = json.dumps(rows)
     cmd = [sys.executable, "-m", WORKER, "--rows", spec, "--repeats", str(repeats)]
-    plain = []
-    for when in ("before", "after"):
-        if when == "after":
-            job = folder / "job.json"
-            code = distributed.launch([*cmd, "--out", str(job)], K, 1, timeout=1800,
-                                      pinned=True)
-            if code:
-                raise DeviceError(f"the {K} pinned processes of the cores benchmark failed "
-                                  f"(exit status {code}); run `python -m {WORKER}` under "
-                                  "`pj.distributed.launch` to see process 0's error")
-            times = json.loads(job.read_text())
-        alone = folder / f"plain_{when}.json"
-        env = dict(os.environ, PIPEJAX_CORE=str(sorted(os.sched_getaffinity(0))[0]),
-                   XLA_FLAGS=distributed.child_flags(pinned=True))  # one device, one thread
+    env = dict(os.environ, PIPEJAX_CORE=str(sorted(os.sched_getaffinity(0))[0]),
+               XLA_FLAGS=distributed.child_flags(pinned=True))  # one device, one thread
+    alone = folder / "plain.json"
+
+    def plain_alone() -> float:
         subprocess.run([*cmd, "--plain", "--out", str(alone)], env=env, check=True,
                        timeout=1800)
-        plain.append(json.loads(alone.read_text())["plain"])
-    base = sorted(plain)[0]
+        return json.loads(alone.read_text())["plain"]
+
+    before, job = plain_alone(), folder / "job.json"
+    code = distributed.launch([*cmd, "--out", str(job)], K, 1, timeout=1800, pinned=True)
+    if code:
+        raise DeviceError(f"the {K} pinned processes of the cores benchmark failed "
+                          f"(exit status {code}); run `python -m {WORKER}` under "
+                          "`pj.distributed.launch` to see process 0's error")
+    times, plain = json.loads(job.read_text()), [before, plain_alone()]
+    base = min(plain)
     out = []
     for row in rows:
         seconds = times[_key(row)]

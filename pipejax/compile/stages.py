@@ -48,6 +48,8 @@ class StageCode:
     with `backwards.split` (a table with W ops) `bridge` what B files for
     W, for micro-batches shaped like the model's example and targets;
     `deferred`: the last stage's backward runs its forward (last_stage.py).
+    `kept` is packed whole here; over `tensor` the pipeline's build replaces
+    it with the packing XLA's split asks for (`tensor.kept_packing`).
     The last stage seeds its vjp with `seed`: 1/M when a step's loss is the
     mean over M micro-batches, 1 when every micro-batch is its own update. With
     `degrees` = (F, T) and F > 1, `params` packs every slot flat, in F pieces

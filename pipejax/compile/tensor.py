@@ -132,10 +132,9 @@ def kept_packing(code: StageCode, mesh: Mesh) -> Packing:
 
 def _split_axis(sharding: Any, shape: tuple[int, ...], T: int) -> int | None:
     """The one axis `sharding` splits evenly over `tensor`, or None."""
-    spec = getattr(sharding, "spec", ())
-    over = [i for i, e in enumerate(spec) if e == TENSOR or (isinstance(e, tuple) and TENSOR in e)]
-    return over[0] if len(over) == 1 and spec[over[0]] == TENSOR and shape[over[0]] % T == 0 \
-        else None
+    over = [i for i, e in enumerate(getattr(sharding, "spec", ()))
+            if TENSOR in (e if isinstance(e, tuple) else (e,))]
+    return over[0] if len(over) == 1 and shape[over[0]] % T == 0 else None
 
 
 def backward_bytes(code: StageCode, j: int, mesh: Mesh, options: dict) -> int:
