@@ -24,8 +24,12 @@ Sections (each a table, all in one JSON with the machine and versions):
              temporary directory unless `--out` is given.
   cores      (only with `--only cores`) every registered family at K = 2
              stages in 2 processes, each pinned to its own core, against the
-             plain jit alone on one pinned core (bench/cores.py): step time
-             and speed-up where an idle tick costs time.
+             plain jit alone on one pinned core (bench/cores.py): step time,
+             speed-up where an idle tick costs time, the table's ideal step
+             from its ops timed alone, each process's busy and collective
+             time; `--models` and `--microbatches` choose the jobs (one job,
+             under 10 minutes, per model and M), rows already in the JSON
+             are kept.
 Stages beyond the default backend's devices run on simulated CPU devices.
 Ratios are measured in one run (alternating calls), never across runs.
 `--only` runs some sections and replaces them in an existing JSON (the
@@ -51,7 +55,7 @@ import pipejax as pj
 from pipejax import formatting
 from pipejax.bench.bubbles import bubbles
 from pipejax.bench.compile_time import compile_times
-from pipejax.bench.cores import cores
+from pipejax.bench.cores import MODELS, cores
 from pipejax.bench.gpu import BUDGET, gpu
 from pipejax.bench.memory import memory, padding, peak_bytes
 from pipejax.bench.plot import plot
@@ -109,7 +113,24 @@ def parser() -> argparse.ArgumentParser:
                         help="the wall time the gpu section aims at, in seconds, compiles "
                              "included: it compiles no row in the last fifth of each dtype's "
                              "share, stops timing at its end, and keeps what it measured")
+    parser.add_argument("--models", nargs="*", default=["gpt"], choices=list(MODELS),
+                        help="the cores section's models")
+    parser.add_argument("--microbatches", nargs="*", type=int, default=[8],
+                        help="the cores section's micro-batch counts M")
     return parser
+
+
+def _section(out: Path, name: str) -> list:
+    """The rows of section `name` in the JSON at `out`, if any."""
+    return json.loads(out.read_text()).get(name, []) if out.exists() else []
+
+
+def _write_section(out: Path, name: str, rows: list, run: dict) -> None:
+    """Section `name` of the JSON at `out` replaced by `rows` now (a long
+    section saves as it goes), its environment under "rerun"."""
+    old = json.loads(out.read_text()) if out.exists() else {"environment": run}
+    old[name], old["rerun"] = rows, {**old.get("rerun", {}), name: run}
+    out.write_text(json.dumps(old, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     if jax.default_backend() == "gpu" or args.smoke:
         sections["gpu"] = lambda: gpu(args.smoke, args.budget)
     chosen = ["gpu"] if args.smoke else args.only or list(sections)
-    sections["cores"] = lambda: cores(args.repeats)  # minutes of processes: asked for alone
+    repo = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    folder = (Path(tempfile.gettempdir()) if args.smoke else repo if repo.is_dir() else Path("."))
+    out = args.out or folder / f"bench_{'gpu_smoke' if args.smoke else jax.default_backend()}.json"
+    run = environment(" ".join(["pipejax bench", *argv]))
+    sections["cores"] = lambda: cores(  # minutes of processes: asked for alone
+        args.repeats, tuple(args.models), tuple(args.microbatches),
+        _section(out, "cores"), lambda rows: _write_section(out, "cores", rows, run))
     if "gpu" in chosen and "gpu" not in sections:
         print(f"pipejax bench: the gpu section needs a GPU and JAX sees {jax.default_backend()} "
               f"devices; add --smoke to run it on a tiny GPT here", file=sys.stderr)
@@ -137,10 +164,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"-- {part}")
             print(table(rows))
     seconds = results["seconds"] = round(time.perf_counter() - start, 1)
-    repo = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    folder = (Path(tempfile.gettempdir()) if args.smoke else repo if repo.is_dir() else Path("."))
-    out = args.out or folder / f"bench_{'gpu_smoke' if args.smoke else jax.default_backend()}.json"
-    run = environment(" ".join(["pipejax bench", *argv]))
     if args.only and out.exists():  # the other sections stay as their last full run wrote them
         old = json.loads(out.read_text())
         rerun = {**old.get("rerun", {}), **{name: run for name in chosen}}

@@ -4,171 +4,294 @@ with `pinned`). There an idle tick is an idle core, as on GPUs, and a
 message crosses a process boundary; simulated devices in one process share
 the cores, so a schedule's bubble costs them nothing.
 
-Each row is one table (family, remat) at K stages on the zoo GPT, timed in
-one K-process job with every row's step called in turn (`speed.alternate`),
-medians. The baseline is the plain jit of the same micro-batches
-(`plain_microbatched`: the gradients of M micro-batches summed, one AdamW
-update) alone on one pinned core, in a process of its own run before and
-after the job (a pinned process cannot share the job's cores with it
-without changing what it measures); its speed-up is that median over the
-row's.
+Each row is one table (family, remat) at K stages and M micro-batches of a
+model (`MODELS`), timed in one K-process job with every row's step and the
+plain jit called in turn (`speed.alternate`), medians. The plain jit of the
+same micro-batches (`plain_microbatched`: the gradients of M micro-batches
+summed, one update) is timed twice more alone on one pinned core, in a
+process of its own before and after the job (a pinned process cannot share
+the job's cores without changing what it measures); the speed-up is the
+faster of those two over the row. Inside the job it runs on process 0 while
+the others wait in a collective, which takes no processor time
+(`collective_time`), and is reported beside.
+
+Per row the job also measures the table's ideal step (`op_times`: each op
+alone on its device, alternated with the steps, laid on the lock-step
+ticks) and, from a profile of the row's step, each process's share of it
+in collectives (idle for a peer, and the link; `collective_time`), given
+in milliseconds of the median step, and the rest, busy.
+
+This machine's neighbours make a call's time drift by a quarter (the plain
+jit alone: 350 ms before a job, 439 ms after it; an op's median over its
+fastest call: 1.3): medians give the speed-ups a user meets, the fastest
+calls (`least_*`) what the code costs. The ideal step is built from each
+op's fastest call, so `of_ideal` is the ideal over the row's fastest step,
+and `ideal_speedup` the plain jit's fastest step over the ideal. `of_ideal` is the ideal step over the measured one:
+the share of the step the ops themselves explain.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from pipejax.errors import DeviceError
 
 WORKER = "pipejax.bench.cores"
-GPT = {"depth": 6, "width": 128, "heads": 4, "context": 128}
-MICRO = 4  # sequences a micro-batch
 
 
-def _model():
-    import pipejax as pj
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model of the benchmark: its layers, one micro-batch's size, its data
+    (a batch of M micro-batches), loss and optimizer."""
 
-    return pj.models.gpt(**GPT)
+    layers: Callable[[], list]
+    micro: int
+    batch: Callable[[int], tuple]
+    loss: str
+    optimizer: Callable[[], object]
 
 
-def _batch(M: int):
+def _gpt_batch(n: int) -> tuple:
     import jax
     import jax.numpy as jnp
 
-    x = jax.random.randint(jax.random.key(0), (M * MICRO, GPT["context"]), 0, 256)
+    x = jax.random.randint(jax.random.key(0), (n, 128), 0, 256)
     return x, jnp.roll(x, -1, axis=1)
 
 
-def _pipelined(rows: list[dict], M: int, repeats: int) -> dict[str, float]:
-    """Inside the K-process job: the median seconds of each row's step."""
+def _mlp_batch(n: int) -> tuple:
     import jax
+
+    x = jax.random.normal(jax.random.key(0), (n, 64))
+    return x, jax.random.randint(jax.random.key(1), (n,), 0, 10)
+
+
+def _models() -> dict[str, Model]:
     import optax
 
     import pipejax as pj
-    from pipejax.bench.speed import alternate
 
-    K = jax.device_count()
-    layers, (x, y) = _model(), _batch(M)
-    runs = {}
-    for row in rows:
-        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:MICRO],
-                           targets=y[:MICRO], stages=K, microbatches=M,
-                           schedule=row["schedule"], remat=row["remat"],
-                           mesh=pj.make_mesh(K))
-        trainer = pipe.trainer(optax.adamw(1e-3))
-        state = [trainer.init(pipe.init(jax.random.key(0)))]
-
-        def run(trainer=trainer, state=state):
-            state[0], metrics = trainer.step(state[0], (x, y))
-            jax.block_until_ready(metrics["loss"])
-        runs[_key(row)] = run
-    return {name: float(np.median(t)) for name, t in alternate(runs, repeats).items()}
+    return {"gpt": Model(lambda: pj.models.gpt(depth=6, width=128, heads=4, context=128), 4,
+                         _gpt_batch, "next_token", lambda: optax.adamw(1e-3)),
+            "mlp": Model(lambda: pj.models.mlp(depth=8, width=512, classes=10), 256,
+                         _mlp_batch, "cross_entropy", lambda: optax.sgd(1e-2, momentum=0.9))}
 
 
-def _plain(M: int, repeats: int) -> float:
-    """Alone on one pinned core: the median seconds of the plain jit's step."""
-    import jax
-    import optax
-
-    import pipejax as pj
-    from pipejax.bench.speed import alternate, plain_steps
-    from pipejax.layers import initial_variables
-
-    layers, (x, y) = _model(), _batch(M)
-    opt = optax.adamw(1e-3)
-    step = jax.jit(plain_steps(layers, M, opt, ("plain_microbatched",),
-                               pj.losses.next_token)["plain_microbatched"])
-    v = initial_variables(layers, x[:MICRO], jax.random.key(0))
-    state = [v, opt.init(v)]
-
-    def run():
-        state[0], state[1], loss = step(state[0], state[1], x, y)
-        jax.block_until_ready(loss)
-    return float(np.median(alternate({"plain": run}, repeats)["plain"]))
+MODELS = ("gpt", "mlp")  # the zoo GPT 6x128 (4 heads, context 128); the MLP 8x512 on 64 inputs
 
 
 def _key(row: dict) -> str:
-    return f"{row['schedule']}/{row['remat']}/M={row['M']}"
+    return f"{row['model']}/{row['schedule']}/{row['remat']}/M={row['M']}/K={row['K']}"
+
+
+def _plain(model: Model, M: int, device):
+    """The plain jit's step on `device`, as a call that runs it once and waits."""
+    import jax
+
+    import pipejax as pj
+    from pipejax.bench.speed import plain_steps
+    from pipejax.layers import initial_variables
+
+    layers, (x, y), opt = model.layers(), model.batch(M * model.micro), model.optimizer()
+    step = jax.jit(plain_steps(layers, M, opt, ("plain_microbatched",),
+                               getattr(pj.losses, model.loss))["plain_microbatched"])
+    v = initial_variables(layers, x[:model.micro], jax.random.key(0))
+    state = jax.device_put([v, opt.init(v), x, y], device)
+
+    def run():
+        state[0], state[1], loss = step(*state)
+        jax.block_until_ready(loss)
+    return run
+
+
+def _trainer(model: Model, row: dict):
+    """The row's pipeline and a call that runs its trainer's step once and waits."""
+    import jax
+
+    import pipejax as pj
+
+    layers, (x, y) = model.layers(), model.batch(row["M"] * model.micro)
+    pipe = pj.pipeline(layers, loss=getattr(pj.losses, model.loss), example=x[:model.micro],
+                       targets=y[:model.micro], stages=row["K"], microbatches=row["M"],
+                       schedule=row["schedule"], remat=row["remat"], mesh=pj.make_mesh(row["K"]))
+    trainer = pipe.trainer(model.optimizer())
+    state = [trainer.init(pipe.init(jax.random.key(0)))]
+
+    def run():
+        state[0], metrics = trainer.step(state[0], (x, y))
+        jax.block_until_ready(metrics["loss"])
+    return pipe, run
+
+
+def _barrier() -> Callable[[], None]:
+    """A call every process of the job passes together: a psum of one
+    number over every device, compiled once (with `sync_global_devices`,
+    which builds its array anew each call, the plain jit's row in the job
+    took 1118 ms on the GPT at M = 8 against 660 alone)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("all",))
+    total = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "all"), mesh=mesh,
+                                  in_specs=P("all"), out_specs=P()))
+    ones = jax.make_array_from_process_local_data(NamedSharding(mesh, P("all")),
+                                                  np.ones(jax.local_device_count(), np.float32))
+    return lambda: jax.block_until_ready(total(ones))
+
+
+def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
+    """Inside the K-process job: every row's step, every op of its table
+    alone and the plain jit (on process 0) alternated, then each row's
+    profile; process 0 writes the rows' figures to `folder`/job.json."""
+    import jax
+    from jax.experimental.multihost_utils import sync_global_devices
+
+    from pipejax.bench.collective_time import collective_share
+    from pipejax.bench.op_times import ideal_seconds, op_runs
+    from pipejax.bench.speed import alternate
+
+    me, barrier = jax.process_index(), _barrier()
+    plain = _plain(model, rows[0]["M"], jax.local_devices()[0]) if me == 0 else None
+
+    def plain_in_job():
+        if plain is not None:
+            plain()
+        barrier()
+    built = {_key(row): _trainer(model, row) for row in rows}
+    runs = {"plain": plain_in_job, **{name: run for name, (_, run) in built.items()}}
+    for name, (pipe, _) in built.items():
+        runs.update({f"{name}|{op}": run for op, run in op_runs(pipe, model.optimizer()).items()})
+    samples = alternate(runs, repeats)
+    times = {name: float(np.median(t)) for name, t in samples.items()}
+    least = {name: float(np.min(t)) for name, t in samples.items()}
+    shares = {name: collective_share(run, barrier) for name, (_, run) in built.items()}
+    (folder / f"process{me}.json").write_text(json.dumps({"times": times, "least": least,
+                                                           "shares": shares}))
+    sync_global_devices("written")
+    if me:
+        return
+    every = [json.loads((folder / f"process{k}.json").read_text())
+             for k in range(jax.process_count())]
+    out = {"plain": times["plain"], "plain_least": least["plain"]}
+    for name, (pipe, _) in built.items():
+        ops = {op.split("|")[1]: s for process in every for op, s in process["least"].items()
+               if op.startswith(f"{name}|")}
+        step = times[name]
+        waiting = [round(1e3 * step * p["shares"][name], 1) for p in every]
+        out[name] = {"seconds": step, "least": least[name], "ideal": ideal_seconds(pipe, ops),
+                     "lockstep": ideal_seconds(pipe, ops, lockstep=True),
+                     "ticks": pipe.schedule.ticks, "collective_ms": waiting,
+                     "busy_ms": [round(1e3 * step - w, 1) for w in waiting]}
+    (folder / "job.json").write_text(json.dumps(out))
 
 
 def worker(argv: list[str]) -> int:
-    """One process of a job (`--rows` JSON, `--out` where process 0 writes)."""
+    """One process of a job, or with `--plain` the plain jit alone."""
     p = argparse.ArgumentParser()
     p.add_argument("--rows", required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--folder", type=Path, required=True)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--plain", action="store_true")
     args = p.parse_args(argv)
     rows = json.loads(args.rows)
+    model = _models()[rows[0]["model"]]
     from pipejax import distributed
 
     if args.plain:
         distributed.pin()
-        args.out.write_text(json.dumps({"plain": _plain(rows[0]["M"], args.repeats)}))
+        import jax
+
+        from pipejax.bench.speed import alternate
+
+        seconds = alternate({"plain": _plain(model, rows[0]["M"], jax.devices()[0])},
+                            args.repeats)["plain"]
+        (args.folder / "plain.json").write_text(json.dumps([float(np.median(seconds)),
+                                                            float(np.min(seconds))]))
         return 0
     distributed.initialize()
-    import jax
-
-    times = _pipelined(rows, rows[0]["M"], args.repeats)
-    if jax.process_index() == 0:
-        args.out.write_text(json.dumps(times))
+    _job(model, rows, args.repeats, args.folder)
     return 0
 
 
-def measure(K: int, M: int, families: list[tuple[str, str]], repeats: int,
+def measure(model: str, K: int, M: int, families: list[tuple[str, str]], repeats: int,
             folder: Path) -> list[dict]:
-    """The rows of `families` ((schedule, remat) pairs) at K pinned processes
-    and M micro-batches, with the plain jit alone before and after."""
+    """The rows of `families` ((schedule, remat) pairs) of `model` at K
+    pinned processes and M micro-batches, with the plain jit alone before
+    and after."""
     from pipejax import distributed
 
-    rows = [{"schedule": s, "remat": r, "M": M, "K": K} for s, r in families]
-    spec = json.dumps(rows)
-    cmd = [sys.executable, "-m", WORKER, "--rows", spec, "--repeats", str(repeats)]
+    rows = [{"model": model, "schedule": s, "remat": r, "M": M, "K": K} for s, r in families]
+    cmd = [sys.executable, "-m", WORKER, "--rows", json.dumps(rows), "--repeats", str(repeats),
+           "--folder", str(folder)]
     env = dict(os.environ, PIPEJAX_CORE=str(sorted(os.sched_getaffinity(0))[0]),
                XLA_FLAGS=distributed.child_flags(pinned=True))  # one device, one thread
-    alone = folder / "plain.json"
 
-    def plain_alone() -> float:
-        subprocess.run([*cmd, "--plain", "--out", str(alone)], env=env, check=True,
-                       timeout=1800)
-        return json.loads(alone.read_text())["plain"]
+    def plain_alone() -> list[float]:
+        subprocess.run([*cmd, "--plain"], env=env, check=True, timeout=1800)
+        return json.loads((folder / "plain.json").read_text())  # [median, least]
 
-    before, job = plain_alone(), folder / "job.json"
-    code = distributed.launch([*cmd, "--out", str(job)], K, 1, timeout=1800, pinned=True)
+    before = plain_alone()
+    code = distributed.launch(cmd, K, 1, timeout=1800, pinned=True)
     if code:
         raise DeviceError(f"the {K} pinned processes of the cores benchmark failed "
                           f"(exit status {code}); run `python -m {WORKER}` under "
                           "`pj.distributed.launch` to see process 0's error")
-    times, plain = json.loads(job.read_text()), [before, plain_alone()]
-    base = min(plain)
+    job, plain = json.loads((folder / "job.json").read_text()), [before, plain_alone()]
+    base, least = min(p[0] for p in plain), min(p[1] for p in plain)
+    ms = lambda s: round(1e3 * s, 1)
     out = []
     for row in rows:
-        seconds = times[_key(row)]
-        out.append({**row, "ms": round(1e3 * seconds, 1), "plain_ms": round(1e3 * base, 1),
-                    "plain_ms_before_after": [round(1e3 * t, 1) for t in plain],
-                    "speedup": round(base / seconds, 3)})
+        got = job[_key(row)]
+        out.append({**row, "ticks": got["ticks"], "ms": ms(got["seconds"]),
+                    "plain_ms": ms(base), "plain_ms_before_after": [ms(p[0]) for p in plain],
+                    "plain_in_job_ms": ms(job["plain"]),
+                    "speedup": round(base / got["seconds"], 3),
+                    "least_ms": ms(got["least"]), "plain_least_ms": ms(least),
+                    "least_speedup": round(least / got["least"], 3),
+                    "ideal_ms": ms(got["ideal"]), "ideal_speedup": round(least / got["ideal"], 3),
+                    "of_ideal": round(got["ideal"] / got["least"], 3),
+                    "lockstep_ms": ms(got["lockstep"]),
+                    "busy_ms": got["busy_ms"], "collective_ms": got["collective_ms"]})
     return out
 
 
-def cores(repeats: int, K: int = 2, M: int = 8) -> list[dict]:
-    """Every registered family at K pinned processes and M micro-batches,
-    both remats where the family runs both (an asynchronous table without
-    weight stashing keeps no residuals across versions: remat "stage")."""
+def cores(repeats: int, models: tuple[str, ...] = ("gpt",), Ms: tuple[int, ...] = (8,),
+          done: list[dict] = (), save: Callable[[list[dict]], None] | None = None,
+          K: int = 2) -> list[dict]:
+    """Every registered family of each of `models` at K pinned processes and
+    each of `Ms` micro-batches, both remats where the family runs both (an
+    asynchronous table without weight stashing keeps no residuals across
+    versions: remat "stage"). A row in `done` (same model, table, M, K) is
+    kept, not run again; `save` gets every row after each job, so a long
+    sweep runs in parts."""
     import tempfile
 
     from pipejax.schedules import FAMILIES
 
-    rows = [(name, remat) for name, family in FAMILIES.items()
-            for remat in (("stage",) if family.asynchronous else ("none", "stage"))]
-    with tempfile.TemporaryDirectory() as folder:
-        return measure(K, M, rows, min(repeats, 7), Path(folder))
+    tables = [(name, remat) for name, family in FAMILIES.items()
+              for remat in (("stage",) if family.asynchronous else ("none", "stage"))]
+    rows = list(done)
+    have = {_key(r) for r in rows}
+    for model in models:
+        for M in Ms:
+            todo = [t for t in tables if _key({"model": model, "schedule": t[0],
+                                                "remat": t[1], "M": M, "K": K}) not in have]
+            if not todo:
+                continue
+            with tempfile.TemporaryDirectory() as folder:
+                rows += measure(model, K, M, todo, min(repeats, 7), Path(folder))
+            if save is not None:
+                save(rows)
+    return rows
 
 
 if __name__ == "__main__":

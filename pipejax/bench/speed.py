@@ -37,6 +37,14 @@ def alternate(runs: dict[str, Callable[[], None]], repeats: int,
     return {name: np.asarray(t) for name, t in times.items()}
 
 
+def optimizer_step(opt: optax.GradientTransformation) -> Callable:
+    """`(weights, state, gradients) -> (weights, state)`: one update, to jit."""
+    def update(v, s, g):
+        u, s = opt.update(g, s, v)
+        return optax.apply_updates(v, u), s
+    return update
+
+
 def plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
                 names: tuple[str, ...], loss_fn: Callable = pj.losses.cross_entropy,
                 compute_dtype: Any = None) -> dict[str, Callable]:
@@ -57,10 +65,7 @@ def plain_steps(layers: list, M: int, opt: optax.GradientTransformation,
                               cast_floating(x, compute_dtype))
         return loss_fn(cast_floating(out, jnp.float32), y)
 
-    def update(v, s, g):
-        u, s = opt.update(g, s, v)
-        return optax.apply_updates(v, u), s
-
+    update = optimizer_step(opt)
     split = lambda a: a.reshape(M, a.shape[0] // M, *a.shape[1:])
 
     def microbatched(v, s, x, y):

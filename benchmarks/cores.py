@@ -1,0 +1,46 @@
+"""The cores section of `pipejax bench` (pipejax/bench/cores.py): every
+schedule family at K = 2 stages in 2 processes, each pinned to its own core
+(XLA:CPU on one thread, gloo between them), against the plain jit alone on
+one pinned core; per row the table's ideal step from its ops timed alone.
+
+Run: python benchmarks/cores.py [--models gpt mlp] [--microbatches 4 8 16]
+  or: pipejax bench --only cores ...
+One job of under 10 minutes per model and M on 2 cores; rows already in
+benchmarks/results/bench_cpu.json are kept, so a sweep runs in parts.
+"""
+
+import sys
+
+from common import RESULTS, load, markdown
+from pipejax.cli import main
+
+COLUMNS = ("schedule", "remat", "ticks", "ms", "speedup", "least_ms", "least_speedup",
+           "ideal_ms", "ideal_speedup", "of_ideal", "lockstep_ms", "busy_ms", "collective_ms")
+MISSING = "Not measured yet: `python benchmarks/cores.py`."
+
+
+def tables() -> dict[str, str]:
+    """The schedules page's tables, one per model and M (`gpt_8`), and the
+    setting they were measured in."""
+    if not (RESULTS / "bench_cpu.json").exists():
+        return {"setting": MISSING}
+    result = load("bench_cpu")
+    rows = result.get("cores", [])
+    if not rows:
+        return {"setting": MISSING}
+    env = result.get("rerun", {}).get("cores", result["environment"])
+    out = {}
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
+        mine = [r for r in rows if (r["model"], r["M"]) == (model, M)]
+        plain = [{"schedule": "plain jit alone", "ms": mine[0]["plain_ms"],
+                  "least_ms": mine[0]["plain_least_ms"]},
+                 {"schedule": "plain jit in the job", "ms": mine[0]["plain_in_job_ms"]}]
+        out[f"{model}_{M}"] = markdown([{k: r.get(k, "") for k in COLUMNS}
+                                        for r in plain + mine])
+    out["setting"] = (f"`{env['command']}` on {env['cpus']} cores ({env['date'][:10]}, "
+                      f"jax {env['jax']}), K = {rows[0]['K']} processes pinned one to a core")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", "--only", "cores", *sys.argv[1:]]))
