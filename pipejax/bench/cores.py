@@ -188,7 +188,7 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
         step = times[name]
         waiting = [round(1e3 * step * p["shares"][name], 1) for p in every]
         out[name] = {"seconds": step, "least": least[name], "ideal": ideal_seconds(pipe, ops),
-                     "lockstep": ideal_seconds(pipe, ops, lockstep=True),
+                     "lockstep": ideal_seconds(pipe, ops, lockstep=True), "ops": ops,
                      "ticks": pipe.schedule.ticks, "collective_ms": waiting,
                      "busy_ms": [round(1e3 * step - w, 1) for w in waiting]}
     (folder / "job.json").write_text(json.dumps(out))
@@ -260,6 +260,7 @@ def measure(model: str, K: int, M: int, families: list[tuple[str, str]], repeats
                     "ideal_ms": ms(got["ideal"]), "ideal_speedup": round(least / got["ideal"], 3),
                     "of_ideal": round(got["ideal"] / got["least"], 3),
                     "lockstep_ms": ms(got["lockstep"]),
+                    "ops_ms": {op: ms(t) for op, t in got["ops"].items()},
                     "busy_ms": got["busy_ms"], "collective_ms": got["collective_ms"]})
     return out
 
