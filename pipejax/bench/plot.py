@@ -1,4 +1,5 @@
-"""One PNG of the bench: memory, compile time against depth, bubbles."""
+"""One PNG of the bench: memory, compile time against depth, bubbles, and
+the schedules' speed-up on separate cores against M."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pipejax.bench.bubbles import bubble_formula
 
 def plot(results: dict, path: Path) -> bool:
     """One PNG: compiled against predicted memory, compile time against
-    depth (shared and per-stage branches), and the bubble against M; False
-    when `results` has none of them."""
-    panels = [p for p in ("memory", "compile", "bubbles") if p in results]
+    depth (shared and per-stage branches), the bubble against M and the
+    speed-up on separate cores against M; False when `results` has none of
+    them."""
+    panels = [p for p in ("memory", "compile", "bubbles", "cores") if results.get(p)]
     if not panels:
         return False
     import matplotlib
@@ -41,6 +43,8 @@ def plot(results: dict, path: Path) -> bool:
             ax.set(xlabel="layers ([Dense(64), relu] x n + Dense)", ylabel="step compile s",
                    title="compile time against depth", xscale="log")
             ax.legend()
+        elif panel == "cores":
+            _cores(ax, results["cores"])
         else:
             for name in ("gpipe", "pipedream", "pb"):
                 K = 4
@@ -56,3 +60,18 @@ def plot(results: dict, path: Path) -> bool:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def _cores(ax, rows: list[dict]) -> None:
+    """The GPT's speed-up over the plain jit alone on one core (medians)
+    against M, a line per family at its faster remat of each M."""
+    gpt = [r for r in rows if r["model"] == "gpt"]
+    for name in dict.fromkeys(r["schedule"] for r in gpt):
+        Ms = sorted({r["M"] for r in gpt if r["schedule"] == name})
+        best = [max(r["speedup"] for r in gpt if (r["schedule"], r["M"]) == (name, M)) for M in Ms]
+        ax.plot(Ms, best, "o-", label=name)
+    K = gpt[0]["K"] if gpt else 2
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(xlabel=f"micro-batches M (K = {K} pinned processes)", ylabel="speed-up over one core",
+           title="zoo GPT on separate cores (faster remat)")
+    ax.legend(fontsize=7)
