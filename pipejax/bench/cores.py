@@ -16,8 +16,8 @@ the others wait in a collective, which takes no processor time
 (`collective_time`), and is reported beside.
 
 Per row the job also measures the table's ideal step (`op_times`: each op
-alone on its device, alternated with the steps, laid on the lock-step
-ticks) and, from a profile of the row's step, each process's share of it
+alone on its device, alternated with the steps, laid on the table as early
+as its inputs allow, and in lock step) and, from a profile of the row's step, each process's share of it
 in collectives (idle for a peer, and the link; `collective_time`), given
 in milliseconds of the median step, and the rest, busy.
 
@@ -26,14 +26,14 @@ jit alone: 350 ms before a job, 439 ms after it; an op's median over its
 fastest call: 1.3): medians give the speed-ups a user meets, the fastest
 calls (`least_*`) what the code costs. The ideal step is built from each
 op's fastest call, so `of_ideal` is the ideal over the row's fastest step,
-and `ideal_speedup` the plain jit's fastest step over the ideal. `of_ideal` is the ideal step over the measured one:
-the share of the step the ops themselves explain.
+and `ideal_speedup` the plain jit's fastest step over the ideal: the
+share of the step the ops themselves explain, and the most this table
+could give.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -43,93 +43,14 @@ from typing import Callable
 
 import numpy as np
 
+from pipejax.bench.core_models import MODELS, Model, models, plain, trainer
 from pipejax.errors import DeviceError
 
 WORKER = "pipejax.bench.cores"
 
 
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """A model of the benchmark: its layers, one micro-batch's size, its data
-    (a batch of M micro-batches), loss and optimizer."""
-
-    layers: Callable[[], list]
-    micro: int
-    batch: Callable[[int], tuple]
-    loss: str
-    optimizer: Callable[[], object]
-
-
-def _gpt_batch(n: int) -> tuple:
-    import jax
-    import jax.numpy as jnp
-
-    x = jax.random.randint(jax.random.key(0), (n, 128), 0, 256)
-    return x, jnp.roll(x, -1, axis=1)
-
-
-def _mlp_batch(n: int) -> tuple:
-    import jax
-
-    x = jax.random.normal(jax.random.key(0), (n, 64))
-    return x, jax.random.randint(jax.random.key(1), (n,), 0, 10)
-
-
-def _models() -> dict[str, Model]:
-    import optax
-
-    import pipejax as pj
-
-    return {"gpt": Model(lambda: pj.models.gpt(depth=6, width=128, heads=4, context=128), 4,
-                         _gpt_batch, "next_token", lambda: optax.adamw(1e-3)),
-            "mlp": Model(lambda: pj.models.mlp(depth=8, width=512, classes=10), 256,
-                         _mlp_batch, "cross_entropy", lambda: optax.sgd(1e-2, momentum=0.9))}
-
-
-MODELS = ("gpt", "mlp")  # the zoo GPT 6x128 (4 heads, context 128); the MLP 8x512 on 64 inputs
-
-
 def _key(row: dict) -> str:
     return f"{row['model']}/{row['schedule']}/{row['remat']}/M={row['M']}/K={row['K']}"
-
-
-def _plain(model: Model, M: int, device):
-    """The plain jit's step on `device`, as a call that runs it once and waits."""
-    import jax
-
-    import pipejax as pj
-    from pipejax.bench.speed import plain_steps
-    from pipejax.layers import initial_variables
-
-    layers, (x, y), opt = model.layers(), model.batch(M * model.micro), model.optimizer()
-    step = jax.jit(plain_steps(layers, M, opt, ("plain_microbatched",),
-                               getattr(pj.losses, model.loss))["plain_microbatched"])
-    v = initial_variables(layers, x[:model.micro], jax.random.key(0))
-    state = jax.device_put([v, opt.init(v), x, y], device)
-
-    def run():
-        state[0], state[1], loss = step(*state)
-        jax.block_until_ready(loss)
-    return run
-
-
-def _trainer(model: Model, row: dict):
-    """The row's pipeline and a call that runs its trainer's step once and waits."""
-    import jax
-
-    import pipejax as pj
-
-    layers, (x, y) = model.layers(), model.batch(row["M"] * model.micro)
-    pipe = pj.pipeline(layers, loss=getattr(pj.losses, model.loss), example=x[:model.micro],
-                       targets=y[:model.micro], stages=row["K"], microbatches=row["M"],
-                       schedule=row["schedule"], remat=row["remat"], mesh=pj.make_mesh(row["K"]))
-    trainer = pipe.trainer(model.optimizer())
-    state = [trainer.init(pipe.init(jax.random.key(0)))]
-
-    def run():
-        state[0], metrics = trainer.step(state[0], (x, y))
-        jax.block_until_ready(metrics["loss"])
-    return pipe, run
 
 
 def _barrier() -> Callable[[], None]:
@@ -160,13 +81,13 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
     from pipejax.bench.speed import alternate
 
     me, barrier = jax.process_index(), _barrier()
-    plain = _plain(model, rows[0]["M"], jax.local_devices()[0]) if me == 0 else None
+    step = plain(model, rows[0]["M"], jax.local_devices()[0]) if me == 0 else None
 
     def plain_in_job():
-        if plain is not None:
-            plain()
+        if step is not None:
+            step()
         barrier()
-    built = {_key(row): _trainer(model, row) for row in rows}
+    built = {_key(row): trainer(model, row) for row in rows}
     # The barrier before the plain jit: each process ends a round with its
     # own ops, so without it process 0's plain jit waited for process 1's
     # last ops (the GPT at M = 4 took 738 ms in the job against 318 alone).
@@ -207,7 +128,7 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--plain", action="store_true")
     args = p.parse_args(argv)
     rows = json.loads(args.rows)
-    model = _models()[rows[0]["model"]]
+    model = models()[rows[0]["model"]]
     from pipejax import distributed
 
     if args.plain:
@@ -216,7 +137,7 @@ def worker(argv: list[str]) -> int:
 
         from pipejax.bench.speed import alternate
 
-        seconds = alternate({"plain": _plain(model, rows[0]["M"], jax.devices()[0])},
+        seconds = alternate({"plain": plain(model, rows[0]["M"], jax.devices()[0])},
                             args.repeats)["plain"]
         (args.folder / "plain.json").write_text(json.dumps([float(np.median(seconds)),
                                                             float(np.min(seconds))]))
