@@ -55,7 +55,8 @@ import pipejax as pj
 from pipejax import formatting
 from pipejax.bench.bubbles import bubbles
 from pipejax.bench.compile_time import compile_times
-from pipejax.bench.cores import MODELS, cores
+from pipejax.bench.core_models import models
+from pipejax.bench.cores import cores
 from pipejax.bench.gpu import BUDGET, gpu
 from pipejax.bench.memory import memory, padding, peak_bytes
 from pipejax.bench.plot import plot
@@ -113,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
                         help="the wall time the gpu section aims at, in seconds, compiles "
                              "included: it compiles no row in the last fifth of each dtype's "
                              "share, stops timing at its end, and keeps what it measured")
-    parser.add_argument("--models", nargs="*", default=["gpt"], choices=list(MODELS),
+    parser.add_argument("--models", nargs="*", default=["gpt"], choices=list(models()),
                         help="the cores section's models")
     parser.add_argument("--microbatches", nargs="*", type=int, default=[8],
                         help="the cores section's micro-batch counts M")

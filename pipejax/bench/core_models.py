@@ -1,5 +1,5 @@
 """What a row of the cores benchmark (bench/cores.py) runs: its models
-(`MODELS`), each with its micro-batch, data, loss and optimizer, and the
+(`models`), each with its micro-batch, data, loss and optimizer, and the
 calls that run one step of the plain jit or of a row's trainer and wait."""
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def _mlp_batch(n: int) -> tuple:
 
 
 def models() -> dict[str, Model]:
+    """The benchmark's models by name: the zoo GPT 6x128 (4 heads, context
+    128) and the MLP 8x512 on 64 inputs (their layers are built when called)."""
     import optax
 
     import pipejax as pj
@@ -44,9 +46,6 @@ def models() -> dict[str, Model]:
                          _gpt_batch, "next_token", lambda: optax.adamw(1e-3)),
             "mlp": Model(lambda: pj.models.mlp(depth=8, width=512, classes=10), 256,
                          _mlp_batch, "cross_entropy", lambda: optax.sgd(1e-2, momentum=0.9))}
-
-
-MODELS = ("gpt", "mlp")  # the zoo GPT 6x128 (4 heads, context 128); the MLP 8x512 on 64 inputs
 
 
 def plain(model: Model, M: int, device):

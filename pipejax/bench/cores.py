@@ -5,7 +5,7 @@ message crosses a process boundary; simulated devices in one process share
 the cores, so a schedule's bubble costs them nothing.
 
 Each row is one table (family, remat) at K stages and M micro-batches of a
-model (`MODELS`), timed in one K-process job with every row's step and the
+model (`core_models.models`), timed in one K-process job with every row's step and the
 plain jit called in turn (`speed.alternate`), medians. The plain jit of the
 same micro-batches (`plain_microbatched`: the gradients of M micro-batches
 summed, one update) is timed twice more alone on one pinned core, in a
@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipejax.bench.core_models import MODELS, Model, models, plain, trainer
+from pipejax.bench.core_models import Model, models, plain, trainer
 from pipejax.errors import DeviceError
 
 WORKER = "pipejax.bench.cores"
@@ -74,8 +74,6 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
     alone and the plain jit (on process 0) alternated, then each row's
     profile; process 0 writes the rows' figures to `folder`/job.json."""
     import jax
-    from jax.experimental.multihost_utils import sync_global_devices
-
     from pipejax.bench.collective_time import collective_share
     from pipejax.bench.op_times import ideal_seconds, op_runs
     from pipejax.bench.speed import alternate
@@ -101,7 +99,7 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
     shares = {name: collective_share(run, barrier) for name, (_, run) in built.items()}
     (folder / f"process{me}.json").write_text(json.dumps({"times": times, "least": least,
                                                            "shares": shares}))
-    sync_global_devices("written")
+    barrier()  # every process's file is written
     if me:
         return
     every = [json.loads((folder / f"process{k}.json").read_text())

@@ -52,7 +52,7 @@ def _feed(code: Any, j: int, device: jax.Device) -> Feed:
                           device)
 
 
-def _stage_runs(code: Any, j: int, device: jax.Device) -> dict[str, Any]:
+def _stage_runs(code: Any, j: int, device: jax.Device) -> dict[Op | str, Callable]:
     """Virtual stage j's ops, each a call that runs it once on `device` and waits."""
     from pipejax.bench.op_costs import split_ops
 
@@ -101,7 +101,7 @@ def op_runs(pipe: Any, optimizer: optax.GradientTransformation) -> dict[str, Cal
 
 
 def key(op: Op | str, index: int) -> str:
-    """`op_seconds`' name of an op (or the update) of virtual stage (device) `index`."""
+    """`op_runs`' name of an op (or the update) of virtual stage (device) `index`."""
     return f"{op.name if isinstance(op, Op) else op}/{index}"
 
 
@@ -130,7 +130,7 @@ def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) 
         if lockstep:
             free[:] = free.max()
         for k in range(schedule.stages):
-            for lane, (op, g, c) in enumerate(schedule.table[t, k]):
+            for op, g, c in schedule.table[t, k]:
                 if op == Op.IDLE:
                     continue
                 op, j = Op(op), chunk(k, c)
