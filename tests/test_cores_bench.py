@@ -80,3 +80,11 @@ def test_in_lock_step_a_tick_waits_for_the_slowest_device():
     pipe = _pipe("1f1b")
     seconds = {**_seconds(pipe), key(Op.BW, 1): 3 * BW, key("pair", 1): F + 3 * BW}
     assert ideal_seconds(pipe, seconds, lockstep=True) > ideal_seconds(pipe, seconds)
+
+
+def test_an_asynchronous_stage_updates_after_each_backward():
+    """PipeDream never drains: at most every op of the busiest device, its
+    M forwards, M backwards and M updates, and never less than those."""
+    pipe = _pipe("pipedream", "stage")
+    busiest = M * (F + BW + UPDATE)
+    assert busiest <= ideal_seconds(pipe, _seconds(pipe)) <= busiest + (K - 1) * (F + BW)

@@ -112,6 +112,9 @@ def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) 
     a backward after the next stage's backward, both only where that op
     runs earlier in the same step (an asynchronous table's older ones ran in
     a step before); then each device's update, the slowest ending the step.
+    An asynchronous table updates a stage after each of its backwards
+    instead (compile/asynchronous.py): there the update follows each
+    backward on its device, and nothing follows the last.
     No message costs time and no tick waits for another device's op it
     does not read. The last stage's forward and backward in one tick (a
     fused pair) take the pair's time; where its backward runs its forward
@@ -124,6 +127,8 @@ def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) 
             for op in (Op.F, Op.BW, Op.B, Op.W)}
     if code.deferred:
         cost[Op.F][last], cost[Op.BW][last] = 0.0, seconds[key(PAIR, last)]
+    updates = np.array([seconds[key(UPDATE, k)] for k in range(schedule.stages)])
+    after_backward = updates / np.bincount([schedule.placement.device(j) for j in range(code.S)])
     free = np.zeros(schedule.stages)  # when each device's last op ends
     done: dict[tuple[str, int, int], float] = {}  # ("F" | "B", j, micro-batch) -> end
     for t in range(schedule.ticks):
@@ -140,7 +145,8 @@ def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) 
                 after = (done.get(("F", j - 1, g), 0.0) if op == Op.F
                          else done.get(("B", j + 1, g), 0.0) if op in BACKWARD else 0.0)
                 free[k] = max(free[k], after) + took
+                if schedule.asynchronous and op in (Op.BW, Op.W):
+                    free[k] += after_backward[k]
                 if op != Op.W:
                     done["F" if op == Op.F else "B", j, g] = free[k]
-    updates = [seconds[key(UPDATE, k)] for k in range(schedule.stages)]
-    return float(max(free + np.array(updates)))
+    return float(max(free if schedule.asynchronous else free + updates))

@@ -170,7 +170,7 @@ def _bridge(nodes: Sequence[_Node], b: Sequence[int], tails: set[int], w_outs: S
     attention's dq before and after its heads' transpose: on the zoo GPT
     (depth 14, width 128, K = 4, M = 8, remat "none", `print(pipe)`)
     zb-h1's bridge slots, 4 a device, hold 9.3 MiB each where they held
-    13.0, its rings 93.7 MiB where they held 108.6 (zb-v's 130.2, 144.1).
+    13.0: its rings 14.8 MiB less (zb-v's 13.9).
     The step time did not move on 2 CPU cores (over 1F1B's, alternated:
     zb-h1 1.111 before, 1.118 after; zb-v 1.008, 1.038; a run's noise is
     about 0.03): there B's write of a row and W's copy of it out (a matmul

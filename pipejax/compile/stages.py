@@ -203,7 +203,7 @@ class StageCode:
         the cast's own vjp hands them."""
         dtype = self.model.compute_dtype
         weights = params if dtype is None else compute_weights(self.chunk_layers(j), params, dtype)
-        out, vjp_fn = jax.vjp(self.fn(j, feed, remat), weights, h)
+        out, vjp_fn = residuals.vjp(self.fn(j, feed, remat), weights, h)
         known = [*jax.tree.leaves((weights, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
                  feed.first]
         kept, recipe = residuals.split(vjp_fn, known, out)

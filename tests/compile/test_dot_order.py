@@ -18,7 +18,7 @@ COTANGENT = jax.ShapeDtypeStruct((4, 128, 4, 32), jnp.float32)
 
 
 def _forward(w, x):
-    return jnp.einsum("bti,ihd->bthd", jnp.tanh(x), w)
+    return jnp.einsum("bti,ihd->bthd", jnp.square(x), w)
 
 
 def _backward(w, x, ct):

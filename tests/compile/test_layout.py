@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import pipejax as pj
+from pipejax.compile import residuals
 from pipejax.errors import ConfigError
 from tests.reference import heterogeneous_layers
 
@@ -38,14 +39,31 @@ def test_heterogeneous_padding_and_slots():
 
 
 def test_remat_none_keeps_what_the_matmuls_made():
-    """A stage of Dense then a tanh GELU keeps the Dense's output alone under
-    remat "none" (the GELU's intermediates are made again in the backward);
-    a policy that saves everything keeps them too."""
+    """A stage of Dense then a tanh GELU keeps the Dense's output and the
+    tanh's under remat "none" (the GELU's arithmetic is made again in the
+    backward); a policy that saves everything keeps its intermediates too."""
     layers = [nn.Dense(32), jax.nn.gelu, nn.Dense(10)]
     kept = lambda remat: [a.shape for a in jax.tree.leaves(_pipe(
         layers, 2, remat=remat, partition=(2, 1)).build.code.kept.abstract_tree(0))]
-    assert kept("none") == [(4, 32)]
-    assert len(kept(jax.checkpoint_policies.everything_saveable)) > 2
+    assert kept("none") == [(4, 32), (4, 32)]
+    assert len(kept(jax.checkpoint_policies.everything_saveable)) > 3
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_remat_none_drops_only_the_roundings_that_round_nothing(dtype):
+    """jax.checkpoint rounds each value it keeps to its dtype; for float32
+    that is the identity (XLA:CPU copied each one), for bfloat16 computed
+    wider it is not: residuals.vjp drops the first alone, and its outputs,
+    kept values and gradients are jax.vjp's."""
+    f = jax.checkpoint(lambda w, h: jnp.tanh(h @ w) @ w, policy=residuals.costly)
+    w, h = (jax.random.normal(k, (8, 8), dtype) for k in jax.random.split(jax.random.key(0)))
+    rounds = lambda vjp: str(jax.make_jaxpr(lambda w, h: jax.tree.leaves(vjp(f, w, h)))(
+        w, h)).count("reduce_precision")
+    assert rounds(jax.vjp) > 0 and rounds(residuals.vjp) == (0 if dtype == jnp.float32 else
+                                                            rounds(jax.vjp))
+    (out, back), (want, want_back) = residuals.vjp(f, w, h), jax.vjp(f, w, h)
+    assert all(jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves((out, back(out))),
+                                                     jax.tree.leaves((want, want_back(want)))))
 
 
 def test_remat_none_makes_relu_again():

@@ -87,7 +87,7 @@ def test_w_reuses_what_b_computed():
         costs = op_counts(pipe.build.code)
         for j in range(pipe.build.code.S):
             b_w = costs[Op.B][j] + costs[Op.W][j]
-            assert costs[Op.BW][j] <= b_w <= 1.1 * costs[Op.BW][j], (remat, j)
+            assert 0.999 * costs[Op.BW][j] <= b_w <= 1.1 * costs[Op.BW][j], (remat, j)
         one_f_one_b = make_schedule("1f1b", Placement(2), 4)
         ratio = executed(pipe.schedule, costs) / executed(one_f_one_b, costs)
         assert abs(ratio - 1) < 0.05, (remat, ratio)
@@ -169,11 +169,12 @@ def test_the_bridge_carries_cotangents_and_w_makes_the_gelu_again():
     """The middle stage of [Dense] | [Dense(32), tanh GELU, Dense(16)] |
     [Dense] under remat "none": B files the cotangents of its two Dense
     outputs; W makes the GELU it multiplies by again from the kept Dense
-    output."""
+    output and the kept tanh (a transcendental runs once, in the forward)."""
     split = _split([nn.Dense(20), nn.Dense(32), jax.nn.gelu, nn.Dense(16), nn.Dense(10)],
                    (1, 3, 1), stage=1)
     assert sorted(a.shape for a in split.avals) == [(MB, 16), (MB, 32)]
-    assert any(split.nodes[i].primitive.name == "tanh" for i in set(split.b) & set(split.w))
+    again = {split.nodes[i].primitive.name for i in set(split.b) & set(split.w)}
+    assert "mul" in again and "tanh" not in again
 
 
 def test_the_bridge_holds_a_layer_norms_cotangent_once():
