@@ -40,8 +40,12 @@ time       Predicted step time against the measured one on the 4 simulated
            candidate, and the correlation and errors of the same steps
            predicted without the ring traffic, and without the layers'
            fixed cost (at the plain gradient's average rate).
+cores      Predicted step time against the cores benchmark's (each table on
+           K pinned cores of their own, `bench_cpu.json` "cores", fastest
+           calls), per model and M: Spearman's rank correlation and the
+           relative errors, and the same with the ticks in lock step.
 
-Run: python benchmarks/planner.py [--part staleness memory sharded search time]
+Run: python benchmarks/planner.py [--part staleness memory sharded search time cores]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
+import itertools
 import json
 import time
 from collections import defaultdict
@@ -64,7 +69,7 @@ import optax
 import pipejax as pj
 from common import RESULTS, load, save, table
 from pipejax import planner
-from pipejax.bench import peak_bytes
+from pipejax.bench import core_models, peak_bytes
 from pipejax.bench.speed import alternate
 
 LOST = 2.0  # points of test accuracy below SGDM that count as not training
@@ -399,6 +404,51 @@ def step_time() -> dict:
                 [unfixed[key(c)].step_seconds for c in picked], seconds)}
 
 
+def cores() -> dict:
+    """`pj.search`'s step against the cores benchmark's (`bench_cpu.json`,
+    "cores": each table on K pinned cores of their own, fastest calls), on
+    a machine of separate devices: a device's rate the plain jit's on one
+    pinned core (its traced FLOPs over its fastest step), the tick's fixed
+    cost and the rates of the link and the memory as `time` measured them
+    (the processes' link is gloo, not that copy). Beside it, the same with
+    the ticks in lock step (each tick's slowest op), the model's choice
+    for devices that share a processor."""
+    measured = [r for r in load("bench_cpu").get("cores", []) if "least_ms" in r]
+    machine = load("planner")["time"]["machine"]
+    by = lambda r: (r["model"], r["M"])
+    rows, out = [], {}
+    for (name, M), group in itertools.groupby(sorted(measured, key=by), key=by):
+        model, group = core_models.models()[name], list(group)
+        x, y = model.batch(model.micro)
+        loss = getattr(pj.losses, model.loss)
+        plan = pj.pipeline(model.layers(), loss=loss, example=x, targets=y, stages=1,
+                           microbatches=1).plan
+        rate = M * sum(s.flops or 0.0 for s in plan.stage_specs(0)) / (
+            group[0]["plain_least_ms"] / 1e3)
+
+        def predict(r: dict, lockstep: bool) -> float:
+            found = planner.search(
+                model.layers(), loss=loss, example=x[0], targets=y[0], devices=r["K"],
+                batch=M * model.micro, stages=[r["K"]], schedules=[r["schedule"]],
+                microbatches=[M], remat=[r["remat"]], device_flops=rate,
+                host_flops=float("inf") if lockstep else None,
+                tick_seconds=machine["tick_seconds"], link_bandwidth=machine["link_bandwidth"],
+                memory_bandwidth=machine["memory_bandwidth"],
+                layer_seconds=machine["layer_seconds"])
+            return found[0].step_seconds
+        mine = [(r, predict(r, False), predict(r, True)) for r in group]
+        for r, own, lock in mine:
+            rows.append({"model": name, "M": M, "schedule": r["schedule"], "remat": r["remat"],
+                         "predicted_ms": round(1e3 * own, 1), "lockstep_ms": round(1e3 * lock, 1),
+                         "measured_ms": r["least_ms"],
+                         "error_%": round(100 * (1e3 * own / r["least_ms"] - 1), 1)})
+            print(rows[-1], flush=True)
+        seconds = [r["least_ms"] / 1e3 for r, _, _ in mine]
+        out[f"{name} M={M}"] = {**_agreement([own for _, own, _ in mine], seconds),
+                                "in lock step": _agreement([lock for _, _, lock in mine], seconds)}
+    return {"rows": rows, **out}
+
+
 def _agreement(predicted: list[float], measured: list[float]) -> dict:
     """Spearman's rank correlation and the mean and largest relative error."""
     ranks = lambda a: np.argsort(np.argsort(a))  # unrounded seconds: no ties
@@ -413,7 +463,21 @@ def tables() -> dict[str, str]:
     own time, from the JSON."""
     results = load("planner") if (RESULTS / "planner.json").exists() else {}
     return {"sharded": _sharded_sentence(results.get("sharded", [])),
-            "search": _search_sentence(results.get("search", []))}
+            "search": _search_sentence(results.get("search", [])),
+            "cores": _cores_sentence(results.get("cores", {}))}
+
+
+def _cores_sentence(result: dict) -> str:
+    groups = {k: v for k, v in result.items() if k != "rows"}
+    if not groups:
+        return ""
+    each = "; ".join(f"{k}: Spearman {v['spearman']}, mean error {v['mean |error| %']} % "
+                     f"(in lock step {v['in lock step']['spearman']}, "
+                     f"{v['in lock step']['mean |error| %']} %)" for k, v in groups.items())
+    low = sum(r["error_%"] < 0 for r in result["rows"])
+    return (f"`python benchmarks/planner.py --part cores`, every table of the cores benchmark "
+            f"(K = 2 pinned cores of their own) predicted and measured: {each}. "
+            f"{low} of {len(result['rows'])} steps took longer than predicted.")
 
 
 def _search_sentence(rows: list[dict]) -> str:
@@ -449,7 +513,7 @@ def _sharded_sentence(rows: list[dict]) -> str:
 
 
 PARTS = {"staleness": staleness, "memory": memory, "sharded": sharded, "search": search,
-         "time": step_time}
+         "time": step_time, "cores": cores}
 
 
 def main() -> None:
@@ -461,7 +525,7 @@ def main() -> None:
     results.pop("environment", None)
     for part in args.part:
         results[part] = PARTS[part]()
-        print(table(results[part]["rows"] if part == "time" else results[part]))
+        print(table(results[part]["rows"] if part in ("time", "cores") else results[part]))
     if "staleness" in results:
         rows = results["staleness"]
         results["staleness_summary"] = {
@@ -478,8 +542,9 @@ def main() -> None:
     for key in ("staleness_summary", "memory_summary", "sharded_summary"):
         if key in results:
             print(key, results[key])
-    if "time" in results:
-        print({k: v for k, v in results["time"].items() if k != "rows"})
+    for part in ("time", "cores"):
+        if part in results:
+            print({k: v for k, v in results[part].items() if k != "rows"})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ and the table says how often each runs. `executed` sums them over the
 table's tasks (`step_count`: with the last stage's forward and backward
 as one vjp where they run so); `critical_path` sums, per tick, the most any device runs (the
 ticks run in lock step: a tick's messages wait for its slowest op);
+`earliest_path` runs each op as early as its input allows, as devices of
+their own do;
 `busy_ticks` counts the ticks a device runs some of the given ops at (a
 sharded stage gathers its weights at each tick with an op, scatters a
 gradient at each with a weight gradient)."""
@@ -14,7 +16,7 @@ gradient at each with a weight gradient)."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -22,6 +24,7 @@ import numpy as np
 from pipejax.compile.metrics import last_stage_cells
 from pipejax.compile.stages import StageCode
 from pipejax.schedules import NONE, Op, Schedule
+from pipejax.schedules.tasks import BACKWARD
 from pipejax.trace import cost_analysis
 
 
@@ -105,6 +108,50 @@ def executed(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
 def critical_path(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
     """The cost along the lock-step ticks: per tick the most one device runs."""
     return float(sum(max(row) for row in _task_costs(schedule, costs)))
+
+
+def earliest_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: float | None = None,
+                  updates: Sequence[float] | None = None, lockstep: bool = False) -> float:
+    """The step of devices of their own: each op of the table as early as
+    its device's order and its input allow (a forward after the previous
+    virtual stage's forward of its micro-batch, a backward after the next
+    one's backward, where that op runs earlier in the same step; an
+    asynchronous table's older ones ran a step before), no message or tick
+    costing anything. `pair`: what the last stage's forward and backward
+    cost as one vjp in a tick that fuses them (default: the two ops'
+    costs). `updates`: each device's optimizer update, after its last op
+    (an asynchronous table's after each backward: it updates there,
+    compile/asynchronous.py). With `lockstep` every tick starts when the
+    slowest device ended the last, as `critical_path` counts it.
+
+    On 2 pinned cores (`benchmarks/cores.py`, the zoo GPT at M = 8) the
+    steps followed this, not the lock step: 1F1B remat "stage" 447 ms
+    against 444 here and 655 in lock step, from its ops' times alone."""
+    last, chunk = len(costs[Op.F]) - 1, schedule.placement.chunk
+    device = [schedule.placement.device(j) for j in range(last + 1)]
+    updates = np.zeros(schedule.stages) if updates is None else np.asarray(updates, float)
+    after_backward = updates / np.bincount(device, minlength=schedule.stages).clip(1)
+    free = np.zeros(schedule.stages)  # when each device's last op ends
+    done: dict[tuple[str, int, int], float] = {}  # ("F" | "B", j, micro-batch) -> end
+    for t in range(schedule.ticks):
+        if lockstep:
+            free[:] = free.max()
+        for k in range(schedule.stages):
+            for op, g, c in schedule.table[t, k]:
+                if op == Op.IDLE:
+                    continue
+                op, j = Op(op), chunk(k, c)
+                took = costs[op][j]
+                if pair is not None and schedule.fused[t, k] and j == last:
+                    took = 0.0 if op == Op.F else pair
+                before = (done.get(("F", j - 1, g), 0.0) if op == Op.F
+                          else done.get(("B", j + 1, g), 0.0) if op in BACKWARD else 0.0)
+                free[k] = max(free[k], before) + took
+                if schedule.asynchronous and op in (Op.BW, Op.W):
+                    free[k] += after_backward[k]
+                if op != Op.W:
+                    done["F" if op == Op.F else "B", j, g] = free[k]
+    return float(max(free if schedule.asynchronous else free + updates))
 
 
 def busy_ticks(schedule: Schedule, ops: tuple[Op, ...]) -> int:

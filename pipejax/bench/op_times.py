@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from pipejax.bench.op_costs import earliest_path, split_ops
 from pipejax.bench.speed import optimizer_step
 from pipejax.compile.model import Feed
-from pipejax.schedules.tasks import BACKWARD, Op
+from pipejax.schedules.tasks import Op
 
 PAIR, UPDATE = "pair", "update"  # the last stage's one vjp; a device's optimizer update
 
@@ -54,8 +54,6 @@ def _feed(code: Any, j: int, device: jax.Device) -> Feed:
 
 def _stage_runs(code: Any, j: int, device: jax.Device) -> dict[Op | str, Callable]:
     """Virtual stage j's ops, each a call that runs it once on `device` and waits."""
-    from pipejax.bench.op_costs import split_ops
-
     params, h, _, _, ct = code.backward_args(j)
     params = _concrete(params, jax.random.key(j), device)
     h = None if h is None else _concrete(h, jax.random.key(100 + j), device)
@@ -106,47 +104,20 @@ def key(op: Op | str, index: int) -> str:
 
 
 def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) -> float:
-    """The step of the table from its ops' own times (`op_runs`' fastest calls, of
-    every process), each op as early as its device's order and its inputs
-    allow: a forward after the previous stage's forward of its micro-batch,
-    a backward after the next stage's backward, both only where that op
-    runs earlier in the same step (an asynchronous table's older ones ran in
-    a step before); then each device's update, the slowest ending the step.
-    An asynchronous table updates a stage after each of its backwards
-    instead (compile/asynchronous.py): there the update follows each
-    backward on its device, and nothing follows the last.
-    No message costs time and no tick waits for another device's op it
-    does not read. The last stage's forward and backward in one tick (a
-    fused pair) take the pair's time; where its backward runs its forward
-    (`deferred`) the forward costs nothing and BW is the pair. With
-    `lockstep`, every tick starts when the slowest device ended the last,
-    as where each tick's messages are one collective of every device."""
+    """The step of the table from its ops' own times (`op_runs`' fastest
+    calls, of every process) laid out by `op_costs.earliest_path`: each op
+    as early as its device's order and its input allow, then the slowest
+    device's update (an asynchronous table's after each backward), no
+    message or tick costing anything. The last stage's forward and backward
+    in one tick (a fused pair) take the pair's time; where its backward runs
+    its forward (`deferred`) the forward costs nothing and BW is the pair.
+    With `lockstep`, every tick starts when the slowest device ended the
+    last, as where each tick's messages are one collective of every device."""
     code, schedule = pipe.build.code, pipe.schedule
-    last, chunk = code.S - 1, schedule.placement.chunk
+    last, pair = code.S - 1, seconds.get(key(PAIR, code.S - 1))
     cost = {op: [seconds.get(key(op, j), 0.0) for j in range(code.S)]
             for op in (Op.F, Op.BW, Op.B, Op.W)}
     if code.deferred:
-        cost[Op.F][last], cost[Op.BW][last] = 0.0, seconds[key(PAIR, last)]
-    updates = np.array([seconds[key(UPDATE, k)] for k in range(schedule.stages)])
-    after_backward = updates / np.bincount([schedule.placement.device(j) for j in range(code.S)])
-    free = np.zeros(schedule.stages)  # when each device's last op ends
-    done: dict[tuple[str, int, int], float] = {}  # ("F" | "B", j, micro-batch) -> end
-    for t in range(schedule.ticks):
-        if lockstep:
-            free[:] = free.max()
-        for k in range(schedule.stages):
-            for op, g, c in schedule.table[t, k]:
-                if op == Op.IDLE:
-                    continue
-                op, j = Op(op), chunk(k, c)
-                took = cost[op][j]
-                if schedule.fused[t, k] and j == last:  # the pair's one vjp
-                    took = 0.0 if op == Op.F else seconds[key(PAIR, last)]
-                after = (done.get(("F", j - 1, g), 0.0) if op == Op.F
-                         else done.get(("B", j + 1, g), 0.0) if op in BACKWARD else 0.0)
-                free[k] = max(free[k], after) + took
-                if schedule.asynchronous and op in (Op.BW, Op.W):
-                    free[k] += after_backward[k]
-                if op != Op.W:
-                    done["F" if op == Op.F else "B", j, g] = free[k]
-    return float(max(free if schedule.asynchronous else free + updates))
+        cost[Op.F][last], cost[Op.BW][last] = 0.0, pair
+    updates = [seconds[key(UPDATE, k)] for k in range(schedule.stages)]
+    return earliest_path(schedule, cost, pair, updates, lockstep)
