@@ -43,7 +43,7 @@ time       Predicted step time against the measured one on the 4 simulated
 cores      Predicted step time against the cores benchmark's (each table on
            K pinned cores of their own, `bench_cpu.json` "cores", fastest
            calls), per model and M: Spearman's rank correlation and the
-           relative errors, and the same with the ticks in lock step.
+           relative errors.
 
 Run: python benchmarks/planner.py [--part staleness memory sharded search time cores]
 """
@@ -410,9 +410,7 @@ def cores() -> dict:
     a machine of separate devices: a device's rate the plain jit's on one
     pinned core (its traced FLOPs over its fastest step), the tick's fixed
     cost and the rates of the link and the memory as `time` measured them
-    (the processes' link is gloo, not that copy). Beside it, the same with
-    the ticks in lock step (each tick's slowest op), the model's choice
-    for devices that share a processor."""
+    (the processes' link is gloo, not that copy)."""
     measured = [r for r in load("bench_cpu").get("cores", []) if "least_ms" in r]
     machine = load("planner")["time"]["machine"]
     by = lambda r: (r["model"], r["M"])
@@ -425,29 +423,19 @@ def cores() -> dict:
                            microbatches=1).plan
         rate = M * sum(s.flops or 0.0 for s in plan.stage_specs(0)) / (
             group[0]["plain_least_ms"] / 1e3)
-
-        def predict(r: dict, lockstep: bool) -> float:
-            found = planner.search(
-                model.layers(), loss=loss, example=x[0], targets=y[0], devices=r["K"],
-                batch=M * model.micro, stages=[r["K"]], schedules=[r["schedule"]],
-                microbatches=[M], remat=[r["remat"]], device_flops=rate,
-                host_flops=float("inf") if lockstep else None,
-                tick_seconds=machine["tick_seconds"], link_bandwidth=machine["link_bandwidth"],
-                memory_bandwidth=machine["memory_bandwidth"],
-                layer_seconds=machine["layer_seconds"])
-            return found[0].step_seconds
-        mine = [(r, predict(r, False), predict(r, True)) for r in group]
-        for r, own, lock in mine:
+        predicted = [planner.search(
+            model.layers(), loss=loss, example=x[0], targets=y[0], devices=r["K"],
+            batch=M * model.micro, stages=[r["K"]], schedules=[r["schedule"]], microbatches=[M],
+            remat=[r["remat"]], device_flops=rate, tick_seconds=machine["tick_seconds"],
+            link_bandwidth=machine["link_bandwidth"], memory_bandwidth=machine["memory_bandwidth"],
+            layer_seconds=machine["layer_seconds"])[0].step_seconds for r in group]
+        for r, seconds in zip(group, predicted):
             rows.append({"model": name, "M": M, "schedule": r["schedule"], "remat": r["remat"],
-                         "predicted_ms": round(1e3 * own, 1), "lockstep_ms": round(1e3 * lock, 1),
-                         "measured_ms": r["least_ms"],
-                         "error_%": round(100 * (1e3 * own / r["least_ms"] - 1), 1)})
+                         "predicted_ms": round(1e3 * seconds, 1), "measured_ms": r["least_ms"],
+                         "error_%": round(100 * (1e3 * seconds / r["least_ms"] - 1), 1)})
             print(rows[-1], flush=True)
-        seconds = [r["least_ms"] / 1e3 for r, _, _ in mine]
-        out[f"{name} M={M}"] = {**_agreement([own for _, own, _ in mine], seconds),
-                                "in lock step": _agreement([lock for _, _, lock in mine], seconds)}
+        out[f"{name} M={M}"] = _agreement(predicted, [r["least_ms"] / 1e3 for r in group])
     return {"rows": rows, **out}
-
 
 def _agreement(predicted: list[float], measured: list[float]) -> dict:
     """Spearman's rank correlation and the mean and largest relative error."""
@@ -471,9 +459,8 @@ def _cores_sentence(result: dict) -> str:
     groups = {k: v for k, v in result.items() if k != "rows"}
     if not groups:
         return ""
-    each = "; ".join(f"{k}: Spearman {v['spearman']}, mean error {v['mean |error| %']} % "
-                     f"(in lock step {v['in lock step']['spearman']}, "
-                     f"{v['in lock step']['mean |error| %']} %)" for k, v in groups.items())
+    each = "; ".join(f"{k}: Spearman {v['spearman']}, mean error {v['mean |error| %']} %"
+                     for k, v in groups.items())
     low = sum(r["error_%"] < 0 for r in result["rows"])
     return (f"`python benchmarks/planner.py --part cores`, every table of the cores benchmark "
             f"(K = 2 pinned cores of their own) predicted and measured: {each}. "

@@ -7,10 +7,8 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
 
   - memory: `Trainer.memory()` of its training step (state, in-flight
     buffers, rings, working set), per device, before compiling;
-  - step time: the table's critical path (`step_costs.step_seconds`):
-    each op as early as its input allows on devices of their own, per tick
-    the slowest device's where they share a processor; an op takes its
-    FLOPs over `device_flops` and the bytes
+  - step time: the table's critical path (`step_costs.step_seconds`): per
+    tick, the slowest device's ops at their FLOPs over `device_flops` and the bytes
     they write to and read from the rings (kept residuals, zero bubble's
     bridge) over `memory_bandwidth` (`step_costs.ring_costs`), plus the
     messages over `link_bandwidth` (each collective the table runs,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import jax
 import numpy as np
 
-from pipejax.bench.op_costs import critical_path, earliest_path, executed, split_ops
+from pipejax.bench.op_costs import critical_path, executed, split_ops
 from pipejax.compile.tensor import split_parts
 from pipejax.schedules import Op, Schedule
 from pipejax.trace import nbytes, xla_flops
@@ -94,18 +94,13 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
 
 def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick: float,
                  host_flops: float | None = None) -> float:
-    """Seconds of the table's ops over `device_flops`, plus `per_tick` a
-    tick (its fixed cost). On devices of their own each op runs as early as
-    its input allows (`pipejax.bench.op_costs.earliest_path`): on 2 pinned
-    cores a step followed that, not the ticks in lock step
-    (`benchmarks/planner.py --part cores`). Devices that share one
-    processor (`host_flops`, its rate) take the lock-step ticks' slowest
-    ops (`critical_path`: a tick's collective waits for every device there)
-    and at least every op of the table in turn."""
-    if host_flops is None:
-        return earliest_path(schedule, costs) / device_flops + schedule.ticks * per_tick
-    compute = max(critical_path(schedule, costs) / device_flops,
-                  executed(schedule, costs) / host_flops)
+    """Seconds of the table's ticks in lock step: per tick the slowest
+    device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
+    at least every op of the table over `host_flops` when the devices share
+    one processor, plus `per_tick` a tick (its fixed cost)."""
+    compute = critical_path(schedule, costs) / device_flops
+    if host_flops is not None:
+        compute = max(compute, executed(schedule, costs) / host_flops)
     return compute + schedule.ticks * per_tick
 
 

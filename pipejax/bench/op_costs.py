@@ -124,9 +124,10 @@ def earliest_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: fl
     compile/asynchronous.py). With `lockstep` every tick starts when the
     slowest device ended the last, as `critical_path` counts it.
 
-    On 2 pinned cores (`benchmarks/cores.py`, the zoo GPT at M = 8) the
-    steps followed this, not the lock step: 1F1B remat "stage" 447 ms
-    against 444 here and 655 in lock step, from its ops' times alone."""
+    On 2 pinned cores (`python benchmarks/cores.py`, the zoo GPT at M = 8)
+    the steps followed this, not the lock step: 1F1B remat "none" took
+    456 ms at its fastest, its ops' own times laid out here 448 and in
+    lock step 596."""
     last, chunk = len(costs[Op.F]) - 1, schedule.placement.chunk
     device = [schedule.placement.device(j) for j in range(last + 1)]
     updates = np.zeros(schedule.stages) if updates is None else np.asarray(updates, float)
