@@ -437,6 +437,7 @@ def cores() -> dict:
         out[f"{name} M={M}"] = _agreement(predicted, [r["least_ms"] / 1e3 for r in group])
     return {"rows": rows, **out}
 
+
 def _agreement(predicted: list[float], measured: list[float]) -> dict:
     """Spearman's rank correlation and the mean and largest relative error."""
     ranks = lambda a: np.argsort(np.argsort(a))  # unrounded seconds: no ties

@@ -3,8 +3,8 @@
 With `remat="none"` a stage's forward runs under the `jax.checkpoint`
 policy `costly`: it keeps what a matmul, a reduction, a gather, a
 transcendental or any other costly primitive made, and its backward makes
-the arithmetic and layout values again from those, inside the fusions that read them, as XLA's
-fusion does in a plain jit. Then `jax.vjp` closes over residuals of three
+the arithmetic and layout values again from those, inside the fusions
+that read them, as XLA's fusion does in a plain jit. Then `jax.vjp` closes over residuals of three
 kinds. Some are values the backward tick has anyway (the weights, the
 stashed stage input, the micro-batch data, the key): those are looked up
 again, never copied. Some the vjp never reads (jax carries them along):
