@@ -56,7 +56,7 @@ from pipejax import formatting
 from pipejax.bench.bubbles import bubbles
 from pipejax.bench.compile_time import compile_times
 from pipejax.bench.core_models import models
-from pipejax.bench.cores import cores
+from pipejax.bench.cores import cores as cores_section  # the submodule keeps its name
 from pipejax.bench.gpu import BUDGET, gpu
 from pipejax.bench.memory import memory, padding, peak_bytes
 from pipejax.bench.plot import plot
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = (Path(tempfile.gettempdir()) if args.smoke else repo if repo.is_dir() else Path("."))
     out = args.out or folder / f"bench_{'gpu_smoke' if args.smoke else jax.default_backend()}.json"
     run = environment(" ".join(["pipejax bench", *argv]))
-    sections["cores"] = lambda: cores(  # minutes of processes: asked for alone
+    sections["cores"] = lambda: cores_section(  # minutes of processes: asked for alone
         args.repeats, tuple(args.models), tuple(args.microbatches),
         _section(out, "cores"), lambda rows: _write_section(out, "cores", rows, run))
     if "gpu" in chosen and "gpu" not in sections:

@@ -104,7 +104,7 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
         return
     every = [json.loads((folder / f"process{k}.json").read_text())
              for k in range(jax.process_count())]
-    out = {"plain": times["plain"], "plain_least": least["plain"]}
+    out = {"plain": times["plain"]}
     for name, (pipe, _) in built.items():
         ops = {op.split("|")[1]: s for process in every for op, s in process["least"].items()
                if op.startswith(f"{name}|")}

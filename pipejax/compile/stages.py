@@ -203,7 +203,11 @@ class StageCode:
         the cast's own vjp hands them."""
         dtype = self.model.compute_dtype
         weights = params if dtype is None else compute_weights(self.chunk_layers(j), params, dtype)
-        out, vjp_fn = residuals.vjp(self.fn(j, feed, remat), weights, h)
+        # only a policy that saves values rounds them (residuals.vjp); the
+        # others need no second trace
+        saves = (self.model.remat if remat is None else remat) not in (
+            "stage", jax.checkpoint_policies.everything_saveable)
+        out, vjp_fn = (residuals.vjp if saves else jax.vjp)(self.fn(j, feed, remat), weights, h)
         known = [*jax.tree.leaves((weights, h)), *jax.tree.leaves((feed.x, feed.y)), feed.key,
                  feed.first]
         kept, recipe = residuals.split(vjp_fn, known, out)
