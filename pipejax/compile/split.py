@@ -30,13 +30,13 @@ but no work is left for W to move). Equations with side effects
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 from jax.extend import core
 
 from pipejax.compile.cut import min_vertex_cut
-from pipejax.compile.dot_order import bind_swapped, swapped
+from pipejax.compile import dot_order
 from pipejax.compile.residuals import costly
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat"}
@@ -117,12 +117,12 @@ class SplitBackward:
     reread: tuple[int, ...]  # inputs W reads itself
     avals: tuple[Any, ...]  # the bridge's ShapeDtypeStructs, filed without size-1 axes
     shapes: tuple[tuple[int, ...], ...]  # the bridge values' own shapes
-    swapped: frozenset[int]  # W's contractions run with their operands swapped (dot_order.py)
+    dots: dict[int, bool]  # W's contractions, each True where its operands run swapped (dot_order.py)
 
     def run_b(self, flat: Sequence[Any]) -> tuple[list, list]:
         """(input gradient leaves, bridge values) from all the inputs."""
         env = dict(enumerate(flat))
-        _run(self.nodes, self.b, env)
+        _run(self.nodes, self.b, env, {})
         return ([_read(env, r) for r in self.b_outs],
                 [env[r].reshape(a.shape) for r, a in zip(self.bridge, self.avals)])
 
@@ -131,7 +131,7 @@ class SplitBackward:
         order) and the bridge."""
         env = dict(zip(self.reread, reread))
         env.update((r, v.reshape(shape)) for r, v, shape in zip(self.bridge, bridge, self.shapes))
-        _run(self.nodes, self.w, env, self.swapped)
+        _run(self.nodes, self.w, env, self.dots)
         return [_read(env, r) for r in self.w_outs]
 
 
@@ -140,13 +140,13 @@ def _read(env: dict, r: Ref) -> Any:
 
 
 def _run(nodes: Sequence[_Node], which: Sequence[int], env: dict,
-         swap: frozenset[int] = frozenset()) -> None:
+         dots: Mapping[int, bool]) -> None:
     for i in which:
         node = nodes[i]
         params = node.primitive.get_bind_params(node.params)
         args = [_read(env, r) for r in node.ins]
         with node.ctx.manager:
-            out = (bind_swapped(node.primitive.bind, params, *args) if i in swap
+            out = (dot_order.bind(node.primitive.bind, params, *args, dots[i]) if i in dots
                    else node.primitive.bind(*args, **params))
         env.update(zip(node.outs, out if node.primitive.multiple_results else [out]))
 
@@ -246,5 +246,5 @@ def split_backward(fn: Callable, args: Sequence[Any], weights: int, reread: Sequ
                          tuple(jax.ShapeDtypeStruct(tuple(d for d in aval[r].shape if d != 1),
                                                     aval[r].dtype) for r in bridge),
                          tuple(aval[r].shape for r in bridge),
-                         swapped(nodes, w, set(bridge) | again, aval))
+                         dot_order.orders(nodes, w, set(bridge) | again, aval))
 
