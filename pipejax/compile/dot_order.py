@@ -67,15 +67,21 @@ def _relaid(x: Any, contract: Sequence[int], left: bool, laid: set,
     return nbytes(aval[x]) * (1 if x in laid else _MADE)
 
 
+def ordered(node: Any) -> bool:
+    """Whether this module orders a jaxpr node: a `dot_general` without
+    batch axes or a sharding of its output's axes, as a weight gradient is
+    (the attention's batched contractions are left to XLA)."""
+    return (node.primitive.name == "dot_general" and not node.params["dimension_numbers"][1][0]
+            and node.params.get("out_sharding") is None)
+
+
 def orders(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
            aval: Mapping[int, Any]) -> dict[int, bool]:
     """W's contractions among the `nodes` `which` (in order), each with
     whether to run it with its operands swapped: where that relays fewer
     bytes of laid-out values. A value is laid out where it is read from a
     ring (`fixed`, and what reshapes it) or read by more than one equation
-    (made once, in one layout). Contractions with batch axes, or with a
-    sharding of their output's axes, are not W's weight gradients and are
-    left to XLA."""
+    (made once, in one layout). Only the `ordered` nodes count."""
     readers = collections.Counter(r for i in which for r in nodes[i].ins if isinstance(r, int))
     laid = set(fixed) | {r for r, n in readers.items() if n > 1}
     out = {}
@@ -84,8 +90,7 @@ def orders(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
         name = node.primitive.name
         if name in _SAME_BYTES and node.ins[0] in laid:
             laid.update(node.outs)
-        if (name != "dot_general" or node.params["dimension_numbers"][1][0]
-                or node.params.get("out_sharding") is not None):
+        if not ordered(node):
             continue
         (lc, rc), _ = node.params["dimension_numbers"]
         a, b = node.ins
