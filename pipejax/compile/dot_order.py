@@ -99,7 +99,7 @@ def orders(nodes: Sequence[Any], which: Sequence[int], fixed: Collection[int],
     return out
 
 
-def bind(bind: Callable, params: dict, a: Any, b: Any, swap: bool) -> Any:
+def bind(primitive_bind: Callable, params: dict, a: Any, b: Any, swap: bool) -> Any:
     """`dot_general(a, b)`, bound as `dot_general(b, a)` with its output's
     axes put back where `swap`: (batch, b's free axes, a's) transposed to
     (batch, a's, b's). The product sits behind an optimization barrier:
@@ -109,10 +109,10 @@ def bind(bind: Callable, params: dict, a: Any, b: Any, swap: bool) -> Any:
     (a GELU's W at the GPT's width 128 on one pinned core: 1.2 ms, where
     the product in the chosen order and the transpose take 0.7)."""
     if not swap:
-        return jax.lax.optimization_barrier(bind(a, b, **params))
+        return jax.lax.optimization_barrier(primitive_bind(a, b, **params))
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     out = jax.lax.optimization_barrier(
-        bind(b, a, **{**params, "dimension_numbers": ((rc, lc), (rb, lb))}))
+        primitive_bind(b, a, **{**params, "dimension_numbers": ((rc, lc), (rb, lb))}))
     batch, free_b = len(lb), b.ndim - len(rc) - len(rb)
     return jax.lax.transpose(out, (*range(batch), *range(batch + free_b, out.ndim),
                                    *range(batch, batch + free_b)))

@@ -117,7 +117,8 @@ class SplitBackward:
     reread: tuple[int, ...]  # inputs W reads itself
     avals: tuple[Any, ...]  # the bridge's ShapeDtypeStructs, filed without size-1 axes
     shapes: tuple[tuple[int, ...], ...]  # the bridge values' own shapes
-    dots: dict[int, bool]  # W's contractions, each True where its operands run swapped (dot_order.py)
+    # W's contractions, each True where its operands run swapped (dot_order.py)
+    dots: dict[int, bool] = dataclasses.field(hash=False)
 
     def run_b(self, flat: Sequence[Any]) -> tuple[list, list]:
         """(input gradient leaves, bridge values) from all the inputs."""
