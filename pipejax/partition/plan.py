@@ -20,6 +20,7 @@ import numpy as np
 from pipejax.errors import ConfigError
 from pipejax.formatting import human_bytes, table
 from pipejax.partition.balance import balance, check_split
+from pipejax.partition.fold import balance_folded
 from pipejax.partition.padding import within_padding
 from pipejax.placement import Placement
 from pipejax.trace import LayerSpec, nbytes
@@ -121,7 +122,8 @@ def make_plan(specs: Sequence[LayerSpec], placement: Placement,
     each of the `in_flight[k]` micro-batches stage k holds at once.
     `max_padding` keeps the packed parameters' padding within that fraction
     of their bytes, at the price of balance (padding.py). With v chunks per
-    device the K·v chunks are balanced as stages; `partition` lists K·v counts.
+    device the K·v chunks are balanced as stages, but a V of two chunks a
+    device balances its devices first (fold.py); `partition` lists K·v counts.
     """
     specs, virtual = tuple(specs), placement.virtual
     if virtual > 1 and max_bytes is not None:
@@ -148,9 +150,13 @@ def make_plan(specs: Sequence[LayerSpec], placement: Placement,
                 f"count for layers {names}{' ...' if len(unknown) > 5 else ''}; use cost='time' to "
                 "measure every layer, or give the split yourself, e.g. partition=[3, 2, 2]")
         inputs = [nbytes(s.input) for s in specs]
-        split = balance([s.cost or 0.0 for s in specs], stages, partition, max_bytes,
-                        memory=[4 * s.param_bytes for s in specs], inputs=inputs,
-                        stash=inputs if keeps_activations else None, in_flight=in_flight)
+        costs = [s.cost or 0.0 for s in specs]
+        if placement.kind == "v" and virtual == 2:
+            split = balance_folded(costs, placement.stages, partition)
+        else:
+            split = balance(costs, stages, partition, max_bytes,
+                            memory=[4 * s.param_bytes for s in specs], inputs=inputs,
+                            stash=inputs if keeps_activations else None, in_flight=in_flight)
         if max_padding is not None:
             if max_bytes is not None:
                 raise ConfigError("give max_bytes or max_padding, not both: each bounds the "
