@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import jax
 import numpy as np
 
-from pipejax.bench.op_costs import critical_path, executed, split_ops
+from pipejax.bench.op_costs import coupled_path, executed, split_ops
 from pipejax.compile.tensor import split_parts
 from pipejax.schedules import Op, Schedule
 from pipejax.trace import nbytes, xla_flops
@@ -94,11 +94,12 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
 
 def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick: float,
                  host_flops: float | None = None) -> float:
-    """Seconds of the table's ticks in lock step: per tick the slowest
-    device's ops over `device_flops` (`pipejax.bench.op_costs.critical_path`),
-    at least every op of the table over `host_flops` when the devices share
-    one processor, plus `per_tick` a tick (its fixed cost)."""
-    compute = critical_path(schedule, costs) / device_flops
+    """Seconds of the table's ticks as its collectives couple the devices
+    (`pipejax.bench.op_costs.coupled_path`: a device that receives at a
+    tick waits for its senders to end it) at `device_flops`, at least every
+    op of the table over `host_flops` when the devices share one
+    processor, plus `per_tick` a tick (its fixed cost)."""
+    compute = coupled_path(schedule, costs) / device_flops
     if host_flops is not None:
         compute = max(compute, executed(schedule, costs) / host_flops)
     return compute + schedule.ticks * per_tick

@@ -1,6 +1,8 @@
 """The pinned-core benchmark's yardsticks: a table's ideal step from its
 ops' times, and a process's share of a step in collectives."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -8,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pipejax as pj
 from pipejax.bench.collective_time import collective_share
+from pipejax.bench.op_costs import coupled_path, earliest_path
 from pipejax.bench.op_times import ideal_seconds, key
 from pipejax.schedules import Op
 
@@ -74,12 +77,34 @@ def test_a_device_waiting_for_its_peer_spends_its_step_in_the_collective():
     assert 0.2 < share <= 1.0
 
 
-def test_in_lock_step_a_tick_waits_for_the_slowest_device():
-    """1F1B with a slower last stage: in lock step every tick waits for it,
-    so the step is longer than when each op waits only for its input."""
+def _slow_second_chunk(pipe) -> dict[str, float]:
+    """Every op at `_seconds`' times but chunk 1's backward three times slower."""
+    last = pipe.build.code.S - 1
+    seconds = {**_seconds(pipe), key(Op.BW, 1): 3 * BW}
+    if last == 1:
+        seconds[key("pair", 1)] = F + 3 * BW
+    return seconds
+
+
+def test_one_way_collectives_wait_only_for_the_input():
+    """1F1B with a slower last stage: in lock step every tick waits for it;
+    its collectives each go one way, so as the executor couples its devices
+    each op waits only for its input."""
     pipe = _pipe("1f1b")
-    seconds = {**_seconds(pipe), key(Op.BW, 1): 3 * BW, key("pair", 1): F + 3 * BW}
-    assert ideal_seconds(pipe, seconds, lockstep=True) > ideal_seconds(pipe, seconds)
+    seconds = _slow_second_chunk(pipe)
+    lock = ideal_seconds(pipe, seconds, partial(earliest_path, lockstep=True))
+    assert ideal_seconds(pipe, seconds, coupled_path) == ideal_seconds(pipe, seconds) < lock
+
+
+def test_a_ring_of_two_waits_for_the_peer_at_every_tick():
+    """Interleaved at K = 2: a collective each tick both ways round a ring of
+    two, so a device waits for its peer's tick even where the message is
+    not needed yet: slower than each op waiting for its input, and at most
+    the lock step."""
+    pipe = _pipe("interleaved")
+    seconds = _slow_second_chunk(pipe)
+    lock = ideal_seconds(pipe, seconds, partial(earliest_path, lockstep=True))
+    assert ideal_seconds(pipe, seconds) < ideal_seconds(pipe, seconds, coupled_path) <= lock
 
 
 def test_an_asynchronous_stage_updates_after_each_backward():

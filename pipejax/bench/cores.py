@@ -5,7 +5,7 @@ message crosses a process boundary; simulated devices in one process share
 the cores, so a schedule's bubble costs them nothing.
 
 Each row is one table (family, remat) at K stages and M micro-batches of a
-model (`core_models.models`), timed in one K-process job with every row's step and the
+model (`core_models.models`), timed in one K-process job (`core_job`) with every row's step and the
 plain jit called in turn (`speed.alternate`), medians. The plain jit of the
 same micro-batches (`plain_microbatched`: the gradients of M micro-batches
 summed, one update) is timed twice more alone on one pinned core, in a
@@ -17,7 +17,8 @@ the others wait in a collective, which takes no processor time
 
 Per row the job also measures the table's ideal step (`op_times`: each op
 alone on its device, alternated with the steps, laid on the table as early
-as its inputs allow, and in lock step) and, from a profile of the row's step, each process's share of it
+as its inputs allow, in lock step, and as the executor's collectives
+couple the devices, `op_costs.coupled_path`) and, from a profile of the row's step, each process's share of it
 in collectives (idle for a peer, and the link; `collective_time`), given
 in milliseconds of the median step, and the rest, busy.
 
@@ -33,7 +34,6 @@ could give.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -41,108 +41,14 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
-from pipejax.bench.core_models import Model, models, plain, trainer
 from pipejax.errors import DeviceError
 
-WORKER = "pipejax.bench.cores"
+WORKER = "pipejax.bench.core_job"  # not imported by the package: `python -m` runs it clean
 
 
-def _key(row: dict) -> str:
+def row_key(row: dict) -> str:
+    """A row's name in the job's files and the JSON: model, table, M, K."""
     return f"{row['model']}/{row['schedule']}/{row['remat']}/M={row['M']}/K={row['K']}"
-
-
-def _barrier() -> Callable[[], None]:
-    """A call every process of the job passes together: a psum of one
-    number over every device, compiled once (with `sync_global_devices`,
-    which builds its array anew each call, the plain jit's row in the job
-    took 1118 ms on the GPT at M = 8 against 660 alone)."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    mesh = jax.make_mesh((jax.device_count(),), ("all",))
-    total = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "all"), mesh=mesh,
-                                  in_specs=P("all"), out_specs=P()))
-    ones = jax.make_array_from_process_local_data(NamedSharding(mesh, P("all")),
-                                                  np.ones(jax.local_device_count(), np.float32))
-    return lambda: jax.block_until_ready(total(ones))
-
-
-def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
-    """Inside the K-process job: every row's step, every op of its table
-    alone and the plain jit (on process 0) alternated, then each row's
-    profile; process 0 writes the rows' figures to `folder`/job.json."""
-    import jax
-    from pipejax.bench.collective_time import collective_share
-    from pipejax.bench.op_times import ideal_seconds, op_runs
-    from pipejax.bench.speed import alternate
-
-    me, barrier = jax.process_index(), _barrier()
-    step = plain(model, rows[0]["M"], jax.local_devices()[0]) if me == 0 else None
-
-    def plain_in_job():
-        if step is not None:
-            step()
-        barrier()
-    built = {_key(row): trainer(model, row) for row in rows}
-    # The barrier before the plain jit: each process ends a round with its
-    # own ops, so without it process 0's plain jit waited for process 1's
-    # last ops (the GPT at M = 4 took 738 ms in the job against 318 alone).
-    runs = {"sync": barrier, "plain": plain_in_job,
-            **{name: run for name, (_, run) in built.items()}}
-    for name, (pipe, _) in built.items():
-        runs.update({f"{name}|{op}": run for op, run in op_runs(pipe, model.optimizer()).items()})
-    samples = alternate(runs, repeats)
-    times = {name: float(np.median(t)) for name, t in samples.items()}
-    least = {name: float(np.min(t)) for name, t in samples.items()}
-    shares = {name: collective_share(run, barrier) for name, (_, run) in built.items()}
-    (folder / f"process{me}.json").write_text(json.dumps({"times": times, "least": least,
-                                                           "shares": shares}))
-    barrier()  # every process's file is written
-    if me:
-        return
-    every = [json.loads((folder / f"process{k}.json").read_text())
-             for k in range(jax.process_count())]
-    out = {"plain": times["plain"]}
-    for name, (pipe, _) in built.items():
-        ops = {op.split("|")[1]: s for process in every for op, s in process["least"].items()
-               if op.startswith(f"{name}|")}
-        step = times[name]
-        waiting = [round(1e3 * step * p["shares"][name], 1) for p in every]
-        out[name] = {"seconds": step, "least": least[name], "ideal": ideal_seconds(pipe, ops),
-                     "lockstep": ideal_seconds(pipe, ops, lockstep=True), "ops": ops,
-                     "ticks": pipe.schedule.ticks, "collective_ms": waiting,
-                     "busy_ms": [round(1e3 * step - w, 1) for w in waiting]}
-    (folder / "job.json").write_text(json.dumps(out))
-
-
-def worker(argv: list[str]) -> int:
-    """One process of a job, or with `--plain` the plain jit alone."""
-    p = argparse.ArgumentParser()
-    p.add_argument("--rows", required=True)
-    p.add_argument("--folder", type=Path, required=True)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--plain", action="store_true")
-    args = p.parse_args(argv)
-    rows = json.loads(args.rows)
-    model = models()[rows[0]["model"]]
-    from pipejax import distributed
-
-    if args.plain:
-        distributed.pin()
-        import jax
-
-        from pipejax.bench.speed import alternate
-
-        seconds = alternate({"plain": plain(model, rows[0]["M"], jax.devices()[0])},
-                            args.repeats)["plain"]
-        (args.folder / "plain.json").write_text(json.dumps([float(np.median(seconds)),
-                                                            float(np.min(seconds))]))
-        return 0
-    distributed.initialize()
-    _job(model, rows, args.repeats, args.folder)
-    return 0
 
 
 def measure(model: str, K: int, M: int, families: list[tuple[str, str]], repeats: int,
@@ -173,7 +79,7 @@ def measure(model: str, K: int, M: int, families: list[tuple[str, str]], repeats
     ms = lambda s: round(1e3 * s, 1)
     out = []
     for row in rows:
-        got = job[_key(row)]
+        got = job[row_key(row)]
         out.append({**row, "ticks": got["ticks"], "ms": ms(got["seconds"]),
                     "plain_ms": ms(base), "plain_ms_before_after": [ms(p[0]) for p in plain],
                     "plain_in_job_ms": ms(job["plain"]),
@@ -182,7 +88,7 @@ def measure(model: str, K: int, M: int, families: list[tuple[str, str]], repeats
                     "least_speedup": round(least / got["least"], 3),
                     "ideal_ms": ms(got["ideal"]), "ideal_speedup": round(least / got["ideal"], 3),
                     "of_ideal": round(got["ideal"] / got["least"], 3),
-                    "lockstep_ms": ms(got["lockstep"]),
+                    "lockstep_ms": ms(got["lockstep"]), "coupled_ms": ms(got["coupled"]),
                     "ops_ms": {op: ms(t) for op, t in got["ops"].items()},
                     "busy_ms": got["busy_ms"], "collective_ms": got["collective_ms"]})
     return out
@@ -204,10 +110,10 @@ def cores(repeats: int, models: tuple[str, ...] = ("gpt",), Ms: tuple[int, ...] 
     tables = [(name, remat) for name, family in FAMILIES.items()
               for remat in (("stage",) if family.asynchronous else ("none", "stage"))]
     rows = list(done)
-    have = {_key(r) for r in rows}
+    have = {row_key(r) for r in rows}
     for model in models:
         for M in Ms:
-            todo = [t for t in tables if _key({"model": model, "schedule": t[0],
+            todo = [t for t in tables if row_key({"model": model, "schedule": t[0],
                                                 "remat": t[1], "M": M, "K": K}) not in have]
             if not todo:
                 continue
@@ -217,6 +123,3 @@ def cores(repeats: int, models: tuple[str, ...] = ("gpt",), Ms: tuple[int, ...] 
                 save(rows)
     return rows
 
-
-if __name__ == "__main__":
-    sys.exit(worker(sys.argv[1:]))

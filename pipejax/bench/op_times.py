@@ -103,16 +103,19 @@ def key(op: Op | str, index: int) -> str:
     return f"{op.name if isinstance(op, Op) else op}/{index}"
 
 
-def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) -> float:
+def ideal_seconds(pipe: Any, seconds: dict[str, float],
+                  path: Callable[..., float] = earliest_path) -> float:
     """The step of the table from its ops' own times (`op_runs`' fastest
-    calls, of every process) laid out by `op_costs.earliest_path`: each op
-    as early as its device's order and its input allow, then the slowest
-    device's update (an asynchronous table's after each backward), no
-    message or tick costing anything. The last stage's forward and backward
-    in one tick (a fused pair) take the pair's time; where its backward runs
-    its forward (`deferred`) the forward costs nothing and BW is the pair.
-    With `lockstep`, every tick starts when the slowest device ended the
-    last, as where each tick's messages are one collective of every device."""
+    calls, of every process) laid out by `path`: `op_costs.earliest_path`,
+    each op as early as its device's order and its input allow, then the
+    slowest device's update (an asynchronous table's after each backward),
+    no message or tick costing anything (its `lockstep` variant: every tick
+    starts when the slowest device ended the last); or
+    `op_costs.coupled_path`, each tick's collectives holding their
+    receivers until their senders end the tick. The last stage's forward
+    and backward in one tick (a fused pair) take the pair's time; where its
+    backward runs its forward (`deferred`) the forward costs nothing and BW
+    is the pair."""
     code, schedule = pipe.build.code, pipe.schedule
     last, pair = code.S - 1, seconds.get(key(PAIR, code.S - 1))
     cost = {op: [seconds.get(key(op, j), 0.0) for j in range(code.S)]
@@ -120,4 +123,4 @@ def ideal_seconds(pipe: Any, seconds: dict[str, float], lockstep: bool = False) 
     if code.deferred:
         cost[Op.F][last], cost[Op.BW][last] = 0.0, pair
     updates = [seconds[key(UPDATE, k)] for k in range(schedule.stages)]
-    return earliest_path(schedule, cost, pair, updates, lockstep)
+    return path(schedule, cost, pair, updates)
