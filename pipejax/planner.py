@@ -9,7 +9,8 @@ built as `pj.pipeline` builds it, so what is ranked is what will run:
     buffers, rings, working set), per device, before compiling;
   - step time: the table's ticks as its collectives couple the devices
     (`step_costs.step_seconds`: a device that receives at a tick waits for
-    its senders to end it), each op at its FLOPs over `device_flops` and the bytes
+    its senders to end it; simulated devices in lock step), each op at its
+    FLOPs over `device_flops` and the bytes
     they write to and read from the rings (kept residuals, zero bubble's
     bridge) over `memory_bandwidth` (`step_costs.ring_costs`), plus the
     messages over `link_bandwidth` (each collective the table runs,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import jax
 import numpy as np
 
-from pipejax.bench.op_costs import coupled_path, executed, split_ops
+from pipejax.bench.op_costs import coupled_path, critical_path, executed, split_ops
 from pipejax.compile.tensor import split_parts
 from pipejax.schedules import Op, Schedule
 from pipejax.trace import nbytes, xla_flops
@@ -94,14 +94,19 @@ def ring_costs(pipe: Pipeline, flops_per_byte: float) -> dict:
 
 def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick: float,
                  host_flops: float | None = None) -> float:
-    """Seconds of the table's ticks as its collectives couple the devices
-    (`pipejax.bench.op_costs.coupled_path`: a device that receives at a
-    tick waits for its senders to end it) at `device_flops`, at least every
-    op of the table over `host_flops` when the devices share one
-    processor, plus `per_tick` a tick (its fixed cost)."""
-    compute = coupled_path(schedule, costs) / device_flops
-    if host_flops is not None:
-        compute = max(compute, executed(schedule, costs) / host_flops)
+    """Seconds of the table's ticks at `device_flops`, plus `per_tick` a
+    tick (its fixed cost). Devices of their own (processes, GPUs) run as
+    the collectives couple them (`pipejax.bench.op_costs.coupled_path`: a
+    device that receives at a tick waits for its senders to end it);
+    devices that share one processor (`host_flops`: simulated CPU devices
+    in one process, whose collectives are a rendezvous of every device
+    they name) in lock step (`critical_path`), and at least every op of
+    the table over `host_flops`."""
+    if host_flops is None:
+        compute = coupled_path(schedule, costs) / device_flops
+    else:
+        compute = max(critical_path(schedule, costs) / device_flops,
+                      executed(schedule, costs) / host_flops)
     return compute + schedule.ticks * per_tick
 
 
