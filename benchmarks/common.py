@@ -89,3 +89,22 @@ def markdown(rows: list[dict]) -> str:
     cell = lambda v: "–" if v is None else str(v)
     return "\n".join(["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys),
                       *("| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows)])
+
+
+def _ranks(a: list[float]) -> np.ndarray:
+    """Ranks of `a`, ties at their mean rank (rounded JSON figures tie)."""
+    a = np.asarray(a, float)
+    order = np.argsort(a, kind="stable")
+    ranks = np.empty(len(a))
+    ranks[order] = np.arange(len(a))
+    for value in np.unique(a):
+        ranks[a == value] = ranks[a == value].mean()
+    return ranks
+
+
+def agreement(predicted: list[float], measured: list[float]) -> dict:
+    """Spearman's rank correlation and the mean and largest relative error."""
+    errors = [100 * abs(p / m - 1) for p, m in zip(predicted, measured)]
+    return {"spearman": round(float(np.corrcoef(_ranks(predicted), _ranks(measured))[0, 1]), 3),
+            "mean |error| %": round(float(np.mean(errors)), 1),
+            "max |error| %": round(max(errors), 1)}

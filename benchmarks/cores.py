@@ -11,7 +11,7 @@ benchmarks/results/bench_cpu.json are kept, so a sweep runs in parts.
 
 import sys
 
-from common import RESULTS, load, markdown
+from common import RESULTS, agreement, load, markdown
 from pipejax.cli import main
 
 COLUMNS = ("schedule", "remat", "ticks", "ms", "speedup", "least_ms", "least_speedup",
@@ -36,10 +36,28 @@ def _summary(rows: list[dict]) -> str:
             f"table's median step over 1F1B's at the same remat: {others}")
 
 
+def _yardsticks(rows: list[dict]) -> str:
+    """How well each yardstick ranks the tables' fastest steps: Spearman's
+    correlation per model and M, of `ideal_ms` (each op as early as its
+    input), `lockstep_ms` and `coupled_ms` (as the collectives couple the
+    devices) with `least_ms`."""
+    out = []
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
+        mine = [r for r in rows if (r["model"], r["M"]) == (model, M) and "coupled_ms" in r]
+        if len(mine) < 3:
+            continue
+        least = [r["least_ms"] for r in mine]
+        rho = {name: agreement([r[key] for r in mine], least)["spearman"]
+               for name, key in (("as early as its input", "ideal_ms"),
+                                 ("lock step", "lockstep_ms"), ("coupled", "coupled_ms"))}
+        out.append(f"{model} M = {M}: " + ", ".join(f"{k} {v:.2f}" for k, v in rho.items()))
+    return "; ".join(out) if out else MISSING
+
+
 def tables() -> dict[str, str]:
     """The schedules page's tables, one per model and M (`gpt_8`), the
     setting they were measured in and the GPT's summary at M = 8."""
-    out = {"setting": MISSING, "summary": MISSING,
+    out = {"setting": MISSING, "summary": MISSING, "yardsticks": MISSING,
            **{f"{model}_{M}": MISSING for model in ("gpt", "mlp") for M in (4, 8, 16)}}
     if not (RESULTS / "bench_cpu.json").exists():
         return out
@@ -49,6 +67,7 @@ def tables() -> dict[str, str]:
         return out
     env = result.get("rerun", {}).get("cores", result["environment"])
     out["summary"] = _summary(rows)
+    out["yardsticks"] = _yardsticks(rows)
     for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
         mine = [r for r in rows if (r["model"], r["M"]) == (model, M)]
         plain = [{"schedule": "plain jit alone", "ms": mine[0]["plain_ms"],

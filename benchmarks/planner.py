@@ -67,7 +67,7 @@ import numpy as np
 import optax
 
 import pipejax as pj
-from common import RESULTS, load, save, table
+from common import RESULTS, agreement, load, save, table
 from pipejax import planner
 from pipejax.bench import core_models, peak_bytes
 from pipejax.bench.speed import alternate
@@ -398,9 +398,9 @@ def step_time() -> dict:
     without = [flops_only[key(c)].step_seconds for c in picked]
     return {"machine": {k: float(f"{v:.4g}") for k, v in consts.items()}, "rows": rows,
             "candidates_searched": len(found),
-            **_agreement([c.step_seconds for c in picked], seconds),
-            "without ring traffic": _agreement(without, seconds),
-            "without the layers' fixed cost": _agreement(
+            **agreement([c.step_seconds for c in picked], seconds),
+            "without ring traffic": agreement(without, seconds),
+            "without the layers' fixed cost": agreement(
                 [unfixed[key(c)].step_seconds for c in picked], seconds)}
 
 
@@ -434,17 +434,8 @@ def cores() -> dict:
                          "predicted_ms": round(1e3 * seconds, 1), "measured_ms": r["least_ms"],
                          "error_%": round(100 * (1e3 * seconds / r["least_ms"] - 1), 1)})
             print(rows[-1], flush=True)
-        out[f"{name} M={M}"] = _agreement(predicted, [r["least_ms"] / 1e3 for r in group])
+        out[f"{name} M={M}"] = agreement(predicted, [r["least_ms"] / 1e3 for r in group])
     return {"rows": rows, **out}
-
-
-def _agreement(predicted: list[float], measured: list[float]) -> dict:
-    """Spearman's rank correlation and the mean and largest relative error."""
-    ranks = lambda a: np.argsort(np.argsort(a))  # unrounded seconds: no ties
-    errors = [100 * abs(p / m - 1) for p, m in zip(predicted, measured)]
-    return {"spearman": round(float(np.corrcoef(ranks(predicted), ranks(measured))[0, 1]), 3),
-            "mean |error| %": round(float(np.mean(errors)), 1),
-            "max |error| %": round(max(errors), 1)}
 
 
 def tables() -> dict[str, str]:

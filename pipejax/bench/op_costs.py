@@ -186,11 +186,12 @@ def coupled_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: flo
     Neither bound above is the executor: 1F1B's collectives each go one
     way, so its devices follow their inputs, as `earliest_path` lays them;
     interleaved at K = 2 sends both ways round a ring of two at every tick,
-    so each tick waits for the slower device's op, as in lock step. Over
-    the 48 rows of the zoo GPT at M = 4, 8 and 16 on 2 pinned cores
-    (`python benchmarks/cores.py`) this ranked the tables' fastest steps
-    with a Spearman correlation of 0.58–0.76 where the lock step gave
-    0.46 and `earliest_path` 0.31–0.40."""
+    so each tick waits for the slower device's op, as in lock step. On 2
+    pinned cores (`python benchmarks/cores.py`, `coupled_ms`) this ranked
+    the zoo GPT's tables by their fastest steps with Spearman 0.61 and
+    0.63 at M = 8 and 4, the lock step 0.36 and 0.50, `earliest_path`
+    0.04 and 0.35; the MLP's rows, which differ by less than the
+    machine's noise, 0.37, 0.42 and 0.22."""
     ops, after = _timed(schedule, costs, pair, updates)
     busy, routes = carried(schedule), collectives(schedule.placement)
     free, tick = np.zeros(schedule.stages), 0
