@@ -5,10 +5,12 @@ of a step is derived: every op of every virtual stage (F, the fused
 backward BW, zero bubble's B and W) is compiled alone on abstract inputs,
 and the table says how often each runs. `executed` sums them over the
 table's tasks (`step_count`: with the last stage's forward and backward
-as one vjp where they run so); `critical_path` sums, per tick, the most any device runs (the
-ticks run in lock step: a tick's messages wait for its slowest op);
-`earliest_path` runs each op as early as its input allows, as devices of
-their own do;
+as one vjp where they run so); `critical_path` sums, per tick, the most
+any device runs (simulated devices in one process run their ticks in lock
+step: a collective is a rendezvous of every device it names);
+`earliest_path` runs each op as early as its input allows; `coupled_path`
+as the executor's collectives hold a device that receives until its
+senders end their tick, as devices of their own run;
 `busy_ticks` counts the ticks a device runs some of the given ops at (a
 sharded stage gathers its weights at each tick with an op, scatters a
 gradient at each with a weight gradient)."""
@@ -16,7 +18,7 @@ gradient at each with a weight gradient)."""
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -112,7 +114,7 @@ def critical_path(schedule: Schedule, costs: dict[Op, list[float]]) -> float:
 
 
 def _timed(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: float | None,
-           updates: Sequence[float] | None):
+           updates: Sequence[float] | None) -> tuple[Iterator[tuple], np.ndarray]:
     """Each tick's ops in the table's order, as (tick, device, op, virtual
     stage, micro-batch, what it takes): a fused last-stage pair at `pair`
     (its forward free), an asynchronous table's backward with its share of
@@ -173,14 +175,13 @@ def earliest_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: fl
 
 
 def coupled_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: float | None = None,
-                 updates: Sequence[float] | None = None, link: float = 0.0) -> float:
+                 updates: Sequence[float] | None = None) -> float:
     """The step as the executor couples its devices: each device runs its
     ops back to back, and a tick's messages are collectives
     (compile/messages.py), each run at the ticks where the table sends
     along its pairs (`carried`), every pair at once. A device that receives
     along a collective starts its next tick when its senders have ended
-    theirs (and `link` later), whether or not what they send is needed
-    yet; a sender waits for no one. `pair` and `updates` as
+    theirs, whether or not what they send is needed yet (no link time); a sender waits for no one. `pair` and `updates` as
     `earliest_path`'s.
 
     Neither bound above is the executor: 1F1B's collectives each go one
@@ -201,7 +202,7 @@ def coupled_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: flo
         for c, pairs in enumerate(routes):
             if busy[t, c]:
                 for source, destination in pairs:
-                    free[destination] = max(free[destination], ended[source] + link)
+                    free[destination] = max(free[destination], ended[source])
     for t, k, _, _, _, took in ops:
         for passed in range(tick, t):
             exchange(passed)

@@ -30,7 +30,7 @@ zigzags and is balanced as stages.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -52,8 +52,9 @@ def balance_folded(costs: Sequence[float], devices: int, objective: str = "varia
     return _folded(P, devices, np.zeros_like, np.add, limit=worst * (1 + 1e-12))
 
 
-def _folded(P: np.ndarray, K: int, value, combine, limit: float = np.inf,
-            value_only: bool = False):
+def _folded(P: np.ndarray, K: int, value: Callable[[np.ndarray], np.ndarray],
+            combine: Callable[[np.ndarray, np.ndarray], np.ndarray], limit: float = np.inf,
+            value_only: bool = False) -> tuple[int, ...] | float:
     """The dynamic program from the outside in: per device the pair
     (`value`(D) combined over devices by `combine`, Σ C² summed), ranked in
     that order, each device's load D at most `limit`. Returns the split, or
