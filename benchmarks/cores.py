@@ -15,7 +15,8 @@ from common import RESULTS, agreement, load, markdown
 from pipejax.cli import main
 
 COLUMNS = ("schedule", "remat", "ticks", "ms", "speedup", "least_ms", "least_speedup",
-           "ideal_ms", "ideal_speedup", "of_ideal", "lockstep_ms", "coupled_ms", "busy_ms", "collective_ms")
+           "ideal_ms", "ideal_speedup", "of_ideal", "lockstep_ms", "coupled_ms", "busy_ms",
+           "collective_ms")
 MISSING = "Not measured yet: `python benchmarks/cores.py`."
 
 

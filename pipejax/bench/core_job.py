@@ -112,7 +112,5 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
-
-
 if __name__ == "__main__":
     sys.exit(worker(sys.argv[1:]))

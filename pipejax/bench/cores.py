@@ -5,8 +5,9 @@ message crosses a process boundary; simulated devices in one process share
 the cores, so a schedule's bubble costs them nothing.
 
 Each row is one table (family, remat) at K stages and M micro-batches of a
-model (`core_models.models`), timed in one K-process job (`core_job`) with every row's step and the
-plain jit called in turn (`speed.alternate`), medians. The plain jit of the
+model (`core_models.models`), timed in one K-process job (`core_job`)
+with every row's step and the plain jit called in turn
+(`speed.alternate`), medians. The plain jit of the
 same micro-batches (`plain_microbatched`: the gradients of M micro-batches
 summed, one update) is timed twice more alone on one pinned core, in a
 process of its own before and after the job (a pinned process cannot share
@@ -18,9 +19,10 @@ the others wait in a collective, which takes no processor time
 Per row the job also measures the table's ideal step (`op_times`: each op
 alone on its device, alternated with the steps, laid on the table as early
 as its inputs allow, in lock step, and as the executor's collectives
-couple the devices, `op_costs.coupled_path`) and, from a profile of the row's step, each process's share of it
-in collectives (idle for a peer, and the link; `collective_time`), given
-in milliseconds of the median step, and the rest, busy.
+couple the devices, `op_costs.coupled_path`) and, from a profile of the
+row's step, each process's share of it in collectives (idle for a peer,
+and the link; `collective_time`), given in milliseconds of the median
+step, and the rest, busy.
 
 This machine's neighbours make a call's time drift by a quarter (the plain
 jit alone: 350 ms before a job, 439 ms after it; an op's median over its

@@ -181,8 +181,8 @@ def coupled_path(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: flo
     (compile/messages.py), each run at the ticks where the table sends
     along its pairs (`carried`), every pair at once. A device that receives
     along a collective starts its next tick when its senders have ended
-    theirs, whether or not what they send is needed yet (no link time); a sender waits for no one. `pair` and `updates` as
-    `earliest_path`'s.
+    theirs, whether or not what they send is needed yet (no link time); a
+    sender waits for no one. `pair` and `updates` as `earliest_path`'s.
 
     Neither bound above is the executor: 1F1B's collectives each go one
     way, so its devices follow their inputs, as `earliest_path` lays them;

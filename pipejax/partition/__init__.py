@@ -4,4 +4,5 @@ from pipejax.partition.balance import balance, check_split, objective_value, sta
 from pipejax.partition.fold import balance_folded
 from pipejax.partition.plan import Plan, make_plan
 
-__all__ = ["Plan", "balance", "balance_folded", "check_split", "make_plan", "objective_value", "stage_costs"]
+__all__ = ["Plan", "balance", "balance_folded", "check_split", "make_plan", "objective_value",
+           "stage_costs"]

@@ -8,13 +8,13 @@ its two chunks together: D_k = C_k + C_{2K−1−k}. Balancing the 2K chunks
 as stages (GPipe's Σ_j C_j²) leaves the ends light and both on device 0:
 the zoo GPT 6x128 at K = 2 split 2-2-2-2 gave device 0 the embedding, 2
 blocks and the head (1539 MFLOP a micro-batch) and device 1 4 blocks
-(2874), and ZB-V's step on 2 pinned cores followed device 1. Folded
+(2874), and ZB-V's step on 2 pinned cores followed device 1. So the V
+is folded: GPipe's objective over the devices, Σ_k D_k² ("variance") or
+max_k D_k ("bottleneck"), and among the splits that tie, Σ_j C_j² over
+the chunks, whose imbalance the V's dependencies still feel. Folded
 (3-1-2-2), the ideal step of ZB-V and of DualPipeV at remat "none", M = 8
 (their ops timed alone, laid on the table), went from 1.20× 1F1B's to
-0.91× and 0.87× (`python benchmarks/cores.py --models gpt`, `ideal_ms`). So the V is folded: GPipe's objective over
-the devices, Σ_k D_k² ("variance") or max_k D_k ("bottleneck"), and among
-the splits that tie, Σ_j C_j² over the chunks, whose imbalance the V's
-dependencies still feel.
+0.91× and 0.87× (`python benchmarks/cores.py --models gpt`, `ideal_ms`).
 
 Folded, device k's chunks are nested intervals: k covers [i_k, i_{k+1})
 on the way down and [j_{k+1}, j_k) on the way up, inside device k − 1's.
