@@ -31,7 +31,7 @@ bench: $(BIN)/pipejax
 		&& ../$(BIN)/python forecast_cost.py && ../$(BIN)/python quadratic.py && ../$(BIN)/python spectrain_error.py \
 		&& ../$(BIN)/python nnx_twins.py && ../$(BIN)/python train_models.py
 
-# The GPU section (5 to 6 minutes): on a machine whose python3 has a JAX that sees a GPU, it runs
+# The GPU section (6 to 7 minutes): on a machine whose python3 has a JAX that sees a GPU, it runs
 # with that interpreter's own packages (no .venv: GPU machines may be offline) and writes
 # benchmarks/results/bench_gpu.json; elsewhere it says so and runs the smoke path on the CPU.
 gpu:

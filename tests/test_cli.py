@@ -293,7 +293,8 @@ def test_every_flag_is_a_field_of_its_command_config():
 @pytest.mark.slow  # every GPU row built and run on the CPU: half a minute
 def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     """The GPU section's code path on a tiny GPT: every row built, run and
-    timed (no error), K = 2 on two of the CPU devices; no peak on a CPU."""
+    timed (no error), K = 2 on two of the CPU devices; no peak on a CPU; the
+    language model's group on its own vocabulary, its FLOPs its own."""
     out = tmp_path / "gpu.json"
     assert main(["bench", "--smoke", "--out", str(out)]) == 0
     section = json.loads(out.read_text())["gpu"]
@@ -310,6 +311,13 @@ def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
     assert rows["1f1b remat=none"]["bytes_over_plain"] > 0
     zb = rows["zb-h1 remat=stage"]  # read against 1F1B, not the plain jit
     assert zb["over_1f1b"] > 0 and zb["bytes_over_1f1b"] > 0 and "over_plain" not in zb
+    lm = {r["step"]: r for r in section["bfloat16 vocab=512"]}
+    assert list(lm) == ["plain jit", "1f1b remat=none", "1f1b remat=stage"]
+    assert all("error" not in r and r["ms"] > 0 for r in lm.values())
+    assert lm["1f1b remat=stage"]["mfu_over_plain"] > 0
+    assert section["lm"]["vocab"] == 512
+    assert section["lm"]["flops_per_step"] > section["flops_per_step"]
+    assert section["lm"]["parameters"] > section["model"]["parameters"]
     assert "1f1b remat=none" in capsys.readouterr().out
 
 

@@ -15,7 +15,8 @@ Sections (each a table, all in one JSON with the machine and versions):
   padding    padded over real bytes of the packed parameter buffers and the
              largest stage's cost, the least padding any split reaches, and
              the split `max_padding` picks at that bound;
-  gpu        (on a GPU) the zoo GPT at GPT-2 small's size, bf16 and float32:
+  gpu        (on a GPU) the zoo GPT at GPT-2 small's size, bf16 and float32,
+             over bytes and (bf16) over GPT-2's vocabulary padded to 50304:
              plain jit against the pipelined step at K = 1 (and K = 2, 4, 8
              where the devices are): step time, tokens/s, model FLOP
              utilisation against the dtype's dense peak, bytes accessed,

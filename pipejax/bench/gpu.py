@@ -1,8 +1,9 @@
 """The GPU section: the zoo GPT's training step on an accelerator, pipelined
 and as a plain `jax.jit`, in bf16 (float32 master weights) and float32.
 
-Rows, all of one compute dtype alternated in one process (`alternate`), in
-the order they are compiled (a budget that runs out leaves out the last):
+Rows, those of one group (a compute dtype on a vocabulary) alternated in one
+process (`alternate`), in the order they are compiled (a budget that runs
+out leaves out the last):
   plain jit                  the layer list's loss and AdamW update in one
                              `jax.jit`, the gradients of M micro-batches
                              summed in a `lax.scan`, weights cast as a
@@ -18,6 +19,9 @@ the order they are compiled (a budget that runs out leaves out the last):
   zb-h1 K = 1                zero bubble's B and W split of the same step,
                              read against 1F1B at the same remat: what the
                              split and its B→W bridge cost on the device.
+A last group runs the plain jit and 1F1B at K = 1 in bf16 on a language
+model's vocabulary (`lm_vocab`, random tokens): the head then holds over a
+quarter of the FLOPs (GPT-2 small: 27 %), as in the models a user compares with.
 Per row: the median step time, tokens/s, model FLOP utilisation per device
 against its dense peak for the compute dtype (`PEAKS`), XLA's bytes
 accessed, the compiled peak memory (arguments + outputs − donated + temp)
@@ -28,7 +32,7 @@ backward; a GPU's analysis leaves out the matrix products, which are
 library calls there).
 
 The section aims at `budget` seconds of wall time, compiles included: each
-dtype has an equal share, compiles no row once 80 % of its share has passed
+group has a share by its rows, compiles no row once 80 % of its share has passed
 (a compile under way finishes) and stops its timed rounds at the share's end
 (after three warm-up and three timed rounds at least).
 """
@@ -46,10 +50,11 @@ import numpy as np
 import optax
 
 import pipejax as pj
+from pipejax.bench.gpu_rows import FULL, SMOKE, Group, Size, Step, groups, steps
 from pipejax.bench.memory import peak_bytes
 from pipejax.bench.speed import alternate, cost, plain_steps
 
-BUDGET = 330.0  # seconds: every row at H100 compile times; two runs and a start fit 15 minutes
+BUDGET = 390.0  # seconds: every row at H100 compile times; a run and a start fit 15 minutes
 
 # Dense peak FLOP/s of one device per compute dtype; the first key found in
 # the device's kind applies (an empty dict: a kind whose peak is not stated
@@ -60,73 +65,6 @@ PEAKS = (("H100 PCIe", {"bfloat16": 756.0e12, "float32": 378.0e12}),
          ("H100", {"bfloat16": 989.4e12, "float32": 494.7e12}),
          ("H200", {"bfloat16": 989.4e12, "float32": 494.7e12}),
          ("A100", {"bfloat16": 312.0e12, "float32": 156.0e12}))
-
-
-@dataclasses.dataclass(frozen=True)
-class Size:
-    """The GPT and its batch: `micro` sequences of `context` tokens a
-    micro-batch, M micro-batches a step."""
-
-    depth: int
-    width: int
-    heads: int
-    context: int
-    vocab: int
-    micro: int
-    M: int
-    repeats: int
-    max_stages: int  # the deepest 1f1b row, when the machine has the devices
-    dtypes: tuple[str, ...] = ("bfloat16", "float32")  # compute dtypes, one group each
-
-    def layers(self) -> list:
-        return pj.models.gpt(self.depth, self.width, self.heads, self.context, self.vocab)
-
-
-# GPT-2 small's blocks (12 x 768, 12 heads, 1024 tokens) over bytes: 86 M
-# parameters. 8 sequences a micro-batch (8192 tokens): one micro-batch's
-# float32 step peaks at 16 GB on an H100, within any 40 GB device.
-FULL = Size(depth=12, width=768, heads=12, context=1024, vocab=256, micro=8, M=4, repeats=20,
-            max_stages=8)
-# A GPT a CPU steps in milliseconds: every row's code path between GPU runs
-# (float32 runs the same code as bf16, with another dtype).
-SMOKE = Size(depth=2, width=32, heads=2, context=16, vocab=64, micro=2, M=2, repeats=2,
-             max_stages=2, dtypes=("bfloat16",))
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """A row's step: `pj.pipeline` arguments (None: the plain jit `plain`
-    names in `plain_steps`), its devices and micro-batches (None: the
-    size's M), and the row its time is read against (None: none)."""
-
-    pipeline: dict | None
-    K: int = 1
-    M: int | None = None
-    plain: str = "plain_microbatched"
-    against: str | None = "plain jit"
-
-    @property
-    def limit(self) -> str:
-        """The name the ratios to `against` go by: "plain" or its schedule."""
-        return "plain" if self.against.startswith("plain") else self.against.split()[0]
-
-
-def steps(devices: int, size: Size) -> dict[str, Step]:
-    """The rows, in the order they are compiled."""
-    deeper = {f"1f1b K={K}": Step({"schedule": "1f1b", "remat": "stage"}, K, 2 * K, against=None)
-              for K in (2, 4, 8) if K <= min(devices, size.max_stages)}
-    return {"plain jit": Step(None, against=None),
-            "1f1b remat=none": Step({"schedule": "1f1b", "remat": "none"}),
-            "1f1b remat=stage": Step({"schedule": "1f1b", "remat": "stage"}), **deeper,
-            "gpipe remat=none": Step({"schedule": "gpipe", "remat": "none"}),
-            "gpipe remat=stage": Step({"schedule": "gpipe", "remat": "stage"}),
-            "plain jit per micro-batch": Step(None, plain="plain_per_microbatch"),
-            "pb": Step({"schedule": "pb", "remat": "stage"},
-                       against="plain jit per micro-batch"),
-            "zb-h1 remat=none": Step({"schedule": "zb-h1", "remat": "none"},
-                                     against="1f1b remat=none"),
-            "zb-h1 remat=stage": Step({"schedule": "zb-h1", "remat": "stage"},
-                                      against="1f1b remat=stage")}
 
 
 def peak_flops(kind: str, dtype: str) -> float | None:
@@ -202,15 +140,24 @@ def _plain(step: Step, size: Size, dtype: Any, variables: list,
     return Row(step, size.M, run, compiled, seconds)
 
 
-def _group(size: Size, dtype: Any, opt: optax.GradientTransformation, variables: list,
-           compile_by: float, deadline: float, strict: bool) -> list[dict]:
+def _steps(group: Group) -> dict[str, Step]:
+    """The group's rows, in the order they are compiled."""
+    every = steps(len(jax.devices()), group.size)
+    return {n: s for n, s in every.items() if group.rows is None or n in group.rows}
+
+
+def _group(group: Group, opt: optax.GradientTransformation, compile_by: float,
+           deadline: float, strict: bool) -> list[dict]:
     """Compile the rows while time is left before `compile_by`, time them
-    alternated until `deadline`; the plain jits start from `variables`, the
-    pipelines' own init. A row that fails to build or run records its error
-    and the others go on, unless `strict` (the smoke run: a failure there is
-    a bug, raised)."""
+    alternated until `deadline`; the plain jits start from the layers'
+    initial variables, the pipelines from their own init. A row that fails
+    to build or run records its error and the others go on, unless `strict`
+    (the smoke run: a failure there is a bug, raised)."""
+    size, dtype = group.size, jnp.dtype(group.dtype)
+    variables = pj.layers.initial_variables(size.layers(), _tokens(size, 1)[0],
+                                            jax.random.key(0))
     built, failed = {}, []
-    for name, step in steps(len(jax.devices()), size).items():
+    for name, step in _steps(group).items():
         if time.perf_counter() > compile_by:
             failed.append({"step": name, "error": "left out: the section's budget ran out"})
             continue
@@ -267,8 +214,8 @@ def _over(mine: np.ndarray, theirs: np.ndarray, row: dict, limit: dict, name: st
 
 
 def gpu(smoke: bool = False, budget: float = BUDGET) -> dict:
-    """The section's rows per compute dtype, with the model, its FLOP count
-    and the peaks used (see the module's docstring)."""
+    """The section's rows per group, with the model, its FLOP count and the
+    peaks used (see the module's docstring)."""
     size = SMOKE if smoke else FULL
     start = time.perf_counter()
     opt = optax.adamw(3e-4, weight_decay=0.1)
@@ -277,10 +224,13 @@ def gpu(smoke: bool = False, budget: float = BUDGET) -> dict:
     result = {"model": {**dataclasses.asdict(size), "parameters": parameters},
               "flops_per_step": size.M * flops, "device_kind": kind,
               "peaks": {d: peak_flops(kind, d) for d in ("bfloat16", "float32")}}
-    variables = pj.layers.initial_variables(size.layers(), _tokens(size, 1)[0],
-                                            jax.random.key(0))
-    share = budget / len(size.dtypes)
-    for i, dtype in enumerate(size.dtypes):
-        result[dtype] = _group(size, jnp.dtype(dtype), opt, variables,
-                               start + (i + 0.8) * share, start + (i + 1) * share, strict=smoke)
+    if size.lm_vocab is not None:
+        lm_flops, lm_parameters = traced(dataclasses.replace(size, vocab=size.lm_vocab))
+        result["lm"] = {"vocab": size.lm_vocab, "parameters": lm_parameters,
+                        "flops_per_step": size.M * lm_flops}
+    every = groups(size)
+    rows = np.array([len(_steps(g)) for g in every], float)
+    ends = start + budget * np.cumsum(rows) / rows.sum()  # a share of the budget a row
+    for group, end, share in zip(every, ends, budget * rows / rows.sum()):
+        result[group.key] = _group(group, opt, end - 0.2 * share, end, strict=smoke)
     return {**result, "seconds": round(time.perf_counter() - start, 1), "budget_s": budget}
