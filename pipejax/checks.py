@@ -74,6 +74,12 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
     if weight_stashing and schedule.synchronous:
         raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
                           f"{schedule.name!r} every backward already uses its forward's weights")
+    if schedule.double_buffered:
+        if weight_stashing:
+            raise ConfigError(f"weight_stashing=True: {schedule.name!r} runs a micro-batch's "
+                              "forward and backward on its step's weight version already; "
+                              "drop weight_stashing")
+        return  # the kept residuals were made at the weights the backward uses: any remat
     if schedule.asynchronous and not weight_stashing and remat != "stage":
         raise ConfigError(
             f"remat={remat!r} keeps residuals computed with the forward's weights, but the "
@@ -105,6 +111,10 @@ def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any)
     if gather not in GATHERS:
         raise ConfigError(f"fsdp_gather={gather!r}; use 'tick' (gather a sharded stage's weights "
                           "at each tick that uses them), 'step' (once per step) or None")
+    if F > 1 and schedule.double_buffered:
+        raise ConfigError(f"fsdp={F}: {schedule.name!r} on stages sharded over devices is not "
+                          "run (a sharded stage gathers its live weights, not its step's "
+                          "version); use fsdp=1 with it, or a synchronous schedule with fsdp")
     if gather == "step" and schedule.asynchronous:
         raise ConfigError(f"fsdp_gather='step' gathers the weights once per step, but "
                           f"{schedule.name!r} updates them after every backward; use 'tick'")

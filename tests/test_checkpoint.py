@@ -34,7 +34,7 @@ def _flat(state):
 
 
 # A synchronous restore: test_four_stage_checkpoint_restores_into_two_stages.
-@pytest.mark.parametrize("schedule", fast_and_slow(["gpipe", "pb"], fast=["pb"]))
+@pytest.mark.parametrize("schedule", fast_and_slow(["gpipe", "pb", "2bw"], fast=["pb", "2bw"]))
 def test_ten_saved_and_ten_restored_steps_equal_twenty(tmp_path, schedule):
     pipe, trainer = _trainer(4, schedule)
     start = trainer.init(pipe.init(jax.random.key(0)))
@@ -45,7 +45,7 @@ def test_ten_saved_and_ten_restored_steps_equal_twenty(tmp_path, schedule):
     state = start
     for i in range(10):
         state, _ = trainer.step(state, _batch(i))
-    pj.save(tmp_path, trainer, state)  # PB: micro-batches in flight are saved too
+    pj.save(tmp_path, trainer, state)  # PB, 2BW: what is in flight is saved too
     state = pj.restore(tmp_path, trainer)
     resumed = []
     for i in range(10, 20):
@@ -105,6 +105,27 @@ def test_asynchronous_checkpoint_restores_into_other_stages_after_a_flush(tmp_pa
     np.testing.assert_array_equal(_flat(again), _flat(state))
     again, m = two.step(again, _batch(3))
     assert np.isfinite(float(m["loss"])) and int(m["microbatch"][0]) >= 3 * M
+
+
+def test_a_flushed_2bw_checkpoint_restores_into_other_stages_and_a_synchronous_trainer(
+        tmp_path):
+    """After a flush a 2BW pipeline starts anew, W(−1) = W(0): its next step
+    is the step of a 2BW trainer at another K restored from it, and of a
+    synchronous one (the gradient at the weights it updates)."""
+    pipe, four = _trainer(4, "2bw")
+    state = four.init(pipe.init(jax.random.key(0)))
+    for i in range(3):
+        state, _ = four.step(state, _batch(i))
+    state, _ = four.flush(state)
+    pj.save(tmp_path, four, state)
+    state, _ = four.step(state, _batch(3))
+    state, _ = four.flush(state)
+    for K, schedule in ((2, "2bw"), (2, "1f1b")):
+        _, other = _trainer(K, schedule)
+        again, _ = other.step(pj.restore(tmp_path, other), _batch(3))
+        if schedule == "2bw":
+            again, _ = other.flush(again)
+        np.testing.assert_allclose(_flat(again), _flat(state), rtol=1e-6, atol=1e-7)
 
 
 def test_a_synchronous_checkpoint_restores_into_an_asynchronous_trainer(tmp_path):

@@ -186,7 +186,7 @@ def test_a_step_that_compiles_again_is_announced():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--mitigation", "sc"], "--schedule gpipe has none (use --schedule pb or pipedream)"),
+    (["--mitigation", "sc"], "--schedule gpipe has none (use --schedule 2bw or pb or pipedream)"),
     (["--batch-size", "64", "--microbatch-size", "8"],
      "--batch-size 64 disagrees with --microbatch-size 8 x --microbatches 4 x --replicas 1 = 32"),
     (["--reference", "0.1,0.9,128", "--lr", "0.1"], "leave out --lr and --momentum"),

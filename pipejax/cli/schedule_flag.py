@@ -30,3 +30,13 @@ def synchronous(cfg: Common) -> bool:
     schedule = schedule_arg(cfg)
     return schedule.synchronous if isinstance(schedule, pj.Schedule) else \
         not FAMILIES[schedule].asynchronous
+
+
+def updates_per_step(cfg: Common) -> int:
+    """A stage's weight updates a step under --schedule (`Schedule.updates_per_step`)."""
+    schedule = schedule_arg(cfg)
+    if isinstance(schedule, str):  # an asynchronous family's tables run one chunk a device
+        if not FAMILIES[schedule].asynchronous:
+            return 1
+        schedule = FAMILIES[schedule].table(cfg.stages, cfg.microbatches, 1)
+    return schedule.updates_per_step

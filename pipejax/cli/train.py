@@ -19,7 +19,7 @@ from pipejax.cli.models import api_of
 from pipejax.cli.optimizer import describe_optimizer, make_optimizer
 from pipejax.cli.outputs import Run, finish
 from pipejax.cli.run import checkpoints_of, save_run
-from pipejax.cli.schedule_flag import synchronous as is_synchronous
+from pipejax.cli.schedule_flag import synchronous as is_synchronous, updates_per_step
 from pipejax.cli.setup import make_pipeline, setup_devices
 from pipejax.cli.tasks import load_task
 
@@ -198,11 +198,10 @@ def train(cfg: TrainConfig) -> int:
     total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     if cfg.warmup_defaulted:  # a model's warm-up takes at most a tenth of a short run
         cfg = dataclasses.replace(cfg, warmup=min(cfg.warmup, total // 10))
-    synchronous = is_synchronous(cfg)
-    per_step = 1 if synchronous else cfg.microbatches  # a stage's updates per step
+    per_step = updates_per_step(cfg)  # a stage's updates a step
     optimizer, stash, settings = make_optimizer(
-        cfg, (total * per_step, per_epoch * per_step),
-        cfg.batch_size // (1 if synchronous else cfg.microbatches), synchronous)
+        cfg, (total * per_step, per_epoch * per_step), cfg.batch_size // per_step,
+        is_synchronous(cfg))
     layers, pipe = make_pipeline(cfg, task, mesh, stash, cfg.seed)
     trainer = pipe.trainer(optimizer, _rule(cfg), clip_norm=cfg.clip,
                            skip_nonfinite=cfg.skip_nonfinite)

@@ -4,7 +4,8 @@ PipeDream and pipelined backpropagation never drain: their table
 is one period of the steady state. A step writes its batch into the data
 rings (slot `id mod capacity`) and runs one period with micro-batch ids
 base + relative id; each stage updates its weights right after each backward,
-inside the scan, and what is still in flight stays in the state (`InFlight`).
+inside the scan (a double-buffered table once a step, compile/versions.py),
+and what is still in flight stays in the state (`InFlight`).
 Ops on ids not fed yet (the first fill) or before `start` are masked, so the
 fill, the steady state and the drain are one compiled program, the same from
 the first step on. `flush` runs periods with no new input until nothing is in
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pipejax.compile import microbatch
+from pipejax.compile import microbatch, versions
 from pipejax.compile.build import Build
 from pipejax.compile.lanes import Counters
 from pipejax.compile.optimizer import OptState, StageOptimizers
@@ -66,6 +67,9 @@ def _periods(build: Build, opts: StageOptimizers, n: int) -> Callable:
 
         def period(i, c):
             p, s, rings, losses, done, skipped = c
+            if build.layout.versions:  # W(−1) = W(0) where the pipeline is empty
+                rings = rings._replace(versions=versions.restart(rings.versions, p, base + i * M,
+                                                                 start, M))
             out = run_table(build, TableIn(p, s, rings, (local(x), local(y)),
                                            Counters(base + i * M, start, fed), key), opts)
             losses = lax.dynamic_update_slice(losses, out.losses, (i * M,))

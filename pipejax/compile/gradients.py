@@ -10,7 +10,9 @@ loop that only some devices run). A stage sharded over F devices whose
 weights are gathered at each tick scatters a backward's whole gradient to
 its pieces inside the loop (compile/fsdp.py: every device of one stage runs
 that loop alike), so the sum, the update and the state hold pieces and no
-whole gradient outlives the op. The table interpreter (table.py) asks this
+whole gradient outlives the op. A double-buffered table (PipeDream-2BW)
+sums a step's gradients and updates once a step, every op on its step's
+weight version (versions.py). The table interpreter (table.py) asks this
 policy and does not know which one it runs.
 """
 
@@ -20,21 +22,26 @@ from typing import Any
 
 import jax
 
+from pipejax.compile import versions
 from pipejax.compile.spmd import scatter
+from pipejax.compile.state import Rings
 from pipejax.compile.optimizer import OptState, StageOptimizers
 from pipejax.mesh import FSDP
 from pipejax.packing import Buffers, Packing
 
 
 class GradientPolicy:
-    """Sum (synchronous), update inside the loop, or update after it."""
+    """Sum (synchronous), update inside the loop, or update after it; or
+    sum a step's and update once (double-buffered)."""
 
     def __init__(self, synchronous: bool, opts: StageOptimizers | None, pieces: Packing,
-                 scatter: int = 1):
+                 scatter: int = 1, per_step: int = 0):
         """`pieces`: the packing the sum and the update hold (the whole
         parameters, or a device's pieces); `scatter`: F where a backward's
-        whole gradient is scattered to F pieces in its loop, else 1."""
+        whole gradient is scattered to F pieces in its loop, else 1;
+        `per_step`: a double-buffered table's micro-batches a step, else 0."""
         self.synchronous, self.params, self.scatter = synchronous, pieces, scatter
+        self.per_step = per_step
         # The guard decides for a stage's F pieces alike.
         self.update = None if synchronous else opts.updater(scope=(FSDP,) if scatter > 1 else ())
         self.after_loop = not synchronous and opts.outer.collective
@@ -57,6 +64,23 @@ class GradientPolicy:
             return p, s, grads, skipped
         p, s, skipped = self.update(p, grads, s)
         return p, s, carried, skipped
+
+    def weights(self, w: Buffers, rings: Rings, g: jax.Array) -> Buffers:
+        """The weights micro-batch g's op runs on: `w`, or double-buffered
+        its step's version (versions.py)."""
+        return versions.weights(w, rings.versions, g, self.per_step) if self.per_step else w
+
+    def take_at(self, c: tuple, grads: Buffers, g: jax.Array) -> tuple:
+        """Inside the loop, `c` = (p, s, carried, rings, skipped) after
+        micro-batch g's `grads` (`take`'s, or double-buffered the versions'
+        in `rings`)."""
+        p, s, carried, rings, skipped = c
+        if not self.per_step:
+            p, s, carried, skipped = self.take(p, s, carried, grads, skipped)
+            return p, s, carried, rings, skipped
+        p, s, v, skipped = versions.take(self.update, self.per_step,
+                                         (p, s, rings.versions, skipped), grads, g)
+        return p, s, carried, rings._replace(versions=v), skipped
 
     def summed(self, total: Buffers, grads: Buffers) -> Buffers:
         """Inside the loop: a synchronous sum after a backward's `grads`."""

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from pipejax.compile.lanes import TickTask
 from pipejax.schedules import Op, Schedule
 from pipejax.schedules.tasks import BACKWARD
 
@@ -54,3 +55,27 @@ def deferred(backwards: Backwards, last_kept: Any) -> bool:
     backward (B or BW): it may (`backwards.may_defer`) and the last stage
     keeps nothing (`last_kept`, its residuals' tree, has no leaves)."""
     return backwards.may_defer and not jax.tree.leaves(last_kept)
+
+
+def pairs(tasks: dict[Op, TickTask], last: int, deferred: bool,
+          fusion: bool) -> tuple[dict[Op, TickTask], TickTask | None]:
+    """What each op's loop of a tick runs (`tasks`: a device's task in each
+    lane), and the pair the backward runs as one vjp on the `last` virtual
+    stage, or None: a forward and a BW of one micro-batch in one tick
+    (`fusion`: the table has `Schedule.fused` cells), or every BW there
+    where backwards run that stage's forwards (`deferred`: B in its
+    branch), which then run in no loop of their own."""
+    runs, f, b = dict(tasks), tasks[Op.F], tasks.get(Op.BW)
+    if deferred:
+        runs[Op.F] = f._replace(real=f.real & (f.j != last))
+        if b is None:
+            return runs, None
+        fused = TickTask(b.g, b.real & (b.j == last), b.j, b.ring)
+    elif fusion:
+        fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & (f.j == last) & (b.j == last),
+                         f.j, f.ring)
+        runs[Op.F] = f._replace(real=f.real & ~fused.real)
+    else:
+        return runs, None
+    runs[Op.BW] = b._replace(real=b.real & ~fused.real)
+    return runs, fused

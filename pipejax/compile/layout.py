@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipejax.packing import Packing
-from pipejax.compile import rows
+from pipejax.compile import rows, versions
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import Rings
 from pipejax.formatting import human_bytes
@@ -39,13 +39,15 @@ class Layout:
     weight_stashing: bool
     bridge_slots: int = 0
     shards: int = 1  # F, the devices a stage is sharded over: each holds a piece of `params`
+    versions: bool = False  # two weight versions and a step's gradient (compile/versions.py)
 
     @classmethod
     def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool,
            shards: int = 1) -> "Layout":
         slots = ring_capacities(schedule)
         return cls(code.params, code.acts, code.kept, code.bridge, slots.inputs, slots.grads,
-                   slots.residuals, slots.data, weight_stashing, slots.bridge, shards)
+                   slots.residuals, slots.data, weight_stashing, slots.bridge, shards,
+                   schedule.double_buffered)
 
     @property
     def pieces(self) -> Packing:
@@ -64,7 +66,8 @@ class Layout:
                      inputs=fill(self.acts, self.input_slots),
                      weights=(self.pieces.empty if empty else self.pieces.zeros)(
                          (*lead, self.kept_slots)) if self.weight_stashing else (),
-                     bridge=fill(self.bridge, self.bridge_slots) if self.bridge_slots else ())
+                     bridge=fill(self.bridge, self.bridge_slots) if self.bridge_slots else (),
+                     versions=versions.zeros(self.pieces, lead) if self.versions else ())
 
     @property
     def padded_param_bytes(self) -> int:
@@ -83,6 +86,12 @@ class Layout:
         micro-batch between its forward and backward (0 if off)."""
         return self.kept_slots * self.pieces.slot_bytes() if self.weight_stashing else 0
 
+    @property
+    def versions_bytes(self) -> int:
+        """Extra memory per stage for a double-buffered table: the previous
+        weight version and the step's gradient sum (0 otherwise)."""
+        return 2 * self.pieces.slot_bytes() if self.versions else 0
+
     def __str__(self) -> str:
         real = sum(self.params.used_bytes(k) for k in range(self.params.stages))
         rows = [("parameters", self.pieces.slot_bytes(), 1),
@@ -93,6 +102,8 @@ class Layout:
             rows.append(("ring: stashed weights", self.pieces.slot_bytes(), self.kept_slots))
         if self.bridge_slots:
             rows.append(("ring: B to W (bridge)", self.bridge.slot_bytes(), self.bridge_slots))
+        if self.versions:
+            rows.append(("previous weights, step's gradient", self.pieces.slot_bytes(), 2))
         width = max(len(r[0]) for r in rows)
         lines = ["buffers of every device (each as large as the largest stage needs):"]
         lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]

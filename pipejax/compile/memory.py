@@ -9,9 +9,10 @@ What a step holds on one device (every device allocates the padded size of
 the largest stage: SPMD buffers have one shape):
   - its state, donated (the step writes the new state into the old one's
     buffers): the parameters and optimizer state, the in-flight state of
-    an asynchronous pipeline (rings, data rings, stashed weights, which
-    the tick loop updates in place: counting its rings again over-predicted
-    the ResNet's PB step by 20 %); the batch;
+    an asynchronous pipeline (rings, data rings, stashed weights or a
+    double-buffered table's versions, which the tick loop updates in place:
+    counting its rings again over-predicted the ResNet's PB step by 20 %);
+    the batch;
   - the ring buffers of the table (stage inputs, output gradients and, in
     a synchronous step, kept residuals), which a synchronous trainer's
     state carries from step to step (`TrainState.scratch`);
@@ -150,6 +151,7 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
             out["working set and messages, or update"] = max(work + messages, update)
         else:
             stash = layout.kept_slots * P if layout.weight_stashing else 0
+            stash += 2 * P if layout.versions else 0  # W(v − 1) and the step's gradient
             held = moving + layout.kept_slots * kept + stash + layout.data_slots * micro
             out["in-flight state"] = held  # its rings updated in place by the loop
             # Around the switch, the backward's gradient leaves it for the

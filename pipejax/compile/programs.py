@@ -36,6 +36,7 @@ from pipejax.compile.model import Model
 from pipejax.compile.stages import StageCode
 from pipejax.compile.tensor import crossing_lines, kept_packing, slot_shardings
 from pipejax.compile.ties import initial
+from pipejax.compile.versions import Versions
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
@@ -62,12 +63,13 @@ class Flags(NamedTuple):
 def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags) -> Build:
     """The stage code of `plan`, the layout `schedule` needs and the mesh, as
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
-    the mean over M micro-batches (synchronous), 1 when every micro-batch is
-    its own update; a table with W ops splits every backward into B and W;
+    the mean over M micro-batches (synchronous, double-buffered), 1 when
+    every micro-batch is its own update; a table with W ops splits every backward into B and W;
     a synchronous table runs the last stage's forward inside its backward
     where that stage keeps nothing (last_stage.py);
     a stage sharded over F devices packs its slots in F pieces."""
-    seed = 1.0 / schedule.microbatches if schedule.synchronous else 1.0
+    one_update = schedule.synchronous or schedule.double_buffered
+    seed = 1.0 / schedule.microbatches if one_update else 1.0
     F = shards(mesh)
     code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule),
                      (F, tensor_parts(mesh)))
@@ -223,6 +225,11 @@ def train_programs(shapes: Shapes, optimizer: Optimizer, rule: DataRule | None,
     every shape of `shapes`, compile/shapes.py) and flush."""
     b = shapes.base
     opts = StageOptimizers.of(optimizer, b, Outer.of(rule, b.mesh, clip_norm, skip_nonfinite))
+    if b.layout.versions and opts.outer.collective:
+        raise ConfigError(
+            f"{b.schedule.name!r} with data replicas, a data rule, clip_norm or skip_nonfinite "
+            "is not run: those update outside the stage's loop at every tick, a double-buffered "
+            "stage once a step inside it; use one replica (clip in the optimizer's chain)")
     if b.schedule.synchronous:
         # A step at another shape fills rings of its own and passes the carried ones through.
         step = lambda at: synchronous.train_step(at, opts, carried=at is b)
@@ -268,7 +275,9 @@ def _shardings(b: Build, opts: StageOptimizers) -> TrainState:
     stashed = (slot_shardings(b.mesh, per_device(b.mesh), b.layout.pieces, 2)
                if b.layout.weight_stashing else ())
     kept = slot_shardings(b.mesh, per_device(b.mesh), b.layout.kept, 1)  # rows.shapes
-    rings = Rings(device, kept, device, stashed, device)
+    pieces = slot_shardings(b.mesh, per_device(b.mesh), b.layout.pieces, 1)
+    versions = Versions(pieces, pieces, device) if b.layout.versions else ()
+    rings = Rings(device, kept, device, stashed, device, versions)
     if b.schedule.asynchronous:
         inflight = InFlight(rings, device, device, replicated, replicated, replicated)
         return TrainState(rows, state, replicated, replicated, inflight, device)

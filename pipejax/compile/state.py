@@ -109,6 +109,7 @@ class Rings(NamedTuple):
     inputs: Buffers  # stage inputs received, kept up to their backward
     weights: Buffers  # with weight stashing: the weights each forward used; else ()
     bridge: Buffers = ()  # what a split backward's B filed for its W; () without W ops
+    versions: Any = ()  # a double-buffered table's `versions.Versions`; () otherwise
 
 
 class InFlight(NamedTuple):

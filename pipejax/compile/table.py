@@ -43,6 +43,7 @@ from pipejax.compile import branches, messages
 from pipejax.compile.build import Build
 from pipejax.compile.fsdp import ShardedWeights
 from pipejax.compile.gradients import GradientPolicy
+from pipejax.compile.last_stage import pairs
 from pipejax.compile.lanes import TickTask, compiled_lanes, lane_rows, read_task
 from pipejax.compile.metrics import last_stage_cells, loss_ticks
 from pipejax.compile.op_loops import OpLoops
@@ -86,7 +87,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
                 Op.W: functools.partial(branches.weight_grad, into_sum=self.per_chunk)}
         self.branches = {lane.op: made[lane.op](self.code) for lane in self.lanes}
         self.gradients = GradientPolicy(self.sync, opts, self.layout.pieces if scatter > 1
-                                        else self.code.params, scatter)
+                                        else self.code.params, scatter,
+                                        build.M if self.layout.versions else 0)
         # Which loops a tick runs, known from the table: the forward's and
         # the backward's (`separate`: a forward that is neither fused nor
         # run by its backward, last_stage.py), the fused pair's (`fusion`).
@@ -114,7 +116,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         p, s, rings, grad_sum, held, mail = carry
         row, busy = xs  # the tick's lanes, and which collectives carry a message
         tasks = self._tasks(row, self.k)
-        runs, fused = self._pairs(tasks)
+        runs, fused = pairs(tasks, self.S - 1, self.deferred, self.fusion)
         ops = Ops(p, s, grad_sum, rings, mail)  # a cell runs one of B and BW: both write back
         if self.F > 1:
             ops = ops._replace(whole=self._gather(runs, fused, ops, held))
@@ -136,28 +138,6 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         mail = ops.mail if self.S > 1 else mail  # one chunk sends nothing: XLA drops the ops'
         return ((ops.p, ops.s, rings, ops.grad_sum, held, mail),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
-
-    def _pairs(self, tasks: dict[Op, TickTask]) -> tuple[dict[Op, TickTask], TickTask | None]:
-        """What each op's loop runs, and the pair the backward runs as one
-        vjp on the last stage (last_stage.py), or None: a forward and a BW
-        of one micro-batch in one tick (`Schedule.fused`), or every BW there
-        where backwards run that stage's forwards (`deferred`: B in its
-        branch), which then run in no loop of their own."""
-        runs, f, b = dict(tasks), tasks[Op.F], tasks.get(Op.BW)
-        last = self.S - 1
-        if self.deferred:
-            runs[Op.F] = f._replace(real=f.real & (f.j != last))
-            if b is None:
-                return runs, None
-            fused = TickTask(b.g, b.real & (b.j == last), b.j, b.ring)
-        elif self.fusion:
-            fused = TickTask(f.g, f.real & b.real & (f.g == b.g) & (f.j == last) & (b.j == last),
-                             f.j, f.ring)
-            runs[Op.F] = f._replace(real=f.real & ~fused.real)
-        else:
-            return runs, None
-        runs[Op.BW] = b._replace(real=b.real & ~fused.real)
-        return runs, fused
 
     def mail(self) -> tuple[Buffers, ...]:
         """What the scan carries for the tick's messages, on and back, one
@@ -207,7 +187,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             w, loss = c
             inputs, stash = args
             kept, on, loss = self.code.groups.run(self.branches[Op.F],
-                                                  (w, slots[0], inputs, slot),
+                                                  (self.gradients.weights(w, rings, task.g), slots[0],
+                                                   inputs, slot),
                                                   (rings.kept, messages.letter(mail, 0), loss),
                                                   at=task.j)
             weights = tuple(b.at[slot].set(v) for b, v in zip(rings.weights, w if stash is None
@@ -241,7 +222,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             p, s, carried, loss, skipped = c
             slot = task.ring % self.layout.kept_slots
             w = ops.whole[1] if ops.whole else messages.read(rings.weights, slot) if stash else (
-                p if self.opts is None else self.opts.backward_weights(p, s))
+                p if self.opts is None else self.gradients.weights(self.opts.backward_weights(p, s),
+                                                          rings, task.g))
             args = (*slots, (rings.kept, slot), micro)
             if self.per_chunk:
                 carried, back = self.code.groups.run(self.branches[Op.BW], (w, *args),
@@ -249,14 +231,17 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
                                                      at=task.j)
                 return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
             grads, back = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
-            p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
+            p, s, carried, rings, skipped = self.gradients.take_at(
+                (p, s, carried, rings, skipped), grads, task.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 
         def both(micro, c, rings, mail, slots):
             p, s, carried, _, skipped = c
             w = ops.whole[0] if ops.whole else s.ahead if ahead else p
-            loss, grads, back = branches.fused(self.code, w, slots[0], micro)
-            p, s, carried, skipped = self.gradients.take(p, s, carried, grads, skipped)
+            loss, grads, back = branches.fused(self.code, self.gradients.weights(w, rings, fused.g),
+                                               slots[0], micro)
+            p, s, carried, rings, skipped = self.gradients.take_at(
+                (p, s, carried, rings, skipped), grads, fused.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 
         carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), loss, jnp.int32(0))

@@ -18,10 +18,17 @@ Relative ids below 0 are micro-batches fed by earlier steps.
   and one backward per tick; F(k, g) at tick g + k, B(k, g) at tick
   g + 2K − 2 − k (the last stage runs both of a micro-batch in one tick).
   Period M; update size one micro-batch.
+- PipeDream-2BW (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel
+  DNN Training", §3.1): PipeDream's table, double-buffered: a stage
+  accumulates a step's M gradients and applies them once, and every op of
+  step t runs on the version one behind, W(t − 1), so at every stage
+  W(t + 1) = W(t) − ν·∇f(W(t − 1)): one step of delay whatever K, two
+  weight versions a stage (compile/versions.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from pipejax.errors import ConfigError
@@ -63,3 +70,13 @@ def pipedream(K: int, M: int) -> Schedule:
 def pb(K: int, M: int) -> Schedule:
     """Pipelined backpropagation: F(k, g) at tick g + k, BW(k, g) at g + 2K − 2 − k."""
     return periodic("pb", K, M, M, lambda k, g: g + k, lambda k, g: g + 2 * K - 2 - k)
+
+
+def two_bw(K: int, M: int) -> Schedule:
+    """PipeDream-2BW: PipeDream's ticks, one update a step on the version one
+    behind (`Schedule.double_buffered`); M >= K − 1 micro-batches a step."""
+    if K > 1 and M < K - 1:
+        raise ConfigError(f"2bw runs each step on one of two weight versions: with K={K} "
+                          f"stages a step needs M >= {K - 1} micro-batches (M={M}), or the "
+                          "first stage starts a step before the step two back has updated it")
+    return dataclasses.replace(pipedream(K, M), name="2bw", double_buffered=True)

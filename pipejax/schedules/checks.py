@@ -112,3 +112,35 @@ def check_order(name: str, table: np.ndarray, M: int, asynchronous: bool, tl: Ti
                     f"schedule {name!r}: {where(B[j, g])}, {stage(j)} runs the backward of "
                     f"micro-batch {g} before {stage(j + 1)} sends its gradient "
                     f"({where(B[j + 1, g])})")
+
+
+def check_versions(name: str, tl: Timeline, M: int) -> None:
+    """Reject a double-buffered table that two weight versions cannot run
+    (PipeDream-2BW, Narayanan et al. 2021, §3.1): at every stage the last
+    micro-batch of a step must send its gradient after the step's others
+    and before the next step's (its backward updates, once a step), and no
+    op of step j + 1 may run before step j − 1's update (the stage then
+    holds W(j − 1) and W(j) only: it needs M ≥ K − 1 micro-batches a step)."""
+    S, N = tl.b_time.shape
+    steps = N // M
+    stage = tl.placement.name
+    for j in range(S):
+        last = lambda n: tl.b_time[j, (n + 1) * M - 1]
+        for n in range(steps):
+            ids = range(n * M, (n + 1) * M)
+            if max(tl.b_time[j, g] for g in ids) > last(n) or (
+                    n + 1 < steps and min(tl.b_time[j, g + M] for g in ids) < last(n)):
+                raise ScheduleError(
+                    f"schedule {name!r}: {stage(j)} sends the gradient of micro-batch "
+                    f"{(n + 1) * M - 1}, the last of its step, out of the step's order; a "
+                    "double-buffered table updates there once a step: run a step's backwards "
+                    "before the next step's, its last id last")
+            if n + 2 < steps:
+                first = min(min(tl.f_time[j, g], tl.b_time[j, g])
+                            for g in range((n + 2) * M, (n + 3) * M))
+                if first < last(n):
+                    raise ScheduleError(
+                        f"schedule {name!r}: {stage(j)} runs step {n + 2} before step {n}'s "
+                        f"update, which makes the version W({n + 1}) step {n + 2} runs on, "
+                        f"with {M} micro-batches a step; use more micro-batches a step "
+                        "(M >= K - 1 on PipeDream's ticks)")

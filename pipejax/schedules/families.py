@@ -22,7 +22,7 @@ import types
 from typing import Callable, Mapping
 
 from pipejax.errors import ConfigError, ScheduleError
-from pipejax.schedules.asynchronous import pb, pipedream
+from pipejax.schedules.asynchronous import pb, pipedream, two_bw
 from pipejax.schedules.bubbles import fill_drain, fills_once, pb_fill, zero_bubble_fill
 from pipejax.schedules.checks import ONE_CHUNK
 from pipejax.schedules.interleaved import gpipe_virtual, interleaved
@@ -135,7 +135,11 @@ _BUILT_IN = (
            asynchronous=True, bubble=fills_once),
     Family("pb", _one_layout(pb), virtuals=(1,),
            refusal=_ASYNCHRONOUS,
-           asynchronous=True, bubble=pb_fill))
+           asynchronous=True, bubble=pb_fill),
+    # The planner's model counts an asynchronous table's update at every
+    # tick; 2BW's comes once a step: not searched until it says so.
+    Family("2bw", _one_layout(two_bw), virtuals=(1,), refusal=_ASYNCHRONOUS,
+           asynchronous=True, searched=False, bubble=fills_once))
 _REGISTRY: dict[str, Family] = {family.name: family for family in _BUILT_IN}
 FAMILIES: Mapping[str, Family] = types.MappingProxyType(_REGISTRY)  # every schedule by name
 

@@ -12,7 +12,9 @@ empty one and applies one update per step (GPipe, 1F1B). An *asynchronous*
 table is one period of a pipeline that never drains (PipeDream, pipelined
 backpropagation): step s runs it with micro-batch ids s·M + relative id
 (negative ids are micro-batches fed by earlier steps), and each stage updates
-its weights after every backward.
+its weights after every backward, or, `double_buffered` (PipeDream-2BW),
+once a step with the step's accumulated gradient, every op of step j on
+the version W(j − 1) (versions.py).
 
 A `Schedule` owns its table, the table's accessors and validation, its
 unrolled timelines (`timeline`, the `steady` state, `lifetime`) and the
@@ -33,7 +35,7 @@ import numpy as np
 from pipejax.errors import ScheduleError
 from pipejax.placement import Placement
 from pipejax.schedules import torch_csv
-from pipejax.schedules.checks import check_order, check_tasks
+from pipejax.schedules.checks import check_order, check_tasks, check_versions
 from pipejax.schedules.tasks import BACKWARD, NONE, Op
 from pipejax.schedules.timeline import Timeline, lifetime, unroll
 
@@ -61,6 +63,7 @@ class Schedule:
     microbatches: int
     asynchronous: bool = False
     placement: Placement | None = None
+    double_buffered: bool = False  # asynchronous, one update a step, one step behind
 
     def __post_init__(self):
         table = np.asarray(self.table, np.int64)
@@ -72,6 +75,9 @@ class Schedule:
             object.__setattr__(self, "placement", Placement(table.shape[1]))
         object.__setattr__(self, "_timelines", {})  # steps -> Timeline
         check_tasks(self.name, table, self.placement, self.asynchronous)
+        if self.double_buffered and not self.asynchronous:
+            raise ScheduleError(f"schedule {self.name!r}: double_buffered needs an asynchronous "
+                                "table (a synchronous one updates once a step with no delay)")
         self.validate()
 
     @property
@@ -138,6 +144,13 @@ class Schedule:
     def synchronous(self) -> bool:
         return not self.asynchronous
 
+    @property
+    def updates_per_step(self) -> int:
+        """A stage's weight updates a step: M where every backward updates
+        (PipeDream, PB), 1 where a step's gradients make one (synchronous,
+        double-buffered)."""
+        return self.microbatches if self.asynchronous and not self.double_buffered else 1
+
     # ------------------------------------------------------------ torch's CSV
     @classmethod
     def from_csv(cls, source: str | os.PathLike, microbatches: int, format: str = "torch",
@@ -181,6 +194,8 @@ class Schedule:
         (checks.py)."""
         check_order(self.name, self.table, self.microbatches, self.asynchronous,
                     self.timeline(3 if self.asynchronous else 1))
+        if self.double_buffered:
+            check_versions(self.name, self.timeline(4), self.microbatches)
 
     # --------------------------------------------------------- derived facts
     @property
@@ -214,9 +229,10 @@ class Schedule:
     @property
     def delays(self) -> list[int]:
         """Per stage, D: weight updates of that stage between a micro-batch's
-        forward and its backward there (steady state; 0 when synchronous)."""
-        if self.synchronous:
-            return [0] * self.stages
+        forward and its backward there (steady state; 0 when synchronous),
+        or, `double_buffered`, the updates its gradient is behind: 1."""
+        if self.synchronous or self.double_buffered:
+            return [int(self.double_buffered)] * self.stages
         tl = self.steady()
         return [max(self._updates_between(k, tl.f_time[k, g], tl.b_time[k, g] - 1)
                     for g in self._steady_ids()) for k in range(self.stages)]
@@ -226,8 +242,9 @@ class Schedule:
         eqs 5–6): the updates of stage k by other micro-batches from the
         forward (resp. backward) of a micro-batch on stage k until its round
         trip ends (its backward on stage 0). For `pipedream` they equal
-        ⌊k/2⌋ + K − k − 1 and ⌊k/2⌋."""
-        if self.synchronous:
+        ⌊k/2⌋ + K − k − 1 and ⌊k/2⌋. Double-buffered tables have none: no
+        update comes between a step's ops, which run on one version."""
+        if self.synchronous or self.double_buffered:
             return 0, 0
         tl = self.steady()
         end = lambda g: tl.b_time[0, g]
@@ -246,9 +263,10 @@ class Schedule:
         v, kind = self.placement.virtual, self.placement.kind
         virtual = f", virtual={v}" + (f", placement={kind!r}" if kind != "loop" else "") \
             if v > 1 else ""
+        double = ", double_buffered=True" if self.double_buffered else ""
         return (f"Schedule({self.name!r}, stages={self.stages}{virtual}, "
                 f"microbatches={self.microbatches}, ticks={self.ticks}, "
-                f"asynchronous={self.asynchronous})")
+                f"asynchronous={self.asynchronous}{double})")
 
 
 def _format(format: str) -> None:

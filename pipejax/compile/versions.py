@@ -1,0 +1,79 @@
+"""PipeDream-2BW's two weight versions (Narayanan et al. 2021, "Memory-
+Efficient Pipeline-Parallel DNN Training", §3.1).
+
+A double-buffered table (`Schedule.double_buffered`) runs every op of the
+micro-batches of step j, forward and backward, on the version W(j − 1), and
+each stage updates once a step, at the backward of the step's last
+micro-batch, with the mean of the step's M gradients:
+
+    W(j + 1) = W(j) + u(∇f(W(j − 1)))        (2BW's W(t+1) = W(t) − ν·∇f(W(t−1)))
+
+u the stage's optimizer; one step of delay at every stage, whatever K, and
+two versions a stage where PipeDream's weight stashing keeps one per
+micro-batch in flight. A stage's live weights p are W(v), the newest (the
+optimizer updates them); `Versions` holds W(v − 1), the step's gradient sum
+so far and v. An op of step j runs on p where v = j − 1 (step j − 1 has not
+updated this stage yet) and on W(v − 1) where v = j; the table guarantees
+nothing else occurs (`schedules.checks.check_versions`). Residuals kept
+from the forward were computed on the version the backward uses, so remat
+"none" is exact. The versions travel with the rings (the in-flight state,
+carried through every op's loop); a pass that starts on an empty pipeline
+(the first step, a step after a flush) starts them from W(−1) = W(0).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pipejax.compile.spmd import run_if
+from pipejax.packing import Buffers, Packing
+
+
+class Versions(NamedTuple):
+    """One device's versions beside its live weights W(v)."""
+
+    previous: Buffers  # W(v − 1), packed as the live weights
+    accumulated: Buffers  # the sum of this step's gradients so far (seeded 1/M: the mean)
+    latest: jax.Array  # int32: v
+
+
+def zeros(pieces: Packing, lead: tuple[int, ...] = ()) -> Versions:
+    """Versions of zeros, `lead` devices of them; `restart` fills them."""
+    return Versions(pieces.zeros(lead), pieces.zeros(lead), jnp.zeros(lead, jnp.int32))
+
+
+def restart(v: Versions, p: Buffers, base: jax.Array, start: jax.Array, M: int) -> Versions:
+    """At the start of a pass whose first id is `base`: unchanged where
+    micro-batches are in flight; on an empty pipeline (`base == start`)
+    W(−1) = W(0) = p, no gradient, v = the step before this one."""
+    empty = base == start
+    pick = lambda fresh, kept: tuple(jnp.where(empty, a, b) for a, b in zip(fresh, kept))
+    return Versions(pick(p, v.previous),
+                    pick(tuple(jnp.zeros_like(a) for a in v.accumulated), v.accumulated),
+                    jnp.where(empty, base // M - 1, v.latest))
+
+
+def weights(p: Buffers, v: Versions, g: jax.Array, M: int) -> Buffers:
+    """The version micro-batch g's ops run on: W(j − 1), j = g // M."""
+    behind = v.latest >= g // M
+    return tuple(jnp.where(behind, a, b) for a, b in zip(v.previous, p))
+
+
+def take(update: Callable, M: int, c: tuple, grads: Buffers, g: jax.Array) -> tuple:
+    """Inside a backward's loop, `c` = (p, s, versions, skipped): add
+    micro-batch g's gradient to its step's sum; at the step's last
+    micro-batch update the live weights with it (`update(p, grads, s) ->
+    (p, s, skipped)`) and keep the old ones as the previous version."""
+    p, s, v, skipped = c
+    v = v._replace(accumulated=tuple(a + b for a, b in zip(v.accumulated, grads)))
+
+    def close(_, c):
+        p, s, v, skipped = c
+        new, s, skip = update(p, v.accumulated, s)
+        fresh = tuple(jnp.zeros_like(a) for a in v.accumulated)
+        return new, s, Versions(p, fresh, g // M + 1), skipped + skip
+
+    return run_if(g % M == M - 1, close, (), (p, s, v, skipped))
