@@ -78,6 +78,9 @@ class GradientPolicy:
         if not self.per_step:
             p, s, carried, skipped = self.take(p, s, carried, grads, skipped)
             return p, s, carried, rings, skipped
+        if self.after_loop:  # the step's sum only; the update follows the loop
+            return p, s, carried, rings._replace(versions=versions.add(rings.versions, grads)), \
+                skipped
         p, s, v, skipped = versions.take(self.update, self.per_step,
                                          (p, s, rings.versions, skipped), grads, g)
         return p, s, carried, rings._replace(versions=v), skipped
@@ -90,6 +93,14 @@ class GradientPolicy:
         """A backward's gradient as the sum and the update hold it."""
         return scatter(grads, self.scatter, self.params) if self.scatter > 1 else grads
 
-    def after(self, p: Buffers, s: OptState, grads: Buffers, real: jax.Array) -> tuple:
-        """After the loop, on every device (`after_loop` only): (p, s, skipped)."""
-        return self.update(p, grads, s, real)
+    def after(self, p: Buffers, s: OptState, grads: Buffers, rings: Rings, real: jax.Array,
+              g: jax.Array) -> tuple:
+        """After the loop, on every device (`after_loop` only), the op's
+        `grads` or double-buffered micro-batch g's step's sum: (p, s,
+        rings, skipped)."""
+        if not self.per_step:
+            p, s, skipped = self.update(p, grads, s, real)
+            return p, s, rings, skipped
+        p, s, v, skipped = versions.take_after(self.update, self.per_step,
+                                               (p, s, rings.versions), g, real)
+        return p, s, rings._replace(versions=v), skipped

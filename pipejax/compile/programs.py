@@ -225,11 +225,6 @@ def train_programs(shapes: Shapes, optimizer: Optimizer, rule: DataRule | None,
     every shape of `shapes`, compile/shapes.py) and flush."""
     b = shapes.base
     opts = StageOptimizers.of(optimizer, b, Outer.of(rule, b.mesh, clip_norm, skip_nonfinite))
-    if b.layout.versions and opts.outer.collective:
-        raise ConfigError(
-            f"{b.schedule.name!r} with data replicas, a data rule, clip_norm or skip_nonfinite "
-            "is not run: those update outside the stage's loop at every tick, a double-buffered "
-            "stage once a step inside it; use one replica (clip in the optimizer's chain)")
     if b.schedule.synchronous:
         # A step at another shape fills rings of its own and passes the carried ones through.
         step = lambda at: synchronous.train_step(at, opts, carried=at is b)

@@ -186,9 +186,9 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         def forward(args, c, rings, mail, slots):
             w, loss = c
             inputs, stash = args
+            run_on = self.gradients.weights(w, rings, task.g)  # its step's, double-buffered
             kept, on, loss = self.code.groups.run(self.branches[Op.F],
-                                                  (self.gradients.weights(w, rings, task.g), slots[0],
-                                                   inputs, slot),
+                                                  (run_on, slots[0], inputs, slot),
                                                   (rings.kept, messages.letter(mail, 0), loss),
                                                   at=task.j)
             weights = tuple(b.at[slot].set(v) for b, v in zip(rings.weights, w if stash is None
@@ -222,8 +222,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             p, s, carried, loss, skipped = c
             slot = task.ring % self.layout.kept_slots
             w = ops.whole[1] if ops.whole else messages.read(rings.weights, slot) if stash else (
-                p if self.opts is None else self.gradients.weights(self.opts.backward_weights(p, s),
-                                                          rings, task.g))
+                p if self.opts is None else self.gradients.weights(
+                    self.opts.backward_weights(p, s), rings, task.g))
             args = (*slots, (rings.kept, slot), micro)
             if self.per_chunk:
                 carried, back = self.code.groups.run(self.branches[Op.BW], (w, *args),
@@ -238,8 +238,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         def both(micro, c, rings, mail, slots):
             p, s, carried, _, skipped = c
             w = ops.whole[0] if ops.whole else s.ahead if ahead else p
-            loss, grads, back = branches.fused(self.code, self.gradients.weights(w, rings, fused.g),
-                                               slots[0], micro)
+            loss, grads, back = branches.fused(
+                self.code, self.gradients.weights(w, rings, fused.g), slots[0], micro)
             p, s, carried, rings, skipped = self.gradients.take_at(
                 (p, s, carried, rings, skipped), grads, fused.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
@@ -255,7 +255,9 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         grad_sum = carried if self.sync else ops.grad_sum
         if self.gradients.after_loop:
             real = task.real if fused is None else task.real | fused.real
-            p, s, skipped = self.gradients.after(p, s, carried, real)
+            g = task.g if fused is None else jnp.where(fused.real, fused.g, task.g)
+            p, s, rings, skipped = self.gradients.after(p, s, carried, ops.rings, real, g)
+            ops = ops._replace(rings=rings)
         return ops._replace(p=p, s=s, grad_sum=grad_sum), loss, skipped
 
 

@@ -62,13 +62,17 @@ def weights(p: Buffers, v: Versions, g: jax.Array, M: int) -> Buffers:
     return tuple(jnp.where(behind, a, b) for a, b in zip(v.previous, p))
 
 
+def add(v: Versions, grads: Buffers) -> Versions:
+    """Micro-batch's `grads` added to its step's sum."""
+    return v._replace(accumulated=tuple(a + b for a, b in zip(v.accumulated, grads)))
+
+
 def take(update: Callable, M: int, c: tuple, grads: Buffers, g: jax.Array) -> tuple:
     """Inside a backward's loop, `c` = (p, s, versions, skipped): add
     micro-batch g's gradient to its step's sum; at the step's last
     micro-batch update the live weights with it (`update(p, grads, s) ->
     (p, s, skipped)`) and keep the old ones as the previous version."""
     p, s, v, skipped = c
-    v = v._replace(accumulated=tuple(a + b for a, b in zip(v.accumulated, grads)))
 
     def close(_, c):
         p, s, v, skipped = c
@@ -76,4 +80,23 @@ def take(update: Callable, M: int, c: tuple, grads: Buffers, g: jax.Array) -> tu
         fresh = tuple(jnp.zeros_like(a) for a in v.accumulated)
         return new, s, Versions(p, fresh, g // M + 1), skipped + skip
 
-    return run_if(g % M == M - 1, close, (), (p, s, v, skipped))
+    return run_if(g % M == M - 1, close, (), (p, s, add(v, grads), skipped))
+
+
+def take_after(update: Callable, M: int, c: tuple, g: jax.Array, real: jax.Array) -> tuple:
+    """After a backward's loop, on every device at every tick (an update
+    whose data rule or clip runs collectives), `c` = (p, s, versions): the
+    update of `take`, masked where the tick's backward is not the last of a
+    real step (`update(p, grads, s, when)` masks its own result). The clip's
+    global norm is then over the stages that update at that tick, as under
+    the other asynchronous tables: on PipeDream's ticks no two stages end a
+    step at one tick, so each stage's step is clipped by its own norm.
+    Returns (p, s, versions, skipped)."""
+    p, s, v = c
+    when = real & (g % M == M - 1)
+    pick = lambda a, b: tuple(jnp.where(when, x, y) for x, y in zip(a, b))
+    fresh = tuple(jnp.zeros_like(a) for a in v.accumulated)
+    # A stage whose step goes on adds nothing to the collectives (the clip's norm).
+    new, s, skipped = update(p, pick(v.accumulated, fresh), s, when)
+    return new, s, Versions(pick(p, v.previous), pick(fresh, v.accumulated),
+                            jnp.where(when, g // M + 1, v.latest)), skipped
