@@ -8,6 +8,7 @@ ends in `weight_forecast`), and its backward there uses the current weights
 (consistent: weight stashing); then stage k applies the gradient at once.
 A ring of D_k + 1 forward weights per stage holds the past. This is exactly
 what the `pb` and `pipedream` executors compute, one micro-batch at a time,
+and, an update a step's batch, delay 1 and consistent, what `2bw` computes;
 so sweeps over delays, mitigations and seeds run fast on one device.
 """
 
@@ -41,11 +42,21 @@ class SimState(NamedTuple):
     key: jax.Array
 
 
+def _table(delays: Any, K: int) -> Schedule | None:
+    """The table `delays` names (built with the fewest micro-batches a step
+    every family runs at K; the delays do not depend on them), or None."""
+    if not isinstance(delays, (str, Schedule)):
+        return None
+    table = make_schedule(delays, Placement(K), max(2, K - 1)) if isinstance(delays, str) \
+        else delays
+    if table.stages != K:
+        raise ConfigError(f"schedule {table.name!r} has {table.stages} stages, the split {K}")
+    return table
+
+
 def _stage_infos(delays: Any, K: int) -> list[StageInfo]:
-    if isinstance(delays, (str, Schedule)):
-        table = make_schedule(delays, Placement(K), 2) if isinstance(delays, str) else delays
-        if table.stages != K:
-            raise ConfigError(f"schedule {table.name!r} has {table.stages} stages, the split {K}")
+    table = _table(delays, K)
+    if table is not None:
         return [table.stage_info(k) for k in range(K)]
     ds = [int(delays)] * K if np.ndim(delays) == 0 else [int(d) for d in delays]
     if len(ds) != K or min(ds) < 0:
@@ -173,7 +184,10 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
       delays: a family's name ("pb", "pipedream", `pj.schedules.FAMILIES`) or a
         `Schedule` (per-stage delays and SpecTrain horizons from its table) |
         one delay D for every stage | D_k per stage.
-      consistent: the backward uses the forward's weights (weight stashing).
+      consistent: the backward uses the forward's weights (weight stashing);
+        always under a double-buffered table (PipeDream-2BW: a step's ops
+        run on one version), whose updates are a step's each: give each
+        step's batch as one micro-batch.
 
     Returns:
       A `Simulation`: `state = sim.init(variables, key)`, `state, losses =
@@ -185,4 +199,6 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
     starts = np.cumsum([0, *counts])
     ranges = tuple(range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]))
     infos = tuple(_stage_infos(delays, len(counts)))
+    table = _table(delays, len(counts))
+    consistent = consistent or (table is not None and table.double_buffered)
     return Simulation(layers, loss, ranges, infos, per_stage(optimizer, infos), consistent)

@@ -119,6 +119,28 @@ def test_2bw_on_data_replicas_with_a_clip():
     assert rel_err(step_mean(losses), step_mean(ref_losses)) < 1e-5
 
 
+def test_simulate_runs_the_2bw_trainer_a_step_an_update():
+    """`pj.simulate(delays="2bw")`: delay 1 at every stage, the backward on
+    the forward's version, each step's batch one update."""
+    K, M, steps, opt = 4, 3, 5, OPTIMIZERS["adamw"]
+    layers = pj.models.mlp(3, 16, 10)
+    pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((MB, 20)),
+                       stages=K, microbatches=M, schedule="2bw")
+    params = pipe.init(jax.random.key(1))
+    trainer = pipe.trainer(opt)
+    state = trainer.init(params, KEY)
+    batches = [batch(M * MB, seed=s) for s in range(steps)]
+    for b in batches:
+        state, _ = trainer.step(state, b)
+    state, _ = trainer.flush(state)
+    sim = pj.simulate(layers, loss=pj.losses.cross_entropy, optimizer=opt,
+                      split=pipe.plan.split, delays="2bw")
+    assert sim.delays == [1] * K
+    xs, ys = (jnp.stack(a) for a in zip(*batches))
+    done, _ = sim.run(sim.init(pj.unstage(params), KEY), xs, ys)
+    assert rel_err(sim.params(done), pj.unstage(state.params)) < 1e-5
+
+
 def test_2bw_holds_two_weight_versions_not_one_per_micro_batch():
     """And its memory is predicted: 2.2 % under the compiled step measured."""
     M, mb = 4, 8
