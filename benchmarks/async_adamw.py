@@ -184,16 +184,21 @@ def job(row: str, schedule: str, K: int, lr: float, seed: int, tokens: int) -> t
 _STUDY: dict = {}
 
 
-def train(wanted: tuple) -> dict:
-    """One run: the model and the data built once."""
+def data() -> dict:
+    """The model, the corpus and the validation windows, built once."""
     if not _STUDY:
         corpus = pj.data.shakespeare()
         _STUDY.update(layers=pj.models.gpt(**SIZE), corpus=corpus, validation=tuple(
             jnp.asarray(a) for a in pj.data.evaluation_windows(corpus.validation, T,
                                                                EVAL_WINDOWS)))
+    return _STUDY
+
+
+def train(wanted: tuple) -> dict:
+    """One run: the model and the data built once."""
     row, schedule, K, lr, seed, tokens = wanted
-    r = run(_STUDY["layers"], _STUDY["corpus"], _STUDY["validation"], row, schedule, K or 1,
-            lr, seed, tokens)
+    d = data()
+    r = run(d["layers"], d["corpus"], d["validation"], row, schedule, K or 1, lr, seed, tokens)
     return {**r, "K": K}
 
 

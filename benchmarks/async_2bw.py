@@ -1,0 +1,210 @@
+"""PipeDream-2BW's one-step delay on a language model: AdamW and Muon against synchronous.
+
+The AdamW study's model, data, optimizers and rates (benchmarks/async_adamw.py:
+a byte-level GPT 8 x 64 on Shakespeare, batch 32 windows of 64 bytes as 8
+micro-batches of 4, AdamW β 0.9/0.95 with decay 0.1 on matrices, Muon from
+optax.contrib with AdamW's update RMS, warm-up then cosine decay) under
+`2bw`'s update: one a batch, its gradient computed on the weights one update
+behind, W(t + 1) = W(t) + u(∇f(W(t − 1))) at every stage (Narayanan et al.
+2021, §3.1), run in `pj.simulate(delays="2bw")`, which equals the 2bw trainer
+update for update (tests/compile/test_two_bw.py). The synchronous rows are
+the AdamW study's own runs (1F1B, the same batches; read from its JSON at
+its tuned rates), so both studies compare with one synchronous run.
+Rows, each at the synchronous row's rate of its optimizer:
+  AdamW sync, Muon sync   synchronous 1F1B (async_adamw.json)
+  AdamW 2bw, Muon 2bw     2BW's one-step delay, no correction
+  AdamW 2bw (own)         AdamW under 2BW at a rate of its own: from the
+                          synchronous rate along the grid to a rate that
+                          beats both neighbours (seed 0)
+With `--long F`, Muon sync and Muon 2bw also run F times the tokens (their
+own schedule over the longer run), to see whether the gap closes.
+
+One JSON row per run; rows already in the JSON are skipped, so it runs in parts.
+Run: python benchmarks/async_2bw.py              (K = 8, 3 seeds, 1 M tokens)
+     python benchmarks/async_2bw.py --long 4     (and the 4 M-token Muon rows)
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import async_adamw as base
+import pipejax as pj
+from common import RESULTS, save, signed, table
+
+PATH = RESULTS / "async_2bw.json"
+SYNCHRONOUS = {"AdamW sync": "AdamW", "Muon sync": "Muon"}
+DELAYED = {"AdamW 2bw": "AdamW", "Muon 2bw": "Muon"}
+ROWS = ("AdamW sync", "AdamW 2bw", "AdamW 2bw (own)", "Muon sync", "Muon 2bw")
+
+
+def sync_rate(optimizer: str, tokens: int) -> float | None:
+    """The AdamW study's tuned rate of the synchronous row of `optimizer`
+    (at 1 M tokens: a longer run keeps the rate, as the paper's do)."""
+    runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
+    return base.best_rate(runs, f"{optimizer} sync", 0, tokens)
+
+
+def run(row: str, K: int, lr: float, seed: int, tokens: int) -> dict:
+    """One 2BW run (the AdamW study's `run`, an update a batch, delay 1)."""
+    d = base.data()
+    layers, corpus, validation = d["layers"], d["corpus"], d["validation"]
+    batches = tokens // (base.M * base.MB * base.T)
+    x, y = (np.stack(a) for a in zip(*(pj.data.windows(corpus.train, base.M * base.MB, base.T,
+                                                        seed, s) for s in range(batches))))
+    opt, _ = base.optimizer(f"{row.split()[0]} sync", base.rate_schedule(lr, batches), batches)
+    sim = pj.simulate(layers, loss=pj.losses.next_token, optimizer=opt,
+                      split=base.split(layers, K), delays="2bw")
+    state = sim.init(sim.variables(jax.random.key(seed), jnp.asarray(x[0])))
+    evaluate = pj.loss_evaluator(layers, pj.losses.next_token)
+    start, curve, chunk = time.perf_counter(), [], batches // base.POINTS
+    for p in range(base.POINTS):
+        state, _ = sim.run(state, jnp.asarray(x[p * chunk:(p + 1) * chunk]),
+                           jnp.asarray(y[p * chunk:(p + 1) * chunk]))
+        seen = (p + 1) * chunk * base.M * base.MB * base.T
+        curve.append([seen, round(evaluate(sim.params(state), *validation), 5)])
+    return {"row": row, "schedule": "2bw", "K": K, "lr": lr, "seed": seed, "tokens": tokens,
+            "updates": batches, "delays": sim.delays, "validation_loss": curve[-1][1],
+            "curve": curve, "seconds": round(time.perf_counter() - start, 1)}
+
+
+class Study:
+    """The JSON's 2BW runs; `get` runs a missing one and saves it."""
+
+    def __init__(self):
+        self.runs = json.loads(PATH.read_text())["runs"] if PATH.exists() else []
+
+    def get(self, row: str, K: int, lr: float, seed: int, tokens: int) -> dict:
+        wanted = (row, 0 if row in SYNCHRONOUS else K, lr, seed, tokens)
+        found = next((r for r in self.runs
+                      if (r["row"], r["K"], r["lr"], r["seed"], r["tokens"]) == wanted), None)
+        if found is None:  # a synchronous row runs as the AdamW study runs it
+            found = base.train(base.job(row, "pb", K, lr, seed, tokens)) \
+                if row in SYNCHRONOUS else run(*wanted)
+            self.runs.append(found)
+            print(json.dumps({k: v for k, v in found.items() if k != "curve"}), flush=True)
+            save("async_2bw", {"model": base.SIZE, "microbatch": base.MB,
+                               "microbatches": base.M, "runs": self.runs})
+        return found
+
+    def own(self, K: int, tokens: int) -> float:
+        """AdamW 2bw's own rate: from the synchronous rate along `RATES` to a
+        rate that beats both its neighbours (seed 0), running the walk."""
+        i = base.RATES.index(sync_rate("AdamW", tokens))
+        loss = lambda j: self.get("AdamW 2bw (own)", K, base.RATES[j], 0, tokens)[
+            "validation_loss"]
+        while True:
+            near = [j for j in (i - 1, i + 1) if 0 <= j < len(base.RATES)]
+            better = [j for j in near if loss(j) < loss(i)]
+            if not better:
+                return base.RATES[i]
+            i = min(better, key=loss)
+
+
+def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
+    """A synchronous row's runs at its tuned rate: the AdamW study's, and
+    this study's longer ones."""
+    runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
+    lr = sync_rate(SYNCHRONOUS[row], 1_048_576)
+    return [r for r in runs + study.runs if (r["row"], r["lr"], r["tokens"]) == (row, lr, tokens)]
+
+
+def summary(study: Study, K: int, tokens: int) -> list[dict]:
+    """Per row: validation loss over seeds (mean, min, max), against the
+    synchronous row of its optimizer."""
+    rows, means = [], {}
+    for row in ROWS:
+        if row in SYNCHRONOUS:
+            rs = synchronous_runs(study, row, tokens)
+        else:
+            rate = None
+            if row == "AdamW 2bw (own)":
+                walked = [r for r in study.runs if r["row"] == row and r["tokens"] == tokens
+                          and r["seed"] != 0]
+                rate = walked[0]["lr"] if walked else None
+            rate = rate or sync_rate(row.split()[0], 1_048_576)
+            rs = [r for r in study.runs if (r["row"], r["K"], r["lr"], r["tokens"]) ==
+                  (row, K, rate, tokens)]
+        if not rs:
+            continue
+        losses = [r["validation_loss"] for r in rs]
+        means[row] = mean = float(np.mean(losses))
+        sync = means.get(f"{row.split()[0]} sync")
+        rows.append({"row": row, "K": K if row not in SYNCHRONOUS else 0, "lr": rs[0]["lr"],
+                     "tokens": tokens, "seeds": len(rs), "validation_loss": round(mean, 4),
+                     "min": min(losses), "max": max(losses),
+                     "vs_sync_%": None if sync is None else round(100 * (mean / sync - 1), 2)})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """The staleness page's table."""
+    lines = ["| row | tokens | rate | seeds | validation loss | against its synchronous row |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        vs = "" if r["vs_sync_%"] is None or r["row"] in SYNCHRONOUS else \
+            f"{signed(r['vs_sync_%'], '.2f')} %"
+        lines.append(f"| {r['row']} | {r['tokens'] / 1e6:.0f} M | {r['lr']:.0e} | {r['seeds']} | "
+                     f"{r['validation_loss']:.4f} ± {(r['max'] - r['min']) / 2:.4f} | {vs} |")
+    return "\n".join(lines)
+
+
+def tables(K: int = 8) -> dict[str, str]:
+    """The staleness page's table and the README's line, from the JSON."""
+    study = Study()
+    longer = sorted({r["tokens"] for r in study.runs} - {1_048_576})
+    rows = summary(study, K, 1_048_576) + [r for t in longer for r in summary(study, K, t)
+                                          if r["row"].startswith("Muon")]
+    return {"table": markdown(rows) if rows else "Not measured yet.",
+            "headline": headline(rows, K)}
+
+
+def headline(rows: list[dict], K: int) -> str:
+    """The README's sentence: 2BW's gap to synchronous training, per optimizer."""
+    at = {(r["row"], r["tokens"]): r for r in rows}
+    said = lambda row: (f"{at[row, 1_048_576]['validation_loss']:.3f} "
+                        f"({signed(at[row, 1_048_576]['vs_sync_%'], '.2f')} %)")
+    if not all((row, 1_048_576) in at for row in ("AdamW 2bw", "Muon 2bw")):
+        return "not measured yet."
+    return (f"PipeDream-2BW's one-step delay at K = {K} on the byte GPT, equal tokens, the "
+            f"synchronous rates: AdamW {said('AdamW 2bw')}, Muon {said('Muon 2bw')} against "
+            "their synchronous runs.")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--K", type=int, default=8)
+    p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    p.add_argument("--long", type=int, default=0,
+                   help="F: Muon sync and Muon 2bw also at F times the tokens")
+    p.add_argument("--rows", nargs="*", default=list(DELAYED) + ["AdamW 2bw (own)"])
+    args = p.parse_args()
+    study, tokens = Study(), 1_048_576
+    for row in args.rows:
+        lr = study.own(args.K, tokens) if row == "AdamW 2bw (own)" else \
+            sync_rate(DELAYED[row], tokens)
+        for seed in args.seeds:
+            study.get(row, args.K, lr, seed, tokens)
+    for row in ("Muon sync", "Muon 2bw") if args.long else ():
+        for seed in args.seeds:
+            study.get(row, args.K, sync_rate("Muon", tokens), seed, args.long * tokens)
+    rows = summary(study, args.K, tokens)
+    if args.long:
+        rows += [r for r in summary(study, args.K, args.long * tokens)
+                 if r["row"].startswith("Muon")]
+    print(table(rows))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
