@@ -13,11 +13,11 @@ its tuned rates), so both studies compare with one synchronous run.
 Rows, each at the synchronous row's rate of its optimizer:
   AdamW sync, Muon sync   synchronous 1F1B (async_adamw.json)
   AdamW 2bw, Muon 2bw     2BW's one-step delay, no correction
-  AdamW 2bw (own)         AdamW under 2BW at a rate of its own: from the
-                          synchronous rate along the grid to a rate that
+  AdamW 2bw (own),        the same at a rate of its own: from the
+  Muon 2bw (own)          synchronous rate along the grid to a rate that
                           beats both neighbours (seed 0)
-With `--long F`, Muon sync and Muon 2bw also run F times the tokens (their
-own schedule over the longer run), to see whether the gap closes.
+With `--long F`, Muon sync and Muon 2bw at its own rate also run F times the
+tokens (their schedule over the longer run), to see whether the gap closes.
 
 One JSON row per run; rows already in the JSON are skipped, so it runs in parts.
 Run: python benchmarks/async_2bw.py              (K = 8, 3 seeds, 1 M tokens)
@@ -45,7 +45,8 @@ from common import RESULTS, save, signed, table
 PATH = RESULTS / "async_2bw.json"
 SYNCHRONOUS = {"AdamW sync": "AdamW", "Muon sync": "Muon"}
 DELAYED = {"AdamW 2bw": "AdamW", "Muon 2bw": "Muon"}
-ROWS = ("AdamW sync", "AdamW 2bw", "AdamW 2bw (own)", "Muon sync", "Muon 2bw")
+OWN = {"AdamW 2bw (own)": "AdamW 2bw", "Muon 2bw (own)": "Muon 2bw"}
+ROWS = ("AdamW sync", "AdamW 2bw", "AdamW 2bw (own)", "Muon sync", "Muon 2bw", "Muon 2bw (own)")
 
 
 def sync_rate(optimizer: str, tokens: int) -> float | None:
@@ -85,9 +86,13 @@ class Study:
         self.runs = json.loads(PATH.read_text())["runs"] if PATH.exists() else []
 
     def get(self, row: str, K: int, lr: float, seed: int, tokens: int) -> dict:
+        """The run, run now if the JSON lacks it (a row at its own rate reads
+        the row at the synchronous rate where the rates meet)."""
         wanted = (row, 0 if row in SYNCHRONOUS else K, lr, seed, tokens)
-        found = next((r for r in self.runs
-                      if (r["row"], r["K"], r["lr"], r["seed"], r["tokens"]) == wanted), None)
+        same = lambda r: (r["row"], r["K"], r["lr"], r["seed"], r["tokens"]) == wanted or (
+            row in OWN and (r["row"], r["K"], r["lr"], r["seed"], r["tokens"])
+            == (OWN[row], *wanted[1:]))
+        found = next((r for r in self.runs if same(r)), None)
         if found is None:  # a synchronous row runs as the AdamW study runs it
             found = base.train(base.job(row, "pb", K, lr, seed, tokens)) \
                 if row in SYNCHRONOUS else run(*wanted)
@@ -97,18 +102,35 @@ class Study:
                                "microbatches": base.M, "runs": self.runs})
         return found
 
-    def own(self, K: int, tokens: int) -> float:
-        """AdamW 2bw's own rate: from the synchronous rate along `RATES` to a
-        rate that beats both its neighbours (seed 0), running the walk."""
-        i = base.RATES.index(sync_rate("AdamW", tokens))
-        loss = lambda j: self.get("AdamW 2bw (own)", K, base.RATES[j], 0, tokens)[
-            "validation_loss"]
+    def seed_zero(self, row: str, K: int, tokens: int) -> dict[float, float]:
+        """An own-rate row's seed-0 validation loss by rate (with its row's)."""
+        return {r["lr"]: r["validation_loss"] for r in self.runs if r["seed"] == 0
+                and r["row"] in (row, OWN[row]) and (r["K"], r["tokens"]) == (K, tokens)}
+
+    def own(self, row: str, K: int, tokens: int) -> float:
+        """An own-rate row's rate (`walk`), running the walk's runs."""
         while True:
-            near = [j for j in (i - 1, i + 1) if 0 <= j < len(base.RATES)]
-            better = [j for j in near if loss(j) < loss(i)]
-            if not better:
-                return base.RATES[i]
-            i = min(better, key=loss)
+            rate, missing = walk(self.seed_zero(row, K, tokens),
+                                 sync_rate(row.split()[0], 1_048_576))
+            if rate is not None:
+                return rate
+            self.get(row, K, missing, 0, tokens)
+
+
+def walk(losses: dict[float, float], start: float) -> tuple[float | None, float | None]:
+    """A rate of its own: from `start` along `RATES` to a better neighbour
+    while there is one, ending at a rate that beats both; (the rate, None)
+    once `losses` (by rate) hold the walk, else (None, the rate to run next)."""
+    rates, i = base.RATES, base.RATES.index(start)
+    while True:
+        near = [j for j in (i - 1, i + 1) if 0 <= j < len(rates)]
+        missing = [rates[j] for j in (i, *near) if rates[j] not in losses]
+        if missing:
+            return None, missing[0]
+        better = [j for j in near if losses[rates[j]] < losses[rates[i]]]
+        if not better:
+            return rates[i], None
+        i = min(better, key=lambda j: losses[rates[j]])
 
 
 def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
@@ -127,14 +149,13 @@ def summary(study: Study, K: int, tokens: int) -> list[dict]:
         if row in SYNCHRONOUS:
             rs = synchronous_runs(study, row, tokens)
         else:
-            rate = None
-            if row == "AdamW 2bw (own)":
-                walked = [r for r in study.runs if r["row"] == row and r["tokens"] == tokens
-                          and r["seed"] != 0]
-                rate = walked[0]["lr"] if walked else None
-            rate = rate or sync_rate(row.split()[0], 1_048_576)
-            rs = [r for r in study.runs if (r["row"], r["K"], r["lr"], r["tokens"]) ==
-                  (row, K, rate, tokens)]
+            rate = sync_rate(row.split()[0], 1_048_576)
+            if row in OWN:
+                rate = walk(study.seed_zero(row, K, 1_048_576), rate)[0]
+            names = (row, OWN[row]) if row in OWN else (row,)
+            rs = {r["seed"]: r for r in study.runs if r["row"] in names and
+                  (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values()
+            rs = list(rs)
         if not rs:
             continue
         losses = [r["validation_loss"] for r in rs]
@@ -187,17 +208,17 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--long", type=int, default=0,
                    help="F: Muon sync and Muon 2bw also at F times the tokens")
-    p.add_argument("--rows", nargs="*", default=list(DELAYED) + ["AdamW 2bw (own)"])
+    p.add_argument("--rows", nargs="*", default=list(DELAYED) + list(OWN))
     args = p.parse_args()
     study, tokens = Study(), 1_048_576
     for row in args.rows:
-        lr = study.own(args.K, tokens) if row == "AdamW 2bw (own)" else \
-            sync_rate(DELAYED[row], tokens)
+        lr = study.own(row, args.K, tokens) if row in OWN else sync_rate(DELAYED[row], tokens)
         for seed in args.seeds:
             study.get(row, args.K, lr, seed, tokens)
-    for row in ("Muon sync", "Muon 2bw") if args.long else ():
+    for row in ("Muon sync", "Muon 2bw (own)") if args.long else ():
+        lr = sync_rate("Muon", tokens) if row in SYNCHRONOUS else study.own(row, args.K, tokens)
         for seed in args.seeds:
-            study.get(row, args.K, sync_rate("Muon", tokens), seed, args.long * tokens)
+            study.get(row, args.K, lr, seed, args.long * tokens)
     rows = summary(study, args.K, tokens)
     if args.long:
         rows += [r for r in summary(study, args.K, args.long * tokens)

@@ -74,13 +74,11 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
     if weight_stashing and schedule.synchronous:
         raise ConfigError(f"weight_stashing=True needs an asynchronous schedule; under "
                           f"{schedule.name!r} every backward already uses its forward's weights")
-    if schedule.double_buffered:
-        if weight_stashing:
-            raise ConfigError(f"weight_stashing=True: {schedule.name!r} runs a micro-batch's "
-                              "forward and backward on its step's weight version already; "
-                              "drop weight_stashing")
-        return  # the kept residuals were made at the weights the backward uses: any remat
-    if schedule.asynchronous and not weight_stashing and remat != "stage":
+    if weight_stashing and schedule.double_buffered:
+        raise ConfigError(f"weight_stashing=True: {schedule.name!r} runs a micro-batch's "
+                          "forward and backward on its step's weight version already; "
+                          "drop weight_stashing")
+    if not schedule.consistent and not weight_stashing and remat != "stage":
         raise ConfigError(
             f"remat={remat!r} keeps residuals computed with the forward's weights, but the "
             f"backward of {schedule.name!r} uses the current weights (the exact vjp at "

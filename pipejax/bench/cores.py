@@ -100,17 +100,18 @@ def cores(repeats: int, models: tuple[str, ...] = ("gpt",), Ms: tuple[int, ...] 
           done: list[dict] = (), save: Callable[[list[dict]], None] | None = None,
           K: int = 2) -> list[dict]:
     """Every registered family of each of `models` at K pinned processes and
-    each of `Ms` micro-batches, both remats where the family runs both (an
-    asynchronous table without weight stashing keeps no residuals across
-    versions: remat "stage"). A row in `done` (same model, table, M, K) is
-    kept, not run again; `save` gets every row after each job, so a long
-    sweep runs in parts."""
+    each of `Ms` micro-batches, both remats where the family runs both (a
+    table whose backward runs on other weights than its forward keeps no
+    residuals without weight stashing: remat "stage"). A row in `done`
+    (same model, table, M, K) is kept, not run again; `save` gets every row
+    after each job, so a long sweep runs in parts."""
     import tempfile
 
     from pipejax.schedules import FAMILIES
 
+    consistent = lambda f: f.table(K, 2 * K, f.virtual).consistent
     tables = [(name, remat) for name, family in FAMILIES.items()
-              for remat in (("stage",) if family.asynchronous else ("none", "stage"))]
+              for remat in (("none", "stage") if consistent(family) else ("stage",))]
     rows = list(done)
     have = {row_key(r) for r in rows}
     for model in models:

@@ -118,12 +118,15 @@ def _timed(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: float | N
     """Each tick's ops in the table's order, as (tick, device, op, virtual
     stage, micro-batch, what it takes): a fused last-stage pair at `pair`
     (its forward free), an asynchronous table's backward with its share of
-    the device's update after it; and the updates a synchronous table runs
+    the device's update after it (a double-buffered one's at a step's last
+    micro-batch); and the updates a synchronous table runs
     after its last tick (zeros for an asynchronous one)."""
     last, chunk = len(costs[Op.F]) - 1, schedule.placement.chunk
     device = [schedule.placement.device(j) for j in range(last + 1)]
     updates = np.zeros(schedule.stages) if updates is None else np.asarray(updates, float)
     after_backward = updates / np.bincount(device, minlength=schedule.stages).clip(1)
+    M = schedule.microbatches  # a double-buffered table updates at a step's last backward
+    updates_at = lambda g: not schedule.double_buffered or g % M == M - 1
 
     def ops():
         for t in range(schedule.ticks):
@@ -135,7 +138,7 @@ def _timed(schedule: Schedule, costs: dict[Op, Sequence[float]], pair: float | N
                     took = costs[op][j]
                     if pair is not None and schedule.fused[t, k] and j == last:
                         took = 0.0 if op == Op.F else pair
-                    if schedule.asynchronous and op in (Op.BW, Op.W):
+                    if schedule.asynchronous and op in (Op.BW, Op.W) and updates_at(g):
                         took += after_backward[k]
                     yield t, k, op, j, g, took
     return ops(), np.zeros_like(updates) if schedule.asynchronous else updates

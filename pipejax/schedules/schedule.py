@@ -145,6 +145,13 @@ class Schedule:
         return not self.asynchronous
 
     @property
+    def consistent(self) -> bool:
+        """Whether a backward runs on the weights its forward ran on without
+        weight stashing (synchronous, double-buffered): residuals kept at
+        the forward are then the backward's own."""
+        return self.synchronous or self.double_buffered
+
+    @property
     def updates_per_step(self) -> int:
         """A stage's weight updates a step: M where every backward updates
         (PipeDream, PB), 1 where a step's gradients make one (synchronous,

@@ -100,6 +100,7 @@ def test_2bw_equals_the_one_step_delayed_reference(K, M, opt):
     assert rel_err(losses, ref_losses) < 1e-5
 
 
+@pytest.mark.slow  # the fast equality cases run K = 2 and 4 without a flush
 def test_2bw_after_a_flush_and_with_kept_residuals():
     """A flush applies every step in flight and the pipeline starts anew;
     remat "none" is exact (the residuals were made at the backward's version)."""
@@ -109,6 +110,7 @@ def test_2bw_after_a_flush_and_with_kept_residuals():
     assert rel_err(losses, ref_losses) < 1e-5
 
 
+@pytest.mark.slow  # the update after the loop, masked at every tick: its own compile
 def test_2bw_on_data_replicas_with_a_clip():
     """The update runs after the loop on every device (the replicas' mean and
     the clip are collectives), masked where no step ends; the clip's norm is
@@ -117,6 +119,24 @@ def test_2bw_on_data_replicas_with_a_clip():
     assert rel_err(params, ref) < 1e-5
     step_mean = lambda a: a.reshape(-1, 2).mean(axis=1)
     assert rel_err(step_mean(losses), step_mean(ref_losses)) < 1e-5
+
+
+@pytest.mark.slow  # a GPT split over tensor devices: its own compiles
+def test_2bw_split_over_tensor_devices_equals_one_device_a_stage():
+    layers = pj.models.gpt(2, 32, 2, 16, 64)
+    x = jax.random.randint(jax.random.key(0), (8, 16), 0, 64)
+    y = jnp.roll(x, -1, 1)
+    out = {}
+    for T in (1, 2):
+        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:2], targets=y[:2],
+                           stages=2, microbatches=4, schedule="2bw", remat="none",
+                           mesh=pj.make_mesh(2, tensor=T))
+        trainer = pipe.trainer(optax.sgd(0.1, momentum=0.9))
+        state = trainer.init(pipe.init(jax.random.key(1)))
+        for _ in range(3):
+            state, _ = trainer.step(state, (x, y))
+        out[T] = pj.unstage(trainer.flush(state)[0].params)
+    assert rel_err(out[2], out[1]) < 1e-5  # 2.7e-7 measured
 
 
 def test_simulate_runs_the_2bw_trainer_a_step_an_update():
