@@ -252,7 +252,8 @@ def _candidate(pipe: Pipeline, name: str, R: int, v: int, M: int, mb: int, rm: s
         ticks = busy_ticks(schedule, (Op.F, Op.B, Op.W, Op.BW)) + busy_ticks(
             schedule, (Op.BW, Op.W)) if pipe.build.gather == "tick" else 2
         step += once * ticks
-    update = mb * R  # an asynchronous update averages one micro-batch of each replica
+    # An update's examples over the replicas: a micro-batch of each (PB, PipeDream) or a step.
+    update = M * mb * R // schedule.updates_per_step
     delay = effective_delay(schedule, update, learning_rate, momentum, reference)
     return Candidate(
         schedule=name, stages=pipe.K, data=R, fsdp=F, tensor=T, virtual=v, microbatches=M,
