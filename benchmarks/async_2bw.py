@@ -17,7 +17,9 @@ Rows, each at the synchronous row's rate of its optimizer:
   Muon 2bw (own)          synchronous rate along the grid to a rate that
                           beats both neighbours (seed 0)
 With `--long F`, Muon sync and Muon 2bw at its own rate also run F times the
-tokens (their schedule over the longer run), to see whether the gap closes.
+tokens (their schedule over the longer run, at the rates tuned at 1 M tokens,
+which at 4 M no longer train synchronous Muon: the longer rows want rates of
+their own), to see whether the gap closes.
 
 One JSON row per run; rows already in the JSON are skipped, so it runs in parts.
 Run: python benchmarks/async_2bw.py              (K = 8, 3 seeds, 1 M tokens)
@@ -43,6 +45,7 @@ import pipejax as pj
 from common import RESULTS, save, signed, table
 
 PATH = RESULTS / "async_2bw.json"
+TOKENS = 1_048_576  # a run's tokens (the AdamW study's); the longer rows a multiple
 SYNCHRONOUS = {"AdamW sync": "AdamW", "Muon sync": "Muon"}
 DELAYED = {"AdamW 2bw": "AdamW", "Muon 2bw": "Muon"}
 OWN = {"AdamW 2bw (own)": "AdamW 2bw", "Muon 2bw (own)": "Muon 2bw"}
@@ -51,7 +54,7 @@ ROWS = ("AdamW sync", "AdamW 2bw", "AdamW 2bw (own)", "Muon sync", "Muon 2bw", "
 
 def sync_rate(optimizer: str, tokens: int) -> float | None:
     """The AdamW study's tuned rate of the synchronous row of `optimizer`
-    (at 1 M tokens: a longer run keeps the rate, as the paper's do)."""
+    at `tokens` (the study tunes at 1 M)."""
     runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
     return base.best_rate(runs, f"{optimizer} sync", 0, tokens)
 
@@ -111,7 +114,7 @@ class Study:
         """An own-rate row's rate (`walk`), running the walk's runs."""
         while True:
             rate, missing = walk(self.seed_zero(row, K, tokens),
-                                 sync_rate(row.split()[0], 1_048_576))
+                                 sync_rate(row.split()[0], TOKENS))
             if rate is not None:
                 return rate
             self.get(row, K, missing, 0, tokens)
@@ -137,7 +140,7 @@ def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
     """A synchronous row's runs at its tuned rate: the AdamW study's, and
     this study's longer ones."""
     runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
-    lr = sync_rate(SYNCHRONOUS[row], 1_048_576)
+    lr = sync_rate(SYNCHRONOUS[row], TOKENS)
     return [r for r in runs + study.runs if (r["row"], r["lr"], r["tokens"]) == (row, lr, tokens)]
 
 
@@ -149,9 +152,9 @@ def summary(study: Study, K: int, tokens: int) -> list[dict]:
         if row in SYNCHRONOUS:
             rs = synchronous_runs(study, row, tokens)
         else:
-            rate = sync_rate(row.split()[0], 1_048_576)
+            rate = sync_rate(row.split()[0], TOKENS)
             if row in OWN:
-                rate = walk(study.seed_zero(row, K, 1_048_576), rate)[0]
+                rate = walk(study.seed_zero(row, K, TOKENS), rate)[0]
             names = (row, OWN[row]) if row in OWN else (row,)
             rs = {r["seed"]: r for r in study.runs if r["row"] in names and
                   (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values()
@@ -183,8 +186,8 @@ def markdown(rows: list[dict]) -> str:
 def tables(K: int = 8) -> dict[str, str]:
     """The staleness page's table and the README's line, from the JSON."""
     study = Study()
-    longer = sorted({r["tokens"] for r in study.runs} - {1_048_576})
-    rows = summary(study, K, 1_048_576) + [r for t in longer for r in summary(study, K, t)
+    longer = sorted({r["tokens"] for r in study.runs} - {TOKENS})
+    rows = summary(study, K, TOKENS) + [r for t in longer for r in summary(study, K, t)
                                           if r["row"].startswith("Muon")]
     return {"table": markdown(rows) if rows else "Not measured yet.",
             "headline": headline(rows, K)}
@@ -195,12 +198,12 @@ def headline(rows: list[dict], K: int) -> str:
     optimizer, at the synchronous rates and at rates of their own, with the
     regime it was measured in."""
     at = {(r["row"], r["tokens"]): r for r in rows}
-    said = lambda row: (f"{at[row, 1_048_576]['validation_loss']:.3f} "
-                        f"({signed(at[row, 1_048_576]['vs_sync_%'], '.1f')} %)")
-    if not all((row, 1_048_576) in at for row in DELAYED):
+    said = lambda row: (f"{at[row, TOKENS]['validation_loss']:.3f} "
+                        f"({signed(at[row, TOKENS]['vs_sync_%'], '.1f')} %)")
+    if not all((row, TOKENS) in at for row in DELAYED):
         return "not measured yet."
-    own = [f"{row.split()[0]} {said(row)} at {at[row, 1_048_576]['lr']:.0e}" for row in OWN
-           if (row, 1_048_576) in at and at[row, 1_048_576]["seeds"] > 1]
+    own = [f"{row.split()[0]} {said(row)} at {at[row, TOKENS]['lr']:.0e}" for row in OWN
+           if (row, TOKENS) in at and at[row, TOKENS]["seeds"] > 1]
     return (f"PipeDream-2BW's one-step delay on the 8 × 64 byte GPT at K = 8, 1 M tokens in "
             f"batches of 2048 (far below Zmushko et al.'s 135 M+ parameters and 180 K-token "
             f"batches): at the synchronous rates AdamW {said('AdamW 2bw')} and Muon "
@@ -216,7 +219,7 @@ def main() -> None:
                    help="F: Muon sync and Muon 2bw also at F times the tokens")
     p.add_argument("--rows", nargs="*", default=list(DELAYED) + list(OWN))
     args = p.parse_args()
-    study, tokens = Study(), 1_048_576
+    study, tokens = Study(), TOKENS
     for row in args.rows:
         lr = study.own(row, args.K, tokens) if row in OWN else sync_rate(DELAYED[row], tokens)
         for seed in args.seeds:

@@ -54,8 +54,9 @@ def _table(delays: Any, K: int) -> Schedule | None:
     return table
 
 
-def _stage_infos(delays: Any, K: int) -> list[StageInfo]:
-    table = _table(delays, K)
+def _stage_infos(delays: Any, K: int, table: Schedule | None) -> list[StageInfo]:
+    """Per stage, its delay and horizons: `table`'s (`_table(delays, K)`),
+    or those of the numbers `delays`."""
     if table is not None:
         return [table.stage_info(k) for k in range(K)]
     ds = [int(delays)] * K if np.ndim(delays) == 0 else [int(d) for d in delays]
@@ -198,7 +199,7 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
     counts = _split(split, len(layers))
     starts = np.cumsum([0, *counts])
     ranges = tuple(range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:]))
-    infos = tuple(_stage_infos(delays, len(counts)))
     table = _table(delays, len(counts))
+    infos = tuple(_stage_infos(delays, len(counts), table))
     consistent = consistent or (table is not None and table.double_buffered)
     return Simulation(layers, loss, ranges, infos, per_stage(optimizer, infos), consistent)

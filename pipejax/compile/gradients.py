@@ -54,36 +54,31 @@ class GradientPolicy:
             return grad_sum
         return self.params.zeros() if self.after_loop else ()
 
-    def take(self, p: Buffers, s: OptState, carried: Any, grads: Buffers,
-             skipped: jax.Array) -> tuple:
-        """Inside the loop: (p, s, carried, skipped) after a backward's `grads`."""
-        if self.synchronous:
-            return p, s, self.summed(carried, grads), skipped
-        grads = self._pieces(grads)
-        if self.after_loop:
-            return p, s, grads, skipped
-        p, s, skipped = self.update(p, grads, s)
-        return p, s, carried, skipped
-
     def weights(self, w: Buffers, rings: Rings, g: jax.Array) -> Buffers:
         """The weights micro-batch g's op runs on: `w`, or double-buffered
         its step's version (versions.py)."""
         return versions.weights(w, rings.versions, g, self.per_step) if self.per_step else w
 
-    def take_at(self, c: tuple, grads: Buffers, g: jax.Array) -> tuple:
+    def take(self, c: tuple, grads: Buffers, g: jax.Array) -> tuple:
         """Inside the loop, `c` = (p, s, carried, rings, skipped) after
-        micro-batch g's `grads` (`take`'s, or double-buffered the versions'
-        in `rings`)."""
+        micro-batch g's `grads`: summed into `carried` (synchronous) or a
+        double-buffered step's sum in `rings`, kept for the update after the
+        loop, or applied."""
         p, s, carried, rings, skipped = c
-        if not self.per_step:
-            p, s, carried, skipped = self.take(p, s, carried, grads, skipped)
-            return p, s, carried, rings, skipped
-        if self.after_loop:  # the step's sum only; the update follows the loop
+        if self.synchronous:
+            return p, s, self.summed(carried, grads), rings, skipped
+        grads = self._pieces(grads)
+        if self.per_step and self.after_loop:  # the step's sum; its update follows the loop
             return p, s, carried, rings._replace(versions=versions.add(rings.versions, grads)), \
                 skipped
-        p, s, v, skipped = versions.take(self.update, self.per_step,
-                                         (p, s, rings.versions, skipped), grads, g)
-        return p, s, carried, rings._replace(versions=v), skipped
+        if self.per_step:
+            p, s, v, skipped = versions.take(self.update, self.per_step,
+                                             (p, s, rings.versions, skipped), grads, g)
+            return p, s, carried, rings._replace(versions=v), skipped
+        if self.after_loop:
+            return p, s, grads, rings, skipped
+        p, s, skipped = self.update(p, grads, s)
+        return p, s, carried, rings, skipped
 
     def summed(self, total: Buffers, grads: Buffers) -> Buffers:
         """Inside the loop: a synchronous sum after a backward's `grads`."""

@@ -63,13 +63,13 @@ class Flags(NamedTuple):
 def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags) -> Build:
     """The stage code of `plan`, the layout `schedule` needs and the mesh, as
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
-    the mean over M micro-batches (synchronous, double-buffered), 1 when
-    every micro-batch is its own update; a table with W ops splits every backward into B and W;
+    the mean over M micro-batches (one update a step: synchronous,
+    double-buffered), 1 when every micro-batch is its own update; a table
+    with W ops splits every backward into B and W;
     a synchronous table runs the last stage's forward inside its backward
     where that stage keeps nothing (last_stage.py);
     a stage sharded over F devices packs its slots in F pieces."""
-    one_update = schedule.synchronous or schedule.double_buffered
-    seed = 1.0 / schedule.microbatches if one_update else 1.0
+    seed = 1.0 / schedule.microbatches if schedule.updates_per_step == 1 else 1.0
     F = shards(mesh)
     code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule),
                      (F, tensor_parts(mesh)))

@@ -231,7 +231,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
                                                      at=task.j)
                 return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
             grads, back = self.code.groups.switch_at(task.j, self.branches[Op.BW], w, *args)
-            p, s, carried, rings, skipped = self.gradients.take_at(
+            p, s, carried, rings, skipped = self.gradients.take(
                 (p, s, carried, rings, skipped), grads, task.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 
@@ -240,7 +240,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             w = ops.whole[0] if ops.whole else s.ahead if ahead else p
             loss, grads, back = branches.fused(
                 self.code, self.gradients.weights(w, rings, fused.g), slots[0], micro)
-            p, s, carried, rings, skipped = self.gradients.take_at(
+            p, s, carried, rings, skipped = self.gradients.take(
                 (p, s, carried, rings, skipped), grads, fused.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 

@@ -67,6 +67,12 @@ def add(v: Versions, grads: Buffers) -> Versions:
     return v._replace(accumulated=tuple(a + b for a, b in zip(v.accumulated, grads)))
 
 
+def _closed(p: Buffers, v: Versions, g: jax.Array, M: int) -> Versions:
+    """The versions after micro-batch g's step updates live weights `p`:
+    `p` the previous, no gradient, the next step's version."""
+    return Versions(p, tuple(jnp.zeros_like(a) for a in v.accumulated), g // M + 1)
+
+
 def take(update: Callable, M: int, c: tuple, grads: Buffers, g: jax.Array) -> tuple:
     """Inside a backward's loop, `c` = (p, s, versions, skipped): add
     micro-batch g's gradient to its step's sum; at the step's last
@@ -77,8 +83,7 @@ def take(update: Callable, M: int, c: tuple, grads: Buffers, g: jax.Array) -> tu
     def close(_, c):
         p, s, v, skipped = c
         new, s, skip = update(p, v.accumulated, s)
-        fresh = tuple(jnp.zeros_like(a) for a in v.accumulated)
-        return new, s, Versions(p, fresh, g // M + 1), skipped + skip
+        return new, s, _closed(p, v, g, M), skipped + skip
 
     return run_if(g % M == M - 1, close, (), (p, s, add(v, grads), skipped))
 
@@ -94,9 +99,7 @@ def take_after(update: Callable, M: int, c: tuple, g: jax.Array, real: jax.Array
     Returns (p, s, versions, skipped)."""
     p, s, v = c
     when = real & (g % M == M - 1)
-    pick = lambda a, b: tuple(jnp.where(when, x, y) for x, y in zip(a, b))
-    fresh = tuple(jnp.zeros_like(a) for a in v.accumulated)
+    closed = _closed(p, v, g, M)
     # A stage whose step goes on adds nothing to the collectives (the clip's norm).
-    new, s, skipped = update(p, pick(v.accumulated, fresh), s, when)
-    return new, s, Versions(pick(p, v.previous), pick(fresh, v.accumulated),
-                            jnp.where(when, g // M + 1, v.latest)), skipped
+    new, s, skipped = update(p, tuple(jnp.where(when, a, 0) for a in v.accumulated), s, when)
+    return new, s, jax.tree.map(lambda a, b: jnp.where(when, a, b), closed, v), skipped
