@@ -13,9 +13,14 @@ its tuned rates), so both studies compare with one synchronous run.
 Rows, each at the synchronous row's rate of its optimizer:
   AdamW sync, Muon sync   synchronous 1F1B (async_adamw.json)
   AdamW 2bw, Muon 2bw     2BW's one-step delay, no correction
-  AdamW 2bw (own),        the same at a rate of its own: from the
-  Muon 2bw (own)          synchronous rate along the grid to a rate that
-                          beats both neighbours (seed 0)
+  ... 2bw+ef              with error feedback, λ = 1 (`pj.transforms.error_feedback`)
+  ... (own)               the same at a rate of its own: from the synchronous
+                          rate (+ef: from the uncorrected row's own rate, as
+                          the correction narrows the stable range) along the
+                          grid to a rate that beats both neighbours (seed 0)
+  AdamW pipedream/pb,     the AdamW study's per-micro-batch asynchronous
+  Muon pipedream/pb       tables at K: its best corrected AdamW row at its
+                          own rate, and Muon (async_adamw.json)
 With `--long F`, Muon sync and Muon 2bw at its own rate also run F times the
 tokens (their schedule over the longer run, at the rates tuned at 1 M tokens,
 which at 4 M no longer train synchronous Muon: the longer rows want rates of
@@ -39,6 +44,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import async_adamw as base
 import pipejax as pj
@@ -47,9 +53,10 @@ from common import RESULTS, save, signed, table
 PATH = RESULTS / "async_2bw.json"
 TOKENS = 1_048_576  # a run's tokens (the AdamW study's); the longer rows a multiple
 SYNCHRONOUS = {"AdamW sync": "AdamW", "Muon sync": "Muon"}
-DELAYED = {"AdamW 2bw": "AdamW", "Muon 2bw": "Muon"}
-OWN = {"AdamW 2bw (own)": "AdamW 2bw", "Muon 2bw (own)": "Muon 2bw"}
-ROWS = ("AdamW sync", "AdamW 2bw", "AdamW 2bw (own)", "Muon sync", "Muon 2bw", "Muon 2bw (own)")
+DELAYED = {f"{o} 2bw{c}": o for o in ("AdamW", "Muon") for c in ("", "+ef")}
+OWN = {f"{row} (own)": row for row in DELAYED}
+ROWS = tuple(f"{o} {r}" for o in ("AdamW", "Muon") for r in (
+    "sync", "2bw", "2bw+ef", "2bw (own)", "2bw+ef (own)", "pipedream", "pb"))
 
 
 def sync_rate(optimizer: str, tokens: int) -> float | None:
@@ -67,6 +74,8 @@ def run(row: str, K: int, lr: float, seed: int, tokens: int) -> dict:
     x, y = (np.stack(a) for a in zip(*(pj.data.windows(corpus.train, base.M * base.MB, base.T,
                                                         seed, s) for s in range(batches))))
     opt, _ = base.optimizer(f"{row.split()[0]} sync", base.rate_schedule(lr, batches), batches)
+    if row.endswith("+ef"):
+        opt = optax.chain(opt, pj.transforms.error_feedback())
     sim = pj.simulate(layers, loss=pj.losses.next_token, optimizer=opt,
                       split=base.split(layers, K), delays="2bw")
     state = sim.init(sim.variables(jax.random.key(seed), jnp.asarray(x[0])))
@@ -110,14 +119,24 @@ class Study:
         return {r["lr"]: r["validation_loss"] for r in self.runs if r["seed"] == 0
                 and r["row"] in (row, OWN[row]) and (r["K"], r["tokens"]) == (K, tokens)}
 
-    def own(self, row: str, K: int, tokens: int) -> float:
-        """An own-rate row's rate (`walk`), running the walk's runs."""
+    def own(self, row: str, K: int, tokens: int, run: bool = True) -> float | None:
+        """An own-rate row's rate (`walk`, from `start`); with `run` the
+        walk's runs are run, else None while it lacks them."""
         while True:
-            rate, missing = walk(self.seed_zero(row, K, tokens),
-                                 sync_rate(row.split()[0], TOKENS))
-            if rate is not None:
+            start = self.start(row, K, tokens, run)
+            rate, missing = (None, None) if start is None else \
+                walk(self.seed_zero(row, K, tokens), start)
+            if rate is not None or not run:
                 return rate
             self.get(row, K, missing, 0, tokens)
+
+    def start(self, row: str, K: int, tokens: int, run: bool) -> float | None:
+        """Where an own-rate row's walk starts: the synchronous rate, or,
+        corrected, the uncorrected row's own rate (the correction narrows
+        the stable range: `pj.transforms.error_feedback`)."""
+        if "+ef" in row:
+            return self.own(row.replace("+ef", ""), K, tokens, run)
+        return sync_rate(row.split()[0], TOKENS)
 
 
 def walk(losses: dict[float, float], start: float) -> tuple[float | None, float | None]:
@@ -144,21 +163,42 @@ def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
     return [r for r in runs + study.runs if (r["row"], r["lr"], r["tokens"]) == (row, lr, tokens)]
 
 
+def per_microbatch(K: int, tokens: int) -> dict[str, list[dict]]:
+    """The AdamW study's runs of its per-micro-batch asynchronous tables at
+    K, by this study's row: per schedule, its best corrected AdamW row at
+    that row's own rate, and Muon at its tuned rate."""
+    runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
+    rows = base.summary(runs, tokens, [K], base.OWN_ROWS, base.own) + \
+        base.summary(runs, tokens, [K], ("Muon",))
+    out = {}
+    for optimizer, names in (("AdamW", base.OWN_ROWS), ("Muon", ("Muon",))):
+        for schedule in ("pipedream", "pb"):
+            found = [r for r in rows if r["row"] in names and r["schedule"] == schedule]
+            if found:
+                best = min(found, key=lambda r: r["validation_loss"])
+                out[f"{optimizer} {schedule}"] = [
+                    {**r, "correction": best["row"] if optimizer == "AdamW" else None}
+                    for r in runs
+                    if (r["row"], r["schedule"], r["K"], r["lr"], r["tokens"])
+                    == (best["row"], schedule, K, best["lr"], tokens)]
+    return out
+
+
 def summary(study: Study, K: int, tokens: int) -> list[dict]:
     """Per row: validation loss over seeds (mean, min, max), against the
     synchronous row of its optimizer."""
-    rows, means = [], {}
+    rows, means, others = [], {}, per_microbatch(K, tokens)
     for row in ROWS:
         if row in SYNCHRONOUS:
             rs = synchronous_runs(study, row, tokens)
+        elif row in others:
+            rs = others[row]
         else:
-            rate = sync_rate(row.split()[0], TOKENS)
-            if row in OWN:
-                rate = walk(study.seed_zero(row, K, TOKENS), rate)[0]
+            rate = study.own(row, K, TOKENS, run=False) if row in OWN else \
+                sync_rate(row.split()[0], TOKENS)
             names = (row, OWN[row]) if row in OWN else (row,)
-            rs = {r["seed"]: r for r in study.runs if r["row"] in names and
-                  (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values()
-            rs = list(rs)
+            rs = list({r["seed"]: r for r in study.runs if r["row"] in names and
+                       (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values())
         if not rs:
             continue
         losses = [r["validation_loss"] for r in rs]
@@ -167,7 +207,8 @@ def summary(study: Study, K: int, tokens: int) -> list[dict]:
         rows.append({"row": row, "K": K if row not in SYNCHRONOUS else 0, "lr": rs[0]["lr"],
                      "tokens": tokens, "seeds": len(rs), "validation_loss": round(mean, 4),
                      "min": min(losses), "max": max(losses),
-                     "vs_sync_%": None if sync is None else round(100 * (mean / sync - 1), 2)})
+                     "vs_sync_%": None if sync is None else round(100 * (mean / sync - 1), 2),
+                     "correction": rs[0].get("correction", "ef" if "+ef" in row else None)})
     return rows
 
 
@@ -178,7 +219,9 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         vs = "" if r["vs_sync_%"] is None or r["row"] in SYNCHRONOUS else \
             f"{signed(r['vs_sync_%'], '.2f')} %"
-        lines.append(f"| {r['row']} | {r['tokens'] / 1e6:.0f} M | {r['lr']:.0e} | {r['seeds']} | "
+        label = r["row"] if r["correction"] in (None, "ef") else \
+            f"{r['row']} ({r['correction']})"
+        lines.append(f"| {label} | {r['tokens'] / 1e6:.0f} M | {r['lr']:.0e} | {r['seeds']} | "
                      f"{r['validation_loss']:.4f} ± {(r['max'] - r['min']) / 2:.4f} | {vs} |")
     return "\n".join(lines)
 

@@ -167,6 +167,16 @@ def rel_err(a, b) -> float:
                for p, q in zip(la, lb))
 
 
+def transformed(transform: optax.GradientTransformation, updates: list) -> list:
+    """What `transform` makes of each of `updates` in turn, from zero weights."""
+    params = jax.tree.map(jnp.zeros_like, updates[0])
+    state, out = transform.init(params), []
+    for u in updates:
+        v, state = transform.update(u, state, params)
+        out.append(v)
+    return out
+
+
 def batch(n: int, features: int = 20, classes: int = 10, seed: int = 0):
     kx, ky = jax.random.split(jax.random.key(seed))
     return (jax.random.normal(kx, (n, features), jnp.float32),

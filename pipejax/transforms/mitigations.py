@@ -15,6 +15,8 @@ takes and the optimizer it runs on by default.
             (Guan et al. 2023; Adam's m̂/(√v̂ + ε))   pipeoptim
   nesterov  NAdam (β1 = 0.99, decoupled decay) on stashed weights
             (Ajanthan et al. 2025)   nesterov
+  ef        error feedback on the update, λ = D (Karimireddy et al. 2019;
+            for 2BW's delay of one, Zmushko et al. 2026)   ef
 
 Every name but spectrain runs on Adam (`optimizer="adam"` or
 `pj.transforms.AdamW(...)`); sc and lwp+sc then compensate Adam's first
@@ -36,6 +38,7 @@ import optax
 from pipejax.errors import ConfigError
 from pipejax.transforms.adam import Base, check_optimizer, default_form, is_adam
 from pipejax.transforms.adam_recipes import NESTEROV, nesterov, pipeoptim
+from pipejax.transforms.error_feedback import ef
 from pipejax.transforms.recipes import (Mitigation, check_form, check_sweep, lwp, lwp_sc,
                                         no_mitigation, pipemare, sc, spectrain, stash)
 
@@ -67,7 +70,8 @@ RECIPES: dict[str, Recipe] = {
     "pipemare": Recipe(pipemare, _SGDM | {"warmup_steps", "optimizer"}),
     "pipeoptim": Recipe(pipeoptim, _SGDM | {"horizon_scale", "optimizer"}, "adam"),
     "nesterov": Recipe(nesterov, frozenset({"learning_rate", "optimizer", "momentum_decay"}),
-                       NESTEROV)}
+                       NESTEROV),
+    "ef": Recipe(ef, _SGDM | {"horizon_scale", "optimizer"})}
 MITIGATIONS = tuple(RECIPES)
 # settings left to the recipe's own default when not given
 _OWN_DEFAULT = ("optimizer", "form", "momentum_decay")

@@ -1,5 +1,7 @@
 """PipeDream-2BW (the '2bw' family) against an independent reference:
-W(t + 1) = W(t) + u(∇f(W(t − 1))), W(−1) = W(0), at every stage."""
+W(t + 1) = W(t) + u(∇f(W(t − 1))), W(−1) = W(0), at every stage, u the
+optimizer's update (with error feedback too: a stage's chain keeps its
+previous update across steps)."""
 
 import dataclasses
 
@@ -87,12 +89,14 @@ def run(K, M, opt, steps, remat="stage", flush_after=(), R=1, clip=None):
     return pipe, pj.unstage(state.params), np.array([losses[g] for g in ids]), ref, ref_losses
 
 
-OPTIMIZERS = {"sgd": optax.sgd(0.05, momentum=0.9), "adamw": optax.adamw(3e-3, weight_decay=0.1)}
+OPTIMIZERS = {"sgd": optax.sgd(0.05, momentum=0.9), "adamw": optax.adamw(3e-3, weight_decay=0.1),
+              "adamw+ef": optax.chain(optax.adamw(3e-3, weight_decay=0.1),
+                                      pj.transforms.error_feedback())}
 
 
 @pytest.mark.parametrize("K,M,opt", fast_and_slow(
     [(K, M, o) for K, M in ((1, 2), (2, 2), (4, 4)) for o in OPTIMIZERS],
-    fast=[(2, 2, "adamw"), (4, 4, "sgd")]))
+    fast=[(2, 2, "adamw"), (4, 4, "sgd"), (2, 2, "adamw+ef")]))
 def test_2bw_equals_the_one_step_delayed_reference(K, M, opt):
     pipe, params, losses, ref, ref_losses = run(K, M, OPTIMIZERS[opt], steps=5)
     assert pipe.schedule.delays == [1] * K

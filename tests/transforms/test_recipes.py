@@ -64,6 +64,9 @@ CASES = {
     "lwp+sc on adam": (T.lwp_sc, {"optimizer": "adam"}, optax.chain(
         T.adam_spike_compensation(3), optax.add_decayed_weights(0.0),
         optax.scale_by_learning_rate(RATE), T.weight_forecast(3.0))),
+    "ef": (T.ef, {}, optax.chain(_sgdm(), T.error_feedback(3.0))),
+    "ef on adam": (T.ef, {"optimizer": "adam", "horizon_scale": 0.5},
+                   optax.chain(optax.adam(RATE), T.error_feedback(1.5))),
 }
 
 
@@ -129,10 +132,11 @@ def test_a_recipe_rejects_what_it_does_not_take():
 
 def test_the_lookup_checks_what_it_leaves_out():
     with pytest.raises(ConfigError, match="unknown mitigation 'sgd'; choose one of none, stash, "
-                                          "spectrain, lwp, sc, lwp\\+sc, pipemare, pipeoptim, nesterov"):
+                                          "spectrain, lwp, sc, lwp\\+sc, pipemare, pipeoptim, "
+                                          "nesterov, ef"):
         T.mitigation("sgd", 0.1)
     with pytest.raises(ConfigError, match="with Adam use none, stash, lwp, sc, lwp\\+sc, "
-                                          "pipemare, pipeoptim, nesterov"):
+                                          "pipemare, pipeoptim, nesterov, ef"):
         T.mitigation("spectrain", 0.1, optimizer="adam")
     with pytest.raises(ConfigError, match="mitigation optimizer 'sgd'; use 'momentum', 'adam' "
                                           "or pj.transforms.AdamW"):

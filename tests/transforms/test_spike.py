@@ -8,23 +8,15 @@ import pytest
 
 import pipejax as pj
 from pipejax.errors import ConfigError
+from tests.reference import transformed
 
 GRADS = [{"w": jnp.array([1.0, -2.0])}, {"w": jnp.array([0.5, 4.0])}, {"w": jnp.array([-3.0, 1.0])}]
-
-
-def _run(transform, grads=GRADS):
-    params = {"w": jnp.zeros(2)}
-    state, out = transform.init(params), []
-    for g in grads:
-        u, state = transform.update(g, state, params)
-        out.append(u)
-    return out
 
 
 def test_sc_d_by_hand():
     # m = 0.5, D = 2: a = m^D = 0.25, b = (1 − 0.25) / 0.5 = 1.5
     assert pj.transforms.coefficients(0.5, 2) == (0.25, 1.5)
-    out = _run(pj.transforms.spike_compensation(0.5, delay=2))
+    out = transformed(pj.transforms.spike_compensation(0.5, delay=2), GRADS)
     # v1 = g1 = [1, −2]: u1 = 0.25·v1 + 1.5·g1 = [1.75, −3.5]
     # v2 = 0.5·v1 + g2 = [1, 3]: u2 = [0.25 + 0.75, 0.75 + 6] = [1, 6.75]
     # v3 = 0.5·v2 + g3 = [−2.5, 2.5]: u3 = [−0.625 − 4.5, 0.625 + 1.5] = [−5.125, 2.125]
@@ -33,18 +25,19 @@ def test_sc_d_by_hand():
 
 
 def test_scale_two_is_sc_2d_and_a_b_override():
-    chex.assert_trees_all_close(_run(pj.transforms.spike_compensation(0.9, 3, scale=2.0)),
-                                _run(pj.transforms.spike_compensation(0.9, 6)))
+    sc = pj.transforms.spike_compensation
+    chex.assert_trees_all_close(transformed(sc(0.9, 3, scale=2.0), GRADS),
+                                transformed(sc(0.9, 6), GRADS))
     # a = 0, b = 1: the raw gradient
-    chex.assert_trees_all_close(_run(pj.transforms.spike_compensation(0.9, 3, a=0.0, b=1.0)),
+    chex.assert_trees_all_close(transformed(sc(0.9, 3, a=0.0, b=1.0), GRADS),
                                 GRADS)
 
 
 def test_delay_zero_is_momentum_and_delay_one_is_nesterov():
-    chex.assert_trees_all_close(_run(pj.transforms.spike_compensation(0.9, 0)),
-                                _run(optax.trace(0.9)))
-    chex.assert_trees_all_close(_run(pj.transforms.spike_compensation(0.9, 1)),
-                                _run(optax.trace(0.9, nesterov=True)), rtol=1e-6)
+    chex.assert_trees_all_close(transformed(pj.transforms.spike_compensation(0.9, 0), GRADS),
+                                transformed(optax.trace(0.9), GRADS))
+    chex.assert_trees_all_close(transformed(pj.transforms.spike_compensation(0.9, 1), GRADS),
+                                transformed(optax.trace(0.9, nesterov=True), GRADS), rtol=1e-6)
 
 
 def test_jit_and_inside_a_chain():
