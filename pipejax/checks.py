@@ -109,10 +109,6 @@ def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any)
     if gather not in GATHERS:
         raise ConfigError(f"fsdp_gather={gather!r}; use 'tick' (gather a sharded stage's weights "
                           "at each tick that uses them), 'step' (once per step) or None")
-    if F > 1 and schedule.double_buffered:
-        raise ConfigError(f"fsdp={F}: {schedule.name!r} on stages sharded over devices is not "
-                          "run (a sharded stage gathers its live weights, not its step's "
-                          "version); use fsdp=1 with it, or a synchronous schedule with fsdp")
     if gather == "step" and schedule.asynchronous:
         raise ConfigError(f"fsdp_gather='step' gathers the weights once per step, but "
                           f"{schedule.name!r} updates them after every backward; use 'tick'")

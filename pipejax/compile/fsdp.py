@@ -19,9 +19,9 @@ Where the gathers sit (`pj.pipeline(..., fsdp_gather=)`):
   backward of one tick read one gather); a backward's whole weight
   gradient is scattered to the pieces in the op's own loop, so the sum
   holds pieces and no whole gradient outlives the op. A stage that
-  forecasts its weights for the forward (or stashes them) gathers the
-  forward's weights and the backward's apart: two gathers at a tick that
-  runs both. The gathers and scatters run in loops of 0 or 1 trips on the
+  forecasts its weights for the forward (or stashes them, or, double-
+  buffered, runs each op on its step's version) gathers the forward's
+  weights and the backward's apart: two gathers at a tick that runs both. The gathers and scatters run in loops of 0 or 1 trips on the
   tick's task: every device of one stage takes the same trip, so the
   collective over `fsdp` meets (XLA CPU's rendezvous hangs only where a
   collective's devices take different trips; measured on 8 simulated
@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from pipejax.compile import messages
+from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.layout import Layout
 from pipejax.compile.optimizer import StageOptimizers
@@ -67,6 +68,14 @@ def gather_if(pred: jax.Array | None, pieces: Buffers, whole: Buffers,
     return run_if(pred, lambda ops, _: gather(ops, packing), pieces, whole)
 
 
+def apart(layout: Layout, opts: StageOptimizers | None) -> bool:
+    """Whether a stage's backward runs on other weights than its forward, so
+    that a sharded stage gathers both: the stashed ones, another step's
+    version (double-buffered), or where some stage forecasts its weights."""
+    return layout.weight_stashing or bool(layout.versions) or (
+        opts is not None and (any(opts.forecasting) or opts.forecasts_backward))
+
+
 class ShardedWeights:
     """How the table interpreter's tick (table.py) reads a sharded stage's
     weights: the gathers before its ops (a mixin: the tick's code, layout,
@@ -75,6 +84,7 @@ class ShardedWeights:
     code: StageCode
     layout: Layout
     opts: StageOptimizers | None
+    gradients: GradientPolicy  # the version an op's micro-batch runs on
     F: int
     whole: Buffers | None  # "step": the weights gathered once before the pass
     busy: bool  # every op runs at every tick: no loops
@@ -93,8 +103,14 @@ class ShardedWeights:
             return self.whole, self.whole
         forward = ops.s.ahead if self.opts is not None and ops.s.ahead else ops.p
         backward = None
+        if self.layout.versions:  # each op's step's version, its pieces (versions.py)
+            f = runs[Op.F]
+            g = f.g if fused is None else jnp.where(f.real, f.g, fused.g)
+            forward = self.gradients.weights(ops.p, ops.rings, g)
         if Op.BW in runs and self.apart:
-            if self.layout.weight_stashing:
+            if self.layout.versions:
+                backward = self.gradients.weights(ops.p, ops.rings, runs[Op.BW].g)
+            elif self.layout.weight_stashing:
                 slot = runs[Op.BW].ring % self.layout.kept_slots
                 backward = messages.read(ops.rings.weights, slot)
             elif self.opts.forecasts_backward:
@@ -123,10 +139,7 @@ class ShardedWeights:
 
     @functools.cached_property
     def apart(self) -> bool:
-        """Whether the backward runs on other weights than the forward: the
-        stashed ones, or where some stage forecasts its weights."""
-        return self.layout.weight_stashing or (self.opts is not None and (
-            any(self.opts.forecasting) or self.opts.forecasts_backward))
+        return apart(self.layout, self.opts)
 
     def weights(self, ops: Ops) -> Buffers:
         """The weights the tick's forward, B and W run on: the whole ones

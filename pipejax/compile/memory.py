@@ -66,6 +66,7 @@ import numpy as np
 
 from pipejax import memories
 from pipejax.compile.build import Build
+from pipejax.compile.fsdp import apart
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.stages import StageCode
 from pipejax.compile.tensor import backward_bytes as split_backward_bytes
@@ -112,7 +113,7 @@ class MemoryEstimate:
 def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
     """The `MemoryEstimate` of the training step of `build` updated by `opts`."""
     code, layout, schedule = build.code, build.layout, build.schedule
-    opt_state, forecasting = opts.packing, any(opts.forecasting)
+    opt_state = opts.packing
     micro = nbytes(build.example) + nbytes(build.targets)
     batch = schedule.microbatches * micro  # a device's part of the batch
     unsplit = code.params.parts == 1
@@ -124,8 +125,7 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
     fused = not opts.outer.collective
     updates = [update_bytes(opts, k) if unsplit and (schedule.synchronous or fused) else 0
                for k in range(build.K)]
-    # A sharded stage whose forward and backward read different weights gathers both.
-    twice = layout.weight_stashing or forecasting
+    twice = apart(layout, opts)  # a sharded stage gathers the forward's and the backward's
     def parts(used, chunk_used, act_in: int, act_out: int, work: int,
               update: int) -> dict[str, int]:
         """One stage's parts; `used(packing)` is its bytes of a packing per

@@ -186,7 +186,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         def forward(args, c, rings, mail, slots):
             w, loss = c
             inputs, stash = args
-            run_on = self.gradients.weights(w, rings, task.g)  # its step's, double-buffered
+            # its step's version, double-buffered (a sharded stage gathered that one)
+            run_on = w if ops.whole else self.gradients.weights(w, rings, task.g)
             kept, on, loss = self.code.groups.run(self.branches[Op.F],
                                                   (run_on, slots[0], inputs, slot),
                                                   (rings.kept, messages.letter(mail, 0), loss),
@@ -237,9 +238,9 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
 
         def both(micro, c, rings, mail, slots):
             p, s, carried, _, skipped = c
-            w = ops.whole[0] if ops.whole else s.ahead if ahead else p
-            loss, grads, back = branches.fused(
-                self.code, self.gradients.weights(w, rings, fused.g), slots[0], micro)
+            w = ops.whole[0] if ops.whole else self.gradients.weights(
+                s.ahead if ahead else p, rings, fused.g)
+            loss, grads, back = branches.fused(self.code, w, slots[0], micro)
             p, s, carried, rings, skipped = self.gradients.take(
                 (p, s, carried, rings, skipped), grads, fused.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)

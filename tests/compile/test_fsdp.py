@@ -77,6 +77,9 @@ TRAINERS = {  # name: (schedule, optimizer, pipeline and trainer settings, data 
     "pb-spectrain": ("pb", lambda s: optax.chain(optax.sgd(0.05, momentum=0.9),
                                                  T.weight_forecast(horizon=s.delay)), {}, 1),
     "pb-ssgd-2-replicas": ("pb", ADAMW, {}, 2),
+    # each op gathers its step's version, forward and backward apart
+    "2bw-adamw": ("2bw", ADAMW, {}, 1),
+    "2bw-ssgd-2-replicas-clip": ("2bw", ADAMW, {"clip_norm": 0.5}, 2),
     "gpipe-ssgd-2-replicas-step": ("gpipe", ADAMW, {"fsdp_gather": "step"}, 2),
 }
 
