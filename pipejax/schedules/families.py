@@ -136,10 +136,8 @@ _BUILT_IN = (
     Family("pb", _one_layout(pb), virtuals=(1,),
            refusal=_ASYNCHRONOUS,
            asynchronous=True, bubble=pb_fill),
-    # The planner's model counts an asynchronous table's update at every
-    # tick; 2BW's comes once a step: not searched until it says so.
     Family("2bw", _one_layout(two_bw), virtuals=(1,), refusal=_ASYNCHRONOUS,
-           asynchronous=True, searched=False, bubble=fills_once))
+           asynchronous=True, bubble=fills_once))
 _REGISTRY: dict[str, Family] = {family.name: family for family in _BUILT_IN}
 FAMILIES: Mapping[str, Family] = types.MappingProxyType(_REGISTRY)  # every schedule by name
 
