@@ -21,10 +21,10 @@ Rows, each at the synchronous row's rate of its optimizer:
   AdamW pipedream/pb,     the AdamW study's per-micro-batch asynchronous
   Muon pipedream/pb       tables at K: its best corrected AdamW row at its
                           own rate, and Muon (async_adamw.json)
-With `--long F`, Muon sync and Muon 2bw at its own rate also run F times the
-tokens (their schedule over the longer run, at the rates tuned at 1 M tokens,
-which at 4 M no longer train synchronous Muon: the longer rows want rates of
-their own), to see whether the gap closes.
+With `--long F`, Muon sync and the best of Muon's 2BW rows at rates of their
+own also run F times the tokens (their schedule over the longer run), each at
+a rate walked to at that length from its rate at 1 M (seed 0), to see
+whether the gap closes with training length.
 
 One JSON row per run; rows already in the JSON are skipped, so it runs in parts.
 Run: python benchmarks/async_2bw.py              (K = 8, 3 seeds, 1 M tokens)
@@ -115,27 +115,35 @@ class Study:
         return found
 
     def seed_zero(self, row: str, K: int, tokens: int) -> dict[float, float]:
-        """An own-rate row's seed-0 validation loss by rate (with its row's)."""
+        """A row's seed-0 validation loss by rate at K and `tokens` (an
+        own-rate row's with its row's: they share runs)."""
+        names, K = (row, OWN[row]) if row in OWN else (row,), 0 if row in SYNCHRONOUS else K
         return {r["lr"]: r["validation_loss"] for r in self.runs if r["seed"] == 0
-                and r["row"] in (row, OWN[row]) and (r["K"], r["tokens"]) == (K, tokens)}
+                and r["row"] in names and (r["K"], r["tokens"]) == (K, tokens)}
 
-    def own(self, row: str, K: int, tokens: int, run: bool = True) -> float | None:
-        """An own-rate row's rate (`walk`, from `start`); with `run` the
-        walk's runs are run, else None while it lacks them."""
+    def rate(self, row: str, K: int, tokens: int, run: bool = True) -> float | None:
+        """The rate `row` runs at: at `TOKENS` the synchronous rate of its
+        optimizer, or for an own-rate row a walk (`walk`, seed 0) from
+        `start`; at another length a walk at that length from its rate at
+        `TOKENS`. With `run` the walks' runs are run, else None while a walk
+        lacks them."""
+        if tokens == TOKENS and row not in OWN:
+            return sync_rate(row.split()[0], TOKENS)
         while True:
-            start = self.start(row, K, tokens, run)
+            start = self.start(row, K, run) if tokens == TOKENS else \
+                self.rate(row, K, TOKENS, run)
             rate, missing = (None, None) if start is None else \
                 walk(self.seed_zero(row, K, tokens), start)
             if rate is not None or not run:
                 return rate
             self.get(row, K, missing, 0, tokens)
 
-    def start(self, row: str, K: int, tokens: int, run: bool) -> float | None:
+    def start(self, row: str, K: int, run: bool) -> float | None:
         """Where an own-rate row's walk starts: the synchronous rate, or,
         corrected, the uncorrected row's own rate (the correction narrows
         the stable range: `pj.transforms.error_feedback`)."""
         if "+ef" in row:
-            return self.own(row.replace("+ef", ""), K, tokens, run)
+            return self.rate(row.replace("+ef", ""), K, TOKENS, run)
         return sync_rate(row.split()[0], TOKENS)
 
 
@@ -159,7 +167,7 @@ def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
     """A synchronous row's runs at its tuned rate: the AdamW study's, and
     this study's longer ones."""
     runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
-    lr = sync_rate(SYNCHRONOUS[row], TOKENS)
+    lr = study.rate(row, 0, tokens, run=False)
     return [r for r in runs + study.runs if (r["row"], r["lr"], r["tokens"]) == (row, lr, tokens)]
 
 
@@ -194,8 +202,7 @@ def summary(study: Study, K: int, tokens: int) -> list[dict]:
         elif row in others:
             rs = others[row]
         else:
-            rate = study.own(row, K, TOKENS, run=False) if row in OWN else \
-                sync_rate(row.split()[0], TOKENS)
+            rate = study.rate(row, K, tokens, run=False)
             names = (row, OWN[row]) if row in OWN else (row,)
             rs = list({r["seed"]: r for r in study.runs if r["row"] in names and
                        (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values())
@@ -254,27 +261,35 @@ def headline(rows: list[dict], K: int) -> str:
             + (f"; at rates of their own {', '.join(own)}." if own else "."))
 
 
+def longer_rows(study: Study, K: int) -> tuple[str, ...]:
+    """The rows that also run longer: synchronous Muon and the best of
+    Muon's 2BW rows at rates of their own (at `TOKENS`)."""
+    own = [r for r in summary(study, K, TOKENS) if r["row"].startswith("Muon 2bw")
+           and r["row"] in OWN]
+    return ("Muon sync",) + ((min(own, key=lambda r: r["validation_loss"])["row"],)
+                             if own else ())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--K", type=int, default=8)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--long", type=int, default=0,
-                   help="F: Muon sync and Muon 2bw also at F times the tokens")
+                   help="F: Muon sync and Muon's best 2BW row also at F times the tokens, "
+                        "each at a rate walked to at that length")
     p.add_argument("--rows", nargs="*", default=list(DELAYED) + list(OWN))
     args = p.parse_args()
-    study, tokens = Study(), TOKENS
+    study = Study()
     for row in args.rows:
-        lr = study.own(row, args.K, tokens) if row in OWN else sync_rate(DELAYED[row], tokens)
         for seed in args.seeds:
-            study.get(row, args.K, lr, seed, tokens)
-    for row in ("Muon sync", "Muon 2bw (own)") if args.long else ():
-        lr = sync_rate("Muon", tokens) if row in SYNCHRONOUS else study.own(row, args.K, tokens)
+            study.get(row, args.K, study.rate(row, args.K, TOKENS), seed, TOKENS)
+    tokens = args.long * TOKENS
+    for row in longer_rows(study, args.K) if args.long else ():
         for seed in args.seeds:
-            study.get(row, args.K, lr, seed, args.long * tokens)
-    rows = summary(study, args.K, tokens)
+            study.get(row, args.K, study.rate(row, args.K, tokens), seed, tokens)
+    rows = summary(study, args.K, TOKENS)
     if args.long:
-        rows += [r for r in summary(study, args.K, args.long * tokens)
-                 if r["row"].startswith("Muon")]
+        rows += [r for r in summary(study, args.K, tokens) if r["row"].startswith("Muon")]
     print(table(rows))
     print(markdown(rows))
 
