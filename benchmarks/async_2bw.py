@@ -74,7 +74,7 @@ def run(row: str, K: int, lr: float, seed: int, tokens: int) -> dict:
     x, y = (np.stack(a) for a in zip(*(pj.data.windows(corpus.train, base.M * base.MB, base.T,
                                                         seed, s) for s in range(batches))))
     opt, _ = base.optimizer(f"{row.split()[0]} sync", base.rate_schedule(lr, batches), batches)
-    if row.endswith("+ef"):
+    if "+ef" in row:
         opt = optax.chain(opt, pj.transforms.error_feedback())
     sim = pj.simulate(layers, loss=pj.losses.next_token, optimizer=opt,
                       split=base.split(layers, K), delays="2bw")
