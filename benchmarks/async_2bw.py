@@ -234,31 +234,65 @@ def markdown(rows: list[dict]) -> str:
 
 
 def tables(K: int = 8) -> dict[str, str]:
-    """The staleness page's table and the README's line, from the JSON."""
+    """The staleness page's table and account of the gap, and the README's
+    line, from the JSON."""
     study = Study()
     longer = sorted({r["tokens"] for r in study.runs} - {TOKENS})
     rows = summary(study, K, TOKENS) + [r for t in longer for r in summary(study, K, t)
                                           if r["row"].startswith("Muon")]
     return {"table": markdown(rows) if rows else "Not measured yet.",
-            "headline": headline(rows, K)}
+            "headline": headline(rows), "cause": cause(study, rows, K)}
 
 
-def headline(rows: list[dict], K: int) -> str:
+def cause(study: Study, rows: list[dict], K: int) -> str:
+    """Per optimizer, the gap of 2BW at a rate of its own to the synchronous
+    row, split into the rate the delay forbids (synchronous training at the
+    2BW row's rate against its own) and the delay at that rate, without and
+    with error feedback, from the seed-0 runs (the synchronous grid is the
+    AdamW study's)."""
+    runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
+    rates = {r["row"]: r["lr"] for r in rows if r["tokens"] == TOKENS and r["row"] in OWN}
+    sync = lambda o, lr: next((r["validation_loss"] for r in runs + study.runs if (
+        r["row"], r["lr"], r["seed"], r["tokens"]) == (f"{o} sync", lr, 0, TOKENS)), None)
+    out = []
+    for o in ("AdamW", "Muon"):
+        plain, fed = f"{o} 2bw (own)", f"{o} 2bw+ef (own)"
+        if plain not in rates or fed not in rates:
+            continue
+        best, parts = sync(o, sync_rate(o, TOKENS)), []
+        for row, said in ((plain, "2BW"), (fed, "with error feedback")):
+            lr = rates[row]
+            slow, delayed = sync(o, lr), study.seed_zero(row, K, TOKENS).get(lr)
+            if None in (best, slow, delayed):
+                break
+            parts.append(f"{said} at {lr:.0e} {delayed - best:.3f} above it, {slow - best:.3f} "
+                         f"the rate (synchronous {o} at {lr:.0e}: {slow:.3f}) and "
+                         f"{delayed - slow:.3f} the delay")
+        else:
+            out.append(f"{o}, synchronous at {sync_rate(o, TOKENS):.0e} {best:.3f}: "
+                       + "; ".join(parts))
+    return ". ".join(out) + " (seed 0)." if out else "Not measured yet."
+
+
+def headline(rows: list[dict]) -> str:
     """The README's sentence: 2BW's gap to synchronous training per
-    optimizer, at the synchronous rates and at rates of their own, with the
-    regime it was measured in."""
+    optimizer, with and without error feedback, at the synchronous rates and
+    at rates of their own (and at more tokens, where run), with the regime
+    it was measured in."""
     at = {(r["row"], r["tokens"]): r for r in rows}
-    said = lambda row: (f"{at[row, TOKENS]['validation_loss']:.3f} "
-                        f"({signed(at[row, TOKENS]['vs_sync_%'], '.1f')} %)")
-    if not all((row, TOKENS) in at for row in DELAYED):
+    gap = lambda row, t=TOKENS: signed(at[row, t]["vs_sync_%"], ".1f") + " %"
+    if not all((row, TOKENS) in at for row in (*DELAYED, *OWN)):
         return "not measured yet."
-    own = [f"{row.split()[0]} {said(row)} at {at[row, TOKENS]['lr']:.0e}" for row in OWN
-           if (row, TOKENS) in at and at[row, TOKENS]["seeds"] > 1]
+    each = [f"{o} {gap(f'{o} 2bw')} at the synchronous rate ({gap(f'{o} 2bw+ef')} with error "
+            f"feedback), {gap(f'{o} 2bw (own)')} at a rate of its own "
+            f"({gap(f'{o} 2bw+ef (own)')})" for o in ("AdamW", "Muon")]
+    longer = sorted({t for _, t in at} - {TOKENS})
+    tail = "".join(
+        f"; at {t / 1e6:.0f} M tokens, rates tuned at that length: {row} {gap(row, t)}"
+        for t in longer for row in (*OWN, *DELAYED) if (row, t) in at)
     return (f"PipeDream-2BW's one-step delay on the 8 × 64 byte GPT at K = 8, 1 M tokens in "
             f"batches of 2048 (far below Zmushko et al.'s 135 M+ parameters and 180 K-token "
-            f"batches): at the synchronous rates AdamW {said('AdamW 2bw')} and Muon "
-            f"{said('Muon 2bw')} against their synchronous runs"
-            + (f"; at rates of their own {', '.join(own)}." if own else "."))
+            f"batches), against the synchronous runs: {'; '.join(each)}{tail}.")
 
 
 def longer_rows(study: Study, K: int) -> tuple[str, ...]:
