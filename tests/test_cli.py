@@ -147,6 +147,17 @@ def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams
             summary["reference"], summary["decay_at"]) == (16, 8, 20, [0.1, 0.9, 128], [0.5])
 
 
+def test_train_2bw_with_error_feedback_updates_once_a_step(tmp_path, capsys):
+    assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
+                 "--microbatch-size", "8", "--steps", "4", "--schedule", "2bw", "--quiet",
+                 "--optimizer", "adam", "--lr", "1e-3", "--mitigation", "ef",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert "2bw, 2 micro-batches, mitigation ef" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (summary["mitigation"], summary["delays"], summary["updates"],
+            summary["update_size"]) == ("ef", [1, 1], 4, 16)
+
+
 def test_train_writes_a_self_contained_report(tmp_path, capsys):
     """The report of an NNX model's run (its parameters saved as pure dicts)."""
     run = tmp_path / "run"

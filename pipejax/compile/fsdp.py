@@ -21,9 +21,10 @@ Where the gathers sit (`pj.pipeline(..., fsdp_gather=)`):
   holds pieces and no whole gradient outlives the op. A stage that
   forecasts its weights for the forward (or stashes them, or, double-
   buffered, runs each op on its step's version) gathers the forward's
-  weights and the backward's apart: two gathers at a tick that runs both. The gathers and scatters run in loops of 0 or 1 trips on the
-  tick's task: every device of one stage takes the same trip, so the
-  collective over `fsdp` meets (XLA CPU's rendezvous hangs only where a
+  weights and the backward's apart: two gathers at a tick that runs both.
+  The gathers and scatters run in loops of 0 or 1 trips on the tick's
+  task: every device of one stage takes the same trip, so the collective
+  over `fsdp` meets (XLA CPU's rendezvous hangs only where a
   collective's devices take different trips; measured on 8 simulated
   devices).
 - "step" (synchronous tables; MaxText's `pipeline_fsdp_ag_once`): once per
