@@ -150,17 +150,19 @@ class Study:
 def walk(losses: dict[float, float], start: float) -> tuple[float | None, float | None]:
     """A rate of its own: from `start` along `RATES` to a better neighbour
     while there is one, ending at a rate that beats both; (the rate, None)
-    once `losses` (by rate) hold the walk, else (None, the rate to run next)."""
+    once `losses` (by rate) hold the walk, else (None, the rate to run
+    next). A neighbour that beats the rate is taken before the other is run."""
     rates, i = base.RATES, base.RATES.index(start)
     while True:
-        near = [j for j in (i - 1, i + 1) if 0 <= j < len(rates)]
-        missing = [rates[j] for j in (i, *near) if rates[j] not in losses]
-        if missing:
-            return None, missing[0]
-        better = [j for j in near if losses[rates[j]] < losses[rates[i]]]
-        if not better:
-            return rates[i], None
-        i = min(better, key=lambda j: losses[rates[j]])
+        if rates[i] not in losses:
+            return None, rates[i]
+        near = [rates[j] for j in (i - 1, i + 1) if 0 <= j < len(rates)]
+        better = [lr for lr in near if lr in losses and losses[lr] < losses[rates[i]]]
+        if better:
+            i = rates.index(min(better, key=losses.get))
+            continue
+        missing = [lr for lr in near if lr not in losses]
+        return (None, missing[0]) if missing else (rates[i], None)
 
 
 def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
