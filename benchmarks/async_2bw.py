@@ -123,20 +123,20 @@ class Study:
 
     def rate(self, row: str, K: int, tokens: int, run: bool = True) -> float | None:
         """The rate `row` runs at: at `TOKENS` the synchronous rate of its
-        optimizer, or for an own-rate row a walk (`walk`, seed 0) from
-        `start`; at another length a walk at that length from its rate at
-        `TOKENS`. With `run` the walks' runs are run, else None while a walk
-        lacks them."""
+        optimizer, or for an own-rate row a walk (`async_adamw.walk`, seed
+        0) from `start`; at another length a walk at that length from its
+        rate at `TOKENS`. With `run` the walks' runs are run, else None while
+        a walk lacks them."""
         if tokens == TOKENS and row not in OWN:
             return sync_rate(row.split()[0], TOKENS)
         while True:
             start = self.start(row, K, run) if tokens == TOKENS else \
                 self.rate(row, K, TOKENS, run)
-            rate, missing = (None, None) if start is None else \
-                walk(self.seed_zero(row, K, tokens), start)
+            rate, missing = (None, []) if start is None else \
+                base.walk(self.seed_zero(row, K, tokens), start)
             if rate is not None or not run:
                 return rate
-            self.get(row, K, missing, 0, tokens)
+            self.get(row, K, missing[0], 0, tokens)
 
     def start(self, row: str, K: int, run: bool) -> float | None:
         """Where an own-rate row's walk starts: the synchronous rate, or,
@@ -145,24 +145,6 @@ class Study:
         if "+ef" in row:
             return self.rate(row.replace("+ef", ""), K, TOKENS, run)
         return sync_rate(row.split()[0], TOKENS)
-
-
-def walk(losses: dict[float, float], start: float) -> tuple[float | None, float | None]:
-    """A rate of its own: from `start` along `RATES` to a better neighbour
-    while there is one, ending at a rate that beats both; (the rate, None)
-    once `losses` (by rate) hold the walk, else (None, the rate to run
-    next). A neighbour that beats the rate is taken before the other is run."""
-    rates, i = base.RATES, base.RATES.index(start)
-    while True:
-        if rates[i] not in losses:
-            return None, rates[i]
-        near = [rates[j] for j in (i - 1, i + 1) if 0 <= j < len(rates)]
-        better = [lr for lr in near if lr in losses and losses[lr] < losses[rates[i]]]
-        if better:
-            i = rates.index(min(better, key=losses.get))
-            continue
-        missing = [lr for lr in near if lr not in losses]
-        return (None, missing[0]) if missing else (rates[i], None)
 
 
 def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:

@@ -292,19 +292,24 @@ def best_rate(runs: list, row: str, K: int, tokens: int) -> float | None:
 
 
 def own_rate(runs: list, row: str, K: int, tokens: int) -> tuple[float | None, list[float]]:
-    """`row`'s own rate at K: from its optimizer's tuned rate, a walk along
-    `RATES` (PB, seed 0) to a better neighbour while there is one, ending at
-    a rate that beats both; (None, the rates still to run) while the walk
-    needs runs."""
+    """`row`'s own rate at K: from its optimizer's tuned rate, a `walk` (PB,
+    seed 0); (None, the rates still to run) while the walk needs runs."""
     start = best_rate(runs, row, K, tokens)
     if start is None:
         return None, []
-    losses = seed_zero(runs, row, "pb", K, tokens)
+    return walk(seed_zero(runs, row, "pb", K, tokens), start)
+
+
+def walk(losses: dict[float, float], start: float) -> tuple[float | None, list[float]]:
+    """A rate of its own: from `start` along `RATES` to a better neighbour
+    while there is one (taken before the other is run), ending at a rate
+    that beats both; (the rate, []) once `losses` (by rate) hold the walk,
+    else (None, the rates to run next)."""
     i = RATES.index(start)
     while True:
-        near = [RATES[j] for j in (i - 1, i + 1) if 0 <= j < len(RATES)]
         if RATES[i] not in losses:
             return None, [RATES[i]]
+        near = [RATES[j] for j in (i - 1, i + 1) if 0 <= j < len(RATES)]
         better = [lr for lr in near if lr in losses and losses[lr] < losses[RATES[i]]]
         if better:
             i = RATES.index(min(better, key=losses.get))

@@ -41,13 +41,11 @@ def test_error_feedback_after_any_optimizer_and_under_jit():
     assert isinstance(state, pj.transforms.ErrorFeedbackState) and int(state.count) == 1
 
 
-def _decay(eta_h: float, strength: float, delay: int = 1) -> float:
-    """Per-step decay of the slow mode of SGD on h·w²/2 with the update
-    delayed `delay` steps and error feedback of `strength`."""
-    # w_{t+1} = w_t − ε·((1 + λ)·w_{t−D} − λ·w_{t−D−1})
-    coefficients = [1.0, -1.0] + [0.0] * (delay - 1) + [eta_h * (1 + strength),
-                                                         -eta_h * strength]
-    roots = np.roots(coefficients)
+def _decay(eta_h: float, strength: float) -> tuple[float, float]:
+    """(the per-step decay of the slow mode, the largest root's modulus) of
+    SGD on h·w²/2 with the update one step late and error feedback of
+    `strength`: w_{t+1} = w_t − ε·((1 + λ)·w_{t−1} − λ·w_{t−2})."""
+    roots = np.roots([1.0, -1.0, eta_h * (1 + strength), -eta_h * strength])
     return float(1 - roots[np.argmin(abs(roots - 1))].real), float(max(abs(roots)))
 
 
