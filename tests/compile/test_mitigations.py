@@ -45,6 +45,20 @@ def _hand_sgdm(a: float = 1.0, b: float = 0.0, rate=_rate) -> optax.GradientTran
     return optax.GradientTransformation(init, update)
 
 
+def _hand_feedback(opt: optax.GradientTransformation, lam: float) -> optax.GradientTransformation:
+    """`opt`'s update u_t, then u_t + λ·(u_t − u_{t−1}); the first unchanged."""
+    def init(params):
+        return opt.init(params), jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.int32)
+
+    def update(g, state, params=None):
+        inner, prev, count = state
+        u, inner = opt.update(g, inner, params)
+        out = jax.tree.map(lambda u, p: jnp.where(count == 0, u, u + lam * (u - p)), u, prev)
+        return out, (inner, u, count + 1)
+
+    return optax.GradientTransformation(init, update)
+
+
 def _reference(name: str, infos: list) -> tuple[list, list]:
     """Per stage: the hand-written optimizer and forecast (T_f, T_b, form, η)."""
     opts, predict = [], []
@@ -57,6 +71,8 @@ def _reference(name: str, infos: list) -> tuple[list, list]:
         else:  # SC_D: a = m^D, b = Σ_{j<D} m^j (Kosson et al. 2020, eq. 14)
             opts.append(_hand_sgdm(MOMENTUM ** D, sum(MOMENTUM ** j for j in range(D))) if sc
                         else _hand_sgdm())
+        if name == "ef":  # error feedback at λ = D on the update (pipejax.transforms.ef)
+            opts[-1] = _hand_feedback(opts[-1], D)
         # LWP in the velocity form, Kosson et al.'s default; η of the update that made the version
         predict.append({"spectrain": (s.forward_horizon, s.backward_horizon, "velocity", _rate),
                         "lwp": (D, 0, "velocity", _rate),
