@@ -140,8 +140,9 @@ def sharded() -> list[dict]:
 SHARDED = [(s, r) for s in ("gpipe", "1f1b", "zb-h1", "pb") for r in ("stage", "none")]
 
 
-SEARCH = dict(devices=8, batch=32, stages=[1, 2, 4], fsdp=[1, 2], tensor=[1, 2],
-              schedules=["1f1b", "gpipe", "zb-h1"])
+SEARCH = dict(machine=planner.Machine(devices=8),
+              space=planner.Space(stages=[1, 2, 4], fsdp=[1, 2], tensor=[1, 2],
+                                  schedules=["1f1b", "gpipe", "zb-h1"]))
 
 
 def search() -> list[dict]:
@@ -165,7 +166,8 @@ def search() -> list[dict]:
 
         start = time.perf_counter()
         found = planner.search(layers, loss=pj.losses.next_token, example=x, targets=x,
-                               optimizer=optax.adamw(1e-3), progress=progress, **SEARCH)
+                               training=planner.Training(batch=32, optimizer=optax.adamw(1e-3)),
+                               progress=progress, **SEARCH)
         rows.append({"memories": memories, "configurations": tried[-1],
                      "candidates": len(found), "seconds": round(time.perf_counter() - start, 1)})
         print(rows[-1], flush=True)
@@ -185,11 +187,13 @@ def _memory_row(name: str, model: tuple, schedule: str, remat: str, K: int, F: i
     """The predicted and compiled bytes of the best candidate of one setting
     (none where the search finds none: PB without remat)."""
     layers, example, targets, loss = model
+    devices = (4 if K > 1 else 8) if F * T == 1 else K * F * T
     found = planner.search(layers, loss=loss, example=example, targets=targets,
-                           devices=(4 if K > 1 else 8) if F * T == 1 else K * F * T, batch=64,
-                           stages=[K], fsdp=[F], tensor=[T],
-                           microbatches=[8 if K > 1 else 1], schedules=[schedule],
-                           remat=[remat], optimizer=optax.adam(1e-3))
+                           machine=planner.Machine(devices=devices),
+                           training=planner.Training(batch=64, optimizer=optax.adam(1e-3)),
+                           space=planner.Space(schedules=[schedule], stages=[K], fsdp=[F],
+                                               tensor=[T], microbatches=[8 if K > 1 else 1],
+                                               remat=[remat]))
     if not found:
         return []  # e.g. PB without remat: its backward runs on newer weights
     c = found[0]
@@ -348,12 +352,15 @@ def _search(consts: dict) -> list:
     """Every candidate of the GPT on the machine `consts`, fastest first."""
     example = jnp.zeros((GPT["context"],), jnp.int32)
     found = planner.search(pj.models.gpt(**GPT), loss=pj.losses.next_token, example=example,
-                           targets=example, devices=DEVICES, batch=BATCH,
-                           device_flops=consts["host_flops"], host_flops=consts["host_flops"],
-                           tick_seconds=consts["tick_seconds"],
-                           link_bandwidth=consts["link_bandwidth"],
-                           memory_bandwidth=consts["memory_bandwidth"],
-                           layer_seconds=consts["layer_seconds"])
+                           targets=example,
+                           machine=planner.Machine(devices=DEVICES,
+                                                   device_flops=consts["host_flops"],
+                                                   link_bandwidth=consts["link_bandwidth"],
+                                                   tick_seconds=consts["tick_seconds"],
+                                                   host_flops=consts["host_flops"],
+                                                   memory_bandwidth=consts["memory_bandwidth"],
+                                                   layer_seconds=consts["layer_seconds"]),
+                           training=planner.Training(batch=BATCH))
     return sorted(found, key=lambda c: c.step_seconds)
 
 
@@ -423,12 +430,14 @@ def cores() -> dict:
                            microbatches=1).plan
         rate = M * sum(s.flops or 0.0 for s in plan.stage_specs(0)) / (
             group[0]["plain_least_ms"] / 1e3)
+        rates = {name: machine[name] for name in ("link_bandwidth", "tick_seconds",
+                                                  "memory_bandwidth", "layer_seconds")}
         predicted = [planner.search(
-            model.layers(), loss=loss, example=x[0], targets=y[0], devices=r["K"],
-            batch=M * model.micro, stages=[r["K"]], schedules=[r["schedule"]], microbatches=[M],
-            remat=[r["remat"]], device_flops=rate, tick_seconds=machine["tick_seconds"],
-            link_bandwidth=machine["link_bandwidth"], memory_bandwidth=machine["memory_bandwidth"],
-            layer_seconds=machine["layer_seconds"])[0].step_seconds for r in group]
+            model.layers(), loss=loss, example=x[0], targets=y[0],
+            machine=planner.Machine(devices=r["K"], device_flops=rate, **rates),
+            training=planner.Training(batch=M * model.micro),
+            space=planner.Space(schedules=[r["schedule"]], stages=[r["K"]], microbatches=[M],
+                                remat=[r["remat"]]))[0].step_seconds for r in group]
         for r, seconds in zip(group, predicted):
             rows.append({"model": name, "M": M, "schedule": r["schedule"], "remat": r["remat"],
                          "predicted_ms": round(1e3 * seconds, 1), "measured_ms": r["least_ms"],

@@ -30,7 +30,8 @@ import optax
 
 import pipejax as pj
 from common import load, markdown, save, table
-from pipejax.bench.op_costs import critical_path, executed, op_counts
+from pipejax.bench.op_costs import op_counts
+from pipejax.planner.paths import critical_path, executed
 
 FEATURES, MB = 40, 16
 

@@ -29,8 +29,8 @@ import numpy as np
 
 import pipejax as pj
 from common import RESULTS, load, save, table
-from pipejax.bench.op_costs import split_ops
 from pipejax.bench.speed import alternate
+from pipejax.compile import split_functions
 from pipejax.trace import cost_analysis
 
 K, WINDOWS, CONTEXT, WIDTH = 4, 4, 128, 128
@@ -68,7 +68,7 @@ def stage(remat: str, j: int, repeats: int) -> dict:
     args = jax.tree.leaves(_concrete(code.backward_args(j)))
     tree = jax.tree.structure(code.backward_args(j))
     split = code.splits[code.groups.of[j]]
-    (b, _), (w, _) = split_ops(code, j)
+    (b, _), (w, _) = split_functions(code, j)
     bridge = jax.jit(b)(*args)[1]
     reread = [args[i] for i in split.reread]
 

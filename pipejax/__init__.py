@@ -11,6 +11,7 @@ from pipejax.pipeline import Pipeline, pipeline
 from pipejax.placement import Placement
 from pipejax.planner import Candidate, search
 from pipejax.schedules import Schedule, StageInfo
+from pipejax.stage_layout import Gather, StageLayout
 from pipejax.delayed import Simulation, simulate
 from pipejax.evaluation import evaluator, loss_evaluator
 from pipejax.generation import generate
@@ -18,8 +19,8 @@ from pipejax.layers import apply_layers
 from pipejax.trace import LayerSpec, trace
 from pipejax.trainer import Trainer
 
-__all__ = ["Candidate", "InFlight", "LayerSpec", "Layout", "Pipeline", "Placed", "Placement",
-           "Schedule", "StageInfo", "Staged", "Simulation", "TrainState", "Trainer",
+__all__ = ["Candidate", "Gather", "InFlight", "LayerSpec", "Layout", "Pipeline", "Placed", "Placement",
+           "Schedule", "StageInfo", "StageLayout", "Staged", "Simulation", "TrainState", "Trainer",
            "apply_layers", "cache_sizes", "checkpoint", "clear_caches", "data", "distributed",
            "errors", "evaluator",
            "generate", "layers", "loss_evaluator", "losses", "make_mesh", "models",

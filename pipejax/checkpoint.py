@@ -32,10 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from pipejax.compile.pieces import parts, split
-from pipejax.compile.state import Staged, TrainState, host_array, unstage
 from pipejax import checkpoint_files as files
 from pipejax.checkpoint_files import latest
+from pipejax.compile import (Staged, TrainState, host_array, into_pieces, state_parts,
+                             unstage)
 from pipejax.errors import CheckpointError
 from pipejax.layers.ties import names
 from pipejax.trainer import Trainer
@@ -68,7 +68,7 @@ def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
     for i, layer in enumerate(zip(*[unstage(state.params, replica=r) for r in range(R)])):
         tree.update(files.flat(f"layer{i}.", jax.tree.map(stack, *layer)))
     for k in range(K):
-        split = [parts(opts[r][k], replicas[r][k]) for r in range(R)]
+        split = [state_parts(opts[r][k], replicas[r][k]) for r in range(R)]
         is_slot = split[0][2]
         slots = [[p for p, slot in zip(flat, is_slot) if slot] for _, flat, _ in split]
         others = [[p for p, slot in zip(flat, is_slot) if not slot] for _, flat, _ in split]
@@ -169,7 +169,7 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     abstract = [jax.eval_shape(t.init, params_packing.abstract_tree(k))
                 for k, t in enumerate(trainer.optimizers.transforms)]  # each stage's whole state
     files.check_optimizer(meta, abstract[0])
-    wholes = [parts(a, params_packing.abstract_tree(k)) for k, a in enumerate(abstract)]
+    wholes = [state_parts(a, params_packing.abstract_tree(k)) for k, a in enumerate(abstract)]
     for r in range(R):
         for k in range(K):
             layers = [leaves(f"layer{i}.", specs[i].variables, r) for i in plan.device_layers(k)]
@@ -186,7 +186,7 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
             params.append(params_packing.pack(k, layers))
             # a row per device: a sharded stage's F pieces (compile/pieces.py)
             states += [opt_packing.pack(k, piece) for piece in
-                       split(jax.tree.unflatten(treedef, filled), params_packing, k, F)]
+                       into_pieces(jax.tree.unflatten(treedef, filled), params_packing, k, F)]
     shardings = trainer.shardings
     stacked = lambda rows: tuple(np.stack([np.asarray(b) for b in slot]) for slot in zip(*rows))
     p = Staged(tuple(map(_put, stacked(params), shardings.params.buffers)), params_packing)

@@ -15,7 +15,6 @@ from pipejax.placement import Placement
 from pipejax.schedules import Schedule
 
 REMATS = ("none", "stage")
-GATHERS = ("tick", "step")  # where a sharded stage gathers its weights (compile/fsdp.py)
 # What a stage keeps for its backward: "stage" (its input: the forward runs
 # again), "none" (what its costly primitives made) or a `jax.checkpoint` policy.
 Remat = Literal["none", "stage"] | Callable[..., bool]
@@ -100,20 +99,11 @@ def ties(ties: tuple, specs: tuple, schedule: Schedule) -> None:
             "'interleaved', ...), or give each layer its own module")
 
 
-def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any) -> tuple:
-    """(example, targets, fsdp_gather): one device's part of a micro-batch
-    split over a stage's F devices, after checking that it splits, and where
-    the stage gathers its weights (None: at each tick that uses them)."""
-    if gather is None:
-        gather = "tick"
-    if gather not in GATHERS:
-        raise ConfigError(f"fsdp_gather={gather!r}; use 'tick' (gather a sharded stage's weights "
-                          "at each tick that uses them), 'step' (once per step) or None")
-    if gather == "step" and schedule.asynchronous:
-        raise ConfigError(f"fsdp_gather='step' gathers the weights once per step, but "
-                          f"{schedule.name!r} updates them after every backward; use 'tick'")
+def sharded(F: int, example: Any, targets: Any) -> tuple:
+    """(example, targets): one device's part of a micro-batch split over a
+    stage's F devices, after checking that it splits."""
     if F == 1:
-        return example, targets, gather
+        return example, targets
     for name, tree in (("example", example), ("targets", targets)):
         for leaf in jax.tree.leaves(tree):
             if not leaf.shape or leaf.shape[0] % F:
@@ -122,4 +112,4 @@ def sharded(F: int, gather: Any, schedule: Schedule, example: Any, targets: Any)
                     f"{leaf.shape[0] if leaf.shape else 0} examples does not split over the "
                     f"mesh's fsdp={F} devices of a stage; use a micro-batch size divisible by {F}")
     part = lambda leaf: jax.ShapeDtypeStruct((leaf.shape[0] // F, *leaf.shape[1:]), leaf.dtype)
-    return jax.tree.map(part, example), jax.tree.map(part, targets), gather
+    return jax.tree.map(part, example), jax.tree.map(part, targets)

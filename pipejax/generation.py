@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipejax import memories
-from pipejax.compile.state import Staged, TrainState
+from pipejax.compile import Staged, TrainState
 from pipejax.errors import ConfigError
 from pipejax.layers import Decoder, Layer, Variables, apply_layers, layer_list, remembered
 

@@ -19,15 +19,16 @@ from jax.sharding import Mesh
 
 from pipejax import checks as valid  # `checks` is pj.pipeline's flag
 from pipejax.checks import Remat
-from pipejax.compile.programs import (Build, Flags, Model, PipelinePrograms, Shapes, Staged,
-                                      build, check_params, check_table, key_or_default,
-                                      id_ranges, pipeline_programs, stage_rows)
+from pipejax.compile import (Build, Flags, Model, PipelinePrograms, Shapes, Staged,
+                             check_params, check_table, compile_build, id_ranges, key_or_default,
+                             pipeline_programs, stage_rows)
 from pipejax.errors import BatchError, ConfigError
 from pipejax.layers import Layer, abstract, layer_list
 from pipejax.layers.ties import leaf_ties
-from pipejax.mesh import shards, stage_mesh
+from pipejax.mesh import stage_mesh
 from pipejax.partition import make_plan
 from pipejax.schedules import Schedule, capacities, make_schedule, placement_for
+from pipejax.stage_layout import Gather, StageLayout
 from pipejax.trace import trace, trace_loss
 from pipejax.trainer import Trainer
 from pipejax.transforms.data_parallel import DataRule
@@ -138,7 +139,7 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
              weight_stashing: bool = False, share_branches: bool = True,
              compute_dtype: Any = None, max_padding: float | None = None,
              virtual: int | None = None, placement: str | None = None,
-             fsdp_gather: str | None = None, max_shapes: int | None = None,
+             fsdp_gather: Gather | str | None = None, max_shapes: int | None = None,
              checks: bool = False) -> Pipeline:
     """Trace, partition, schedule and compile a layer list for a stage mesh.
 
@@ -235,8 +236,8 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     mb = jax.tree.leaves(example)[0].shape[0]
     targets = abstract(jnp.zeros((mb,), jnp.int32) if targets is None else targets)
     # A stage sharded over F devices runs one F-th of each micro-batch on each.
-    example, targets, fsdp_gather = valid.sharded(shards(mesh), fsdp_gather, table, example,
-                                                   targets)
+    stage = StageLayout.of(mesh, fsdp_gather, table)
+    example, targets = valid.sharded(stage.fsdp, example, targets)
     specs = tuple(trace(list(layers), example, cost=cost))
     trace_loss(loss, specs[-1].output, targets)
     ties = leaf_ties(shared, [s.variables for s in specs], [s.name for s in specs])
@@ -245,8 +246,8 @@ def pipeline(layers: Sequence[Layer], *, loss: Callable, example: Any, stages: i
     plan = make_plan(specs, placement, partition, max_bytes, in_flight=in_flight,
                      keeps_activations=remat == "none", max_padding=valid.padding(max_padding))
     model = Model(tuple(layers), loss, remat, example, targets, compute_dtype, ties)
-    flags = Flags(weight_stashing, share_branches, fsdp_gather)
-    b = build(model, plan, table, mesh, flags)
+    flags = Flags(weight_stashing, share_branches, stage)
+    b = compile_build(model, plan, table, mesh, flags)
     shapes = Shapes(b, lambda x, y: _at_shape(b, flags, x, y), max_shapes,
                     id_ranges(specs, example, targets) if checks else None)
     return Pipeline(b, pipeline_programs(shapes), shapes)
@@ -274,4 +275,4 @@ def _at_shape(b: Build, flags: Flags, example: Any, targets: Any) -> Build:
                 "parameters depend on the input's shape, so one state cannot train both; give "
                 f"micro-batches of {arrays(b.example)} (pad sequences: pj.data.pad_to_lengths)")
     plan = make_plan(specs, b.placement, list(b.code.plan.split))
-    return build(model, plan, b.schedule, b.mesh, flags)
+    return compile_build(model, plan, b.schedule, b.mesh, flags)

@@ -5,7 +5,7 @@ delay D (Kosson et al. 2020, §3: an update of size b moves the weights by
 about η/(1 − m) gradients); with `reference=(η, m, B)` the recipe is first
 moved to the micro-batch by their eq. 9, which keeps η/(1 − m)/B per
 example, so the delay is η/(1 − m)·D·b/B. `pj.search` ranks by it
-(planner.py).
+(planner/).
 """
 
 from __future__ import annotations

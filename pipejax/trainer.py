@@ -24,9 +24,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from pipejax.compile.programs import (Build, MemoryEstimate, Shapes, StageOptimizers, Staged,
-                                      TrainState, check_params, key_or_default, opt_states,
-                                      train_programs)
+from pipejax.compile import (Build, MemoryEstimate, Shapes, StageOptimizers, Staged, TrainState,
+                             check_params, key_or_default, opt_states, train_programs)
 from pipejax.errors import ConfigError
 from pipejax.packing import Packing
 from pipejax.partition import Plan

@@ -228,12 +228,13 @@ def test_train_replicas_with_a_decentralized_rule(tmp_path, capsys):
 
 def test_train_on_stages_sharded_over_two_devices(tmp_path, capsys):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--fsdp", "2",
-                 "--microbatches", "2", "--batch-size", "32", "--steps", "4", "--quiet",
-                 "--out", str(tmp_path / "fsdp")]) == 0
-    assert "fsdp            2 devices a stage, weights gathered once a tick" in \
+                 "--fsdp-gather", "step", "--microbatches", "2", "--batch-size", "32",
+                 "--steps", "4", "--quiet", "--out", str(tmp_path / "fsdp")]) == 0
+    assert "fsdp            2 devices a stage, weights gathered once a step" in \
         capsys.readouterr().out
     rows = [json.loads(r) for r in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["fsdp"] == 2 and np.isfinite(rows[-2]["loss"])
+    assert rows[-1]["fsdp"] == 2 and rows[-1]["fsdp_gather"] == "step"
+    assert np.isfinite(rows[-2]["loss"])
 
 
 @pytest.mark.slow
@@ -333,31 +334,32 @@ def test_bench_gpu_smoke_measures_every_row(tmp_path, capsys):
 
 
 def test_machine_reads_the_device_rate_a_gpu_bench_measured(tmp_path, capsys):
-    from pipejax.cli.machine import machine_rates
+    from pipejax.cli.machine import machine
+    from pipejax.planner import Machine
 
+    rates = lambda text, dtype="float32": machine(text, dtype, 4, None)
     path = tmp_path / "bench_gpu.json"
     rows = [{"step": "plain jit", "ms": 100.0, "model_tflops": 196.4},
             {"step": "1f1b remat=none", "ms": 101.0, "model_tflops": 194.0}]
     path.write_text(json.dumps({"gpu": {"device_kind": "NVIDIA H100", "bfloat16": rows}}))
-    assert machine_rates(str(path), "bfloat16") == {"device_flops": 196.4e12}
+    assert rates(str(path), "bfloat16") == Machine(196.4e12, devices=4)
     assert "one GPU has no link to measure" in capsys.readouterr().out
     with pytest.raises(pj.errors.ConfigError, match="no measured plain jit in float32 \\(its "
                                                     "dtypes: \\['bfloat16'\\]\\)"):
-        machine_rates(str(path), "float32")
+        rates(str(path), "float32")
     with pytest.raises(pj.errors.ConfigError, match="not the JSON of a GPU bench"):
-        machine_rates(str(tmp_path / "missing.json"), "bfloat16")
+        rates(str(tmp_path / "missing.json"), "bfloat16")
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(pj.errors.ConfigError, match="not the JSON of a GPU bench"):
-        machine_rates(str(tmp_path / "list.json"), "bfloat16")
+        rates(str(tmp_path / "list.json"), "bfloat16")
     # numbers: a HOST of 0 shares no processor; a fifth is the memory's rate
-    assert machine_rates("1e9,2e9,1e-4,0,5e9", "float32") == {
-        "device_flops": 1e9, "link_bandwidth": 2e9, "tick_seconds": 1e-4,
-        "memory_bandwidth": 5e9}
+    assert rates("1e9,2e9,1e-4,0,5e9") == Machine(1e9, 2e9, 1e-4, None, 5e9, devices=4)
     with pytest.raises(pj.errors.ConfigError, match="every rate must be positive"):
-        machine_rates("1e9,2e9,1e-4,0,0", "float32")
+        rates("1e9,2e9,1e-4,0,0")
     # a sixth: a layer's fixed seconds (0: none counted)
-    assert machine_rates("1e9,2e9,1e-4,0,5e9,1e-5", "float32")["layer_seconds"] == 1e-5
-    assert "layer_seconds" not in machine_rates("1e9,2e9,1e-4,0,5e9,0", "float32")
+    assert rates("1e9,2e9,1e-4,0,5e9,1e-5").layer_seconds == 1e-5
+    assert rates("1e9,2e9,1e-4,0,5e9,0").layer_seconds == 0.0
+    assert rates(None) == Machine(devices=4)
 
 
 def test_bench_gpu_without_a_gpu_says_so(capsys):

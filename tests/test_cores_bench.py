@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import pipejax as pj
 from pipejax.bench.collective_time import collective_share
-from pipejax.bench.op_costs import coupled_path, earliest_path
+from pipejax.planner.paths import coupled_path, earliest_path
 from pipejax.bench.op_times import ideal_seconds, key
 from pipejax.schedules import Op
 

@@ -83,7 +83,7 @@ def test_the_build_checks_that_code_and_table_agree():
     assert b.placement is b.code.placement and b.placement == b.schedule.placement
     other = make_schedule("gpipe", Placement(2), 4)
     with pytest.raises(ConfigError, match="schedule is made for Placement"):
-        Build(b.placement, b.code, other, b.layout, b.mesh, b.gather)
+        Build(b.placement, b.code, other, b.layout, b.mesh, b.stage)
 
 
 def test_v_placement_folds_the_chunks_back():

@@ -1,5 +1,7 @@
 """`pj.search`: the delay in effective steps by hand, memory against the compiled step, ranking."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,11 +9,11 @@ import optax
 import pytest
 
 import pipejax as pj
-from pipejax import planner, step_costs
+from pipejax import planner, staleness
+from pipejax.planner import costs as cost_model
 from pipejax.bench import peak_bytes
 from pipejax.bench.op_costs import op_counts
-from pipejax.compile.messages import carried
-from pipejax.compile.tensor import split_parts
+from pipejax.compile import carried, split_parts
 from tests import llama
 
 
@@ -22,15 +24,15 @@ def test_effective_delay_is_computed_by_hand(name, K, D):
     assert max(schedule.delays) == D  # 2(K − 1) for PB, K − 1 for PipeDream
     # eq. 9 from lr 0.1, momentum 0.9, batch 128 at micro-batch 1 and 8:
     # η/(1 − m)·D·b/B = 0.1/0.1·D/128 and 8·D/128
-    ref = planner.effective_delay(schedule, 1, None, 0.0, (0.1, 0.9, 128))
+    ref = staleness.effective_delay(schedule, 1, None, 0.0, (0.1, 0.9, 128))
     assert ref == pytest.approx(D / 128)
-    assert planner.effective_delay(schedule, 8, None, 0.0, (0.1, 0.9, 128)) == pytest.approx(
+    assert staleness.effective_delay(schedule, 8, None, 0.0, (0.1, 0.9, 128)) == pytest.approx(
         8 * D / 128)
     # the update's own rate and momentum: 3e-3/(1 − 0.9)·D = 0.03·D
-    assert planner.effective_delay(schedule, 8, 3e-3, 0.9, None) == pytest.approx(0.03 * D)
-    assert planner.effective_delay(schedule, 8, None, 0.0, None) is None
+    assert staleness.effective_delay(schedule, 8, 3e-3, 0.9, None) == pytest.approx(0.03 * D)
+    assert staleness.effective_delay(schedule, 8, None, 0.0, None) is None
     synchronous = pj.schedules.make_schedule("1f1b", pj.Placement(K), 2 * K)
-    assert planner.effective_delay(synchronous, 8, 3e-3, 0.9, None) == 0.0
+    assert staleness.effective_delay(synchronous, 8, 3e-3, 0.9, None) == 0.0
 
 
 def test_the_measured_regimes_fall_on_either_side_of_the_threshold():
@@ -39,14 +41,14 @@ def test_the_measured_regimes_fall_on_either_side_of_the_threshold():
     points of SGDM) and 8 (0.88: 15 points below); a fixed 3e-3 with
     momentum 0.9 at micro-batch 8 (0.42: 23 points below)."""
     pb = pj.schedules.make_schedule("pb", pj.Placement(8), 32)
-    regimes = {0.11: planner.effective_delay(pb, 1, None, 0.0, (0.1, 0.9, 128)),
-               0.88: planner.effective_delay(pb, 8, None, 0.0, (0.1, 0.9, 128)),
-               0.42: planner.effective_delay(pb, 8, 3e-3, 0.9, None)}
+    regimes = {0.11: staleness.effective_delay(pb, 1, None, 0.0, (0.1, 0.9, 128)),
+               0.88: staleness.effective_delay(pb, 8, None, 0.0, (0.1, 0.9, 128)),
+               0.42: staleness.effective_delay(pb, 8, 3e-3, 0.9, None)}
     for measured, delay in regimes.items():
         assert delay == pytest.approx(measured, abs=0.005)
-        assert (delay <= planner.STABLE_DELAY) == (measured == 0.11)
-    assert "updates of 2 examples" in planner.advise(regimes[0.88], 8, (0.1, 0.9, 128))
-    assert "synchronous schedule" in planner.advise(2.0, 1, (0.1, 0.9, 128))
+        assert (delay <= staleness.STABLE_DELAY) == (measured == 0.11)
+    assert "updates of 2 examples" in staleness.advise(regimes[0.88], 8, (0.1, 0.9, 128))
+    assert "synchronous schedule" in staleness.advise(2.0, 1, (0.1, 0.9, 128))
 
 
 @pytest.mark.parametrize("remat,backward", [(True, 3.0), (False, 2.0)])
@@ -55,18 +57,18 @@ def test_gpipes_critical_path_is_counted_by_hand(remat, backward):
     backwards; a stage of 3 FLOPs at 1 FLOP/s: forward 1 s, backward 2 s
     (3 s when it recomputes its forward)."""
     schedule = pj.schedules.make_schedule("gpipe", pj.Placement(2), 2)
-    costs = step_costs.op_costs([3.0, 3.0], remat)
-    assert step_costs.step_seconds(schedule, costs, 1.0, 0.0) == 3 * 1.0 + 3 * backward
-    assert step_costs.step_seconds(schedule, costs, 1.0, 0.5) == 3 * 1.0 + 3 * backward + 6 * 0.5
+    costs = cost_model.op_costs([3.0, 3.0], remat)
+    assert cost_model.step_seconds(schedule, costs, 1.0, 0.0) == 3 * 1.0 + 3 * backward
+    assert cost_model.step_seconds(schedule, costs, 1.0, 0.5) == 3 * 1.0 + 3 * backward + 6 * 0.5
     # both devices on one processor of 1 FLOP/s: all 2 · 2 · (1 + backward) FLOPs in turn
     shared = 2 * 2 * (1.0 + backward)
-    assert step_costs.step_seconds(schedule, costs, 1.0, 0.0, host_flops=1.0) == shared
-    assert step_costs.step_seconds(schedule, costs, 1.0, 0.0, host_flops=100.0) == 3 + 3 * backward
+    assert cost_model.step_seconds(schedule, costs, 1.0, 0.0, host_flops=1.0) == shared
+    assert cost_model.step_seconds(schedule, costs, 1.0, 0.0, host_flops=100.0) == 3 + 3 * backward
     # a table that fuses the last stage's forward and backward replays nothing there
-    fused = step_costs.op_costs([3.0, 3.0], remat, fused=True)
+    fused = cost_model.op_costs([3.0, 3.0], remat, fused=True)
     assert list(fused[pj.schedules.Op.BW]) == [backward, 2.0]
     # a last stage whose B runs its forward: nothing at the forward's tick, B does it once
-    deferred = step_costs.op_costs([3.0, 3.0], remat, w_share=[0.5, 0.5], deferred=True)
+    deferred = cost_model.op_costs([3.0, 3.0], remat, w_share=[0.5, 0.5], deferred=True)
     Op = pj.schedules.Op
     assert list(deferred[Op.F]) == [1.0, 0.0] and list(deferred[Op.B]) == [backward - 1.0, 2.0]
 
@@ -82,7 +84,7 @@ def test_ring_traffic_counts_each_row_written_and_read(schedule, remat):
                        example=jnp.zeros((4, 40)), stages=2, microbatches=4, schedule=schedule,
                        remat=remat)
     code = pipe.build.code
-    moved = step_costs.ring_costs(pipe, 1.0)
+    moved = cost_model.ring_costs(pipe, 1.0)
     kept, bridge = code.kept.slot_bytes(), code.bridge.slot_bytes() if code.bridge else 0
     assert (kept > 0) == (remat == "none") and (bridge > 0) == (schedule == "zb-h1")
     last = 0 if pipe.schedule.fused.any() else kept
@@ -102,13 +104,13 @@ def test_w_takes_its_share_of_the_backward_as_xla_counts_the_split():
                        microbatches=4, schedule="zb-h1", remat="stage")
     code = pipe.build.code
     flops = [sum(s.flops for s in pipe.plan.stage_specs(j)) for j in range(code.S)]
-    share = step_costs.w_shares(code, flops)
+    share = cost_model.w_shares(code, flops)
     compiled = op_counts(code)
     for j in range(code.S):
         backward = compiled[Op.B][j] + compiled[Op.W][j] - compiled[Op.F][j]  # less B's replay
         assert share[j] == pytest.approx(compiled[Op.W][j] / backward, rel=0.03)
     assert not np.allclose(share, 0.5, atol=0.02)  # 0.53 and 0.46
-    costs = step_costs.op_costs(flops, True, w_share=share)
+    costs = cost_model.op_costs(flops, True, w_share=share)
     assert costs[Op.B] + costs[Op.W] == pytest.approx(costs[Op.BW])
     assert costs[Op.W] == pytest.approx(2 * costs[Op.F] * share)
 
@@ -125,9 +127,11 @@ def test_byte_counts_read_and_bad_ones_are_named():
 @pytest.fixture(scope="module")
 def candidates():
     return planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
-                          example=jnp.zeros((40,)), devices=4, batch=32, stages=[2, 4],
-                          schedules=["1f1b", "pb"], microbatches=[4], remat=["stage"],
-                          reference=(0.1, 0.9, 128), optimizer=optax.adam(1e-3))
+                          example=jnp.zeros((40,)), machine=planner.Machine(devices=4),
+                          training=planner.Training(batch=32, optimizer=optax.adam(1e-3),
+                                                    reference=(0.1, 0.9, 128)),
+                          space=planner.Space(schedules=["1f1b", "pb"], stages=[2, 4],
+                                              microbatches=[4], remat=["stage"]))
 
 
 def test_candidates_cover_the_grid_ranked_stable_first(candidates):
@@ -141,10 +145,12 @@ def test_candidates_cover_the_grid_ranked_stable_first(candidates):
     stable = [c.step_seconds for c in candidates if c.stable]
     assert stable == sorted(stable)
     fewer = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
-                           example=jnp.zeros((40,)), devices=4, batch=32, stages=[4],
-                           schedules=["1f1b", "pb"], microbatches=[4], remat=["stage"],
-                           memory=min(c.memory_bytes for c in candidates if c.stages == 4),
-                           optimizer=optax.adam(1e-3))
+                           example=jnp.zeros((40,)),
+                           machine=planner.Machine(devices=4, memory=min(
+                               c.memory_bytes for c in candidates if c.stages == 4)),
+                           training=planner.Training(batch=32, optimizer=optax.adam(1e-3)),
+                           space=planner.Space(schedules=["1f1b", "pb"], stages=[4],
+                                               microbatches=[4], remat=["stage"]))
     assert [c.schedule for c in fewer] == ["1f1b"]  # PB holds more: left out
 
 
@@ -168,8 +174,10 @@ def test_an_asynchronous_candidate_on_replicas_is_estimated_as_its_trainer_runs(
     and state it reads: the candidate's bytes are that trainer's."""
     layers = pj.models.mlp(depth=4, width=64)
     found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
-                           devices=4, batch=32, stages=[2], schedules=["pb"], microbatches=[4],
-                           remat=["stage"], optimizer=optax.adam(1e-3))
+                           machine=planner.Machine(devices=4),
+                           training=planner.Training(batch=32, optimizer=optax.adam(1e-3)),
+                           space=planner.Space(schedules=["pb"], stages=[2], microbatches=[4],
+                                               remat=["stage"]))
     c = next(c for c in found if c.data == 2)
     replicated = pj.pipeline(layers, loss=pj.losses.cross_entropy,
                              example=jnp.zeros((c.microbatch, 40)), **c.pipeline_args())
@@ -181,9 +189,10 @@ def test_an_asynchronous_candidate_on_replicas_is_estimated_as_its_trainer_runs(
 
 def test_a_stage_sharded_over_two_devices_is_a_candidate_that_builds_as_ranked():
     found = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
-                           example=jnp.zeros((40,)), devices=4, batch=32, stages=[2],
-                           fsdp=[1, 2], schedules=["1f1b"], microbatches=[4], remat=["stage"],
-                           optimizer=optax.adam(1e-3))
+                           example=jnp.zeros((40,)), machine=planner.Machine(devices=4),
+                           training=planner.Training(batch=32, optimizer=optax.adam(1e-3)),
+                           space=planner.Space(schedules=["1f1b"], stages=[2], fsdp=[1, 2],
+                                               microbatches=[4], remat=["stage"]))
     assert {(c.stages, c.data, c.fsdp) for c in found} == {(2, 2, 1), (2, 1, 2)}
     sharded = next(c for c in found if c.fsdp == 2)
     pipe = pj.pipeline(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
@@ -206,8 +215,9 @@ def test_a_split_over_tensor_is_a_candidate_costed_by_its_annotations():
     layers = pj.models.gpt(depth=2, width=32, heads=2, context=16, vocab=64)
     tokens = jnp.zeros((16,), jnp.int32)
     found = planner.search(layers, loss=pj.losses.next_token, example=tokens, targets=tokens,
-                           devices=4, batch=8, stages=[4, 2, 1], tensor=[1, 2, 4],
-                           schedules=["1f1b"], microbatches=[4], remat=["stage"])
+                           machine=planner.Machine(devices=4), training=planner.Training(batch=8),
+                           space=planner.Space(schedules=["1f1b"], stages=[4, 2, 1],
+                                               tensor=[1, 2, 4], microbatches=[4], remat=["stage"]))
     assert {(c.stages, c.data, c.tensor) for c in found} == {
         (4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 2, 2)}  # not (1, 1, 4): 2 heads
     split = next(c for c in found if c.tensor == 2 and c.stages == 2)
@@ -227,8 +237,10 @@ def test_on_one_shared_processor_every_split_does_its_arithmetic():
     which runs its forward inside its backward (to XLA's counts)."""
     layers = pj.models.mlp(depth=4, width=64)
     found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
-                           devices=4, batch=32, stages=[2, 4], schedules=["1f1b"],
-                           microbatches=[4], remat=["stage"], host_flops=1e3)
+                           machine=planner.Machine(devices=4, host_flops=1e3),
+                           training=planner.Training(batch=32),
+                           space=planner.Space(schedules=["1f1b"], stages=[2, 4], microbatches=[4],
+                                               remat=["stage"]))
     assert len(found) == 2 and found[0].data * found[0].stages == 4
 
     def work(stages: int) -> float:
@@ -247,24 +259,32 @@ def test_replicas_average_their_micro_batches_into_one_update(candidates):
     assert pb.effective_delay == pytest.approx(0.1 / 0.1 * 2 * 8 / 128)
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(stages=[3]), "stages=3 does not divide devices=4"),
-    (dict(schedules=["1f1b", "gpip"]), r"schedules \['gpip'\]"),
-    (dict(stages=[4], schedules=["1f1b"], memory=1000), "no candidate fits memory=1000 B"),
-    (dict(learning_rate=0.1, reference=(0.1, 0.9, 128), schedules=["pb"], stages=[4]),
-     "not both")])
-def test_bad_settings_name_themselves(settings, message):
+@pytest.mark.parametrize("space,machine,training,message", [
+    (dict(stages=[3]), {}, {}, "stages=3 does not divide devices=4"),
+    (dict(schedules=["1f1b", "gpip"]), {}, {}, r"schedules \['gpip'\]"),
+    (dict(stages=[4], schedules=["1f1b"]), dict(memory=1000), {},
+     "no candidate fits memory=1000 B"),
+    (dict(schedules=["pb"], stages=[4]), {}, dict(learning_rate=0.1, reference=(0.1, 0.9, 128)),
+     "not both"),
+    ({}, dict(devices=0), {}, r"Machine\(devices=0\)"),
+    ({}, dict(tick_seconds=-1.0), {}, "every rate must be positive"),
+    ({}, {}, dict(batch=0), r"Training\(batch=0\)")])
+def test_bad_settings_name_themselves(space, machine, training, message):
     with pytest.raises(pj.errors.ConfigError, match=message):
         planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
-                       example=jnp.zeros((40,)), devices=4, batch=32, microbatches=[4],
-                       remat=["stage"], **settings)
+                       example=jnp.zeros((40,)),
+                       machine=planner.Machine(**{"devices": 4, **machine}),
+                       training=planner.Training(**{"batch": 32, **training}),
+                       space=planner.Space(microbatches=[4], remat=["stage"], **space))
 
 
 def test_the_search_reports_its_progress():
     calls = []
     found = planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
-                           example=jnp.zeros((40,)), devices=4, batch=32, microbatches=[4],
-                           remat=["stage"], schedules=["1f1b", "pb"], stages=[2, 4],
+                           example=jnp.zeros((40,)), machine=planner.Machine(devices=4),
+                           training=planner.Training(batch=32),
+                           space=planner.Space(schedules=["1f1b", "pb"], stages=[2, 4],
+                                               microbatches=[4], remat=["stage"]),
                            progress=lambda *a: calls.append(a))
     total = 2 * 2  # stages x schedules, one M and remat each
     assert calls == [(i, total) for i in range(total + 1)] and len(found) == total
@@ -275,8 +295,9 @@ def test_an_example_with_a_batch_axis_is_named():
     with pytest.raises(pj.errors.LayerError, match=r"stacked 2 of example \(2, 40\) into each "
                        "micro-batch: give one example, without its batch axis"):
         planner.search(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
-                       example=jnp.zeros((2, 40)), devices=4, batch=32, microbatches=[4],
-                       remat=["stage"], stages=[1])
+                       example=jnp.zeros((2, 40)), machine=planner.Machine(devices=4),
+                       training=planner.Training(batch=32),
+                       space=planner.Space(stages=[1], microbatches=[4], remat=["stage"]))
 
 
 def test_messages_cost_the_collectives_the_table_runs():
@@ -290,9 +311,12 @@ def test_messages_cost_the_collectives_the_table_runs():
     layers = pj.models.mlp(depth=8, width=64)
     names = ["gpipe", "1f1b", "dualpipev", "pb"]
     found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
-                           devices=4, batch=32, stages=[4], schedules=names, microbatches=[8],
-                           remat=["stage"], device_flops=1e30, memory_bandwidth=1e30,
-                           tick_seconds=0.0, link_bandwidth=1.0)
+                           machine=planner.Machine(devices=4, device_flops=1e30,
+                                                   link_bandwidth=1.0, tick_seconds=0.0,
+                                                   memory_bandwidth=1e30),
+                           training=planner.Training(batch=32),
+                           space=planner.Space(schedules=names, stages=[4], microbatches=[8],
+                                               remat=["stage"]))
     assert {c.schedule for c in found} == set(names)
     for c in found:
         pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 40)),
@@ -312,23 +336,26 @@ def test_each_layer_an_op_runs_costs_its_fixed_seconds():
     ops, costs its chunk's layers."""
     layers = pj.models.mlp(depth=4, width=64)
     L, M, s = len(layers), 4, 1e-3
-    free = dict(device_flops=1e30, memory_bandwidth=1e30, tick_seconds=0.0,
-                link_bandwidth=1e30, layer_seconds=s)
+    free = planner.Machine(device_flops=1e30, memory_bandwidth=1e30, tick_seconds=0.0,
+                           link_bandwidth=1e30, layer_seconds=s, devices=1)
     found = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
-                           devices=1, batch=16, stages=[1], schedules=["1f1b"],
-                           microbatches=[M], remat=["none", "stage"], **free)
+                           machine=free, training=planner.Training(batch=16),
+                           space=planner.Space(schedules=["1f1b"], stages=[1], microbatches=[M],
+                                               remat=["none", "stage"]))
     assert len(found) == 2
     assert all(c.step_seconds == pytest.approx(M * 3 * L * s) for c in found)
     pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 40)),
                        stages=2, microbatches=M, schedule="gpipe", remat="none")
-    fixed = step_costs.fixed_costs(pipe.build.code, False, False, s)
+    fixed = cost_model.fixed_costs(pipe.build.code, False, False, s)
     sizes = [len(pipe.plan.stage_specs(j)) for j in range(2)]
     Op = pj.schedules.Op
     assert list(fixed[Op.F]) == [s * n for n in sizes]
     assert list(fixed[Op.BW]) == [2 * s * n for n in sizes]
     (c,) = planner.search(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((40,)),
-                          devices=2, batch=16, stages=[2], schedules=["gpipe"],
-                          microbatches=[M], remat=["none"], **free)
+                          machine=dataclasses.replace(free, devices=2),
+                          training=planner.Training(batch=16),
+                          space=planner.Space(schedules=["gpipe"], stages=[2], microbatches=[M],
+                                              remat=["none"]))
     # GPipe: M + K − 1 = 5 ticks of forwards, as many of backwards: the first
     # and the last run one stage, the M − 1 between both, as slow as the larger
     assert c.step_seconds == pytest.approx(3 * s * (sum(sizes) + (M - 1) * max(sizes)))
@@ -341,7 +368,8 @@ def test_a_tensor_degree_whose_step_would_hang_is_never_proposed():
     kept at K = 1, where every device runs the one stage's code."""
     tokens = jnp.zeros((8,), jnp.int32)
     found = planner.search(llama.decoder(width=32, heads=2), loss=pj.losses.next_token,
-                           example=tokens, targets=tokens, devices=8, batch=8,
-                           stages=[2, 1], tensor=[2, 4], schedules=["1f1b"],
-                           microbatches=[2], remat=["stage"])
+                           example=tokens, targets=tokens, machine=planner.Machine(devices=8),
+                           training=planner.Training(batch=8),
+                           space=planner.Space(schedules=["1f1b"], stages=[2, 1], tensor=[2, 4],
+                                               microbatches=[2], remat=["stage"]))
     assert {(c.stages, c.tensor) for c in found} == {(2, 2), (1, 2), (1, 4)}

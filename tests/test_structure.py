@@ -1,11 +1,12 @@
-"""The package's shape: no import cycle (type-only imports included), the
-facades reach compile/ through its front door only, and no module is over
-300 lines."""
+"""The package's shape: no import cycle (type-only imports included), every
+module outside compile/ reaches it through its front door only, the library
+never imports the benchmark package, and no module is over 300 lines."""
 
 import ast
 import pathlib
 
 import pipejax
+import pipejax.compile
 
 ROOT = pathlib.Path(pipejax.__file__).parent
 LONGEST = 300
@@ -72,11 +73,29 @@ def test_modules_import_no_cycle_even_for_types():
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
-def test_the_facades_use_the_compiler_through_its_front_door():
-    for facade in ("pipeline.py", "trainer.py"):
-        used = {m for m in _imports(ROOT / facade) if m.startswith("pipejax.compile")}
-        outside = {m for m in used if not m.startswith("pipejax.compile.programs")}
-        assert not outside, f"{facade} imports {sorted(outside)}; go through compile/programs.py"
+def _outside(package: str, itself: bool = False) -> dict[str, set[str]]:
+    """What each module outside `package` imports of its modules (and of it, if `itself`)."""
+    return {name: {m for m in used if m.startswith(package + ".") or itself and m == package}
+            for name, used in _graph().items() if not name.startswith(package)}
+
+
+def test_modules_outside_the_compiler_use_its_front_door():
+    past = {name: sorted(used) for name, used in _outside("pipejax.compile").items() if used}
+    assert not past, f"import from pipejax.compile, not its modules: {past}"
+
+
+def test_the_compiler_lists_every_module_it_has():
+    listed = pipejax.compile.__doc__
+    missing = [p.stem for p in (ROOT / "compile").glob("*.py")
+               if p.stem != "__init__" and f"`{p.stem}`" not in listed]
+    assert not missing, f"compile/__init__.py's module map lacks {missing}"
+
+
+def test_the_library_does_not_import_the_benchmarks():
+    """The CLI's `bench` command runs them; nothing else of the library needs them."""
+    users = {name: sorted(used) for name, used in _outside("pipejax.bench", itself=True).items()
+             if used and name != "pipejax.cli"}
+    assert not users, f"modules importing pipejax.bench: {users}"
 
 
 def test_no_module_is_over_300_lines():

@@ -40,7 +40,7 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
     profile; process 0 writes the rows' figures to `folder`/job.json."""
     import jax
     from pipejax.bench.collective_time import collective_share
-    from pipejax.bench.op_costs import coupled_path, earliest_path
+    from pipejax.planner.paths import coupled_path, earliest_path
     from pipejax.bench.op_times import ideal_seconds, op_runs
     from pipejax.bench.speed import alternate
 

@@ -19,7 +19,7 @@ the others wait in a collective, which takes no processor time
 Per row the job also measures the table's ideal step (`op_times`: each op
 alone on its device, alternated with the steps, laid on the table as early
 as its inputs allow, in lock step, and as the executor's collectives
-couple the devices, `op_costs.coupled_path`) and, from a profile of the
+couple the devices, `pipejax.planner.paths.coupled_path`) and, from a profile of the
 row's step, each process's share of it in collectives (idle for a peer,
 and the link; `collective_time`), given in milliseconds of the median
 step, and the rest, busy.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from pipejax.compile.layout import Layout
+    from pipejax.compile import Layout
 
 HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$")
 CALLED = re.compile(r"(?:body|condition|to_apply|calls|true_computation|false_computation)="

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pipejax.bench.op_costs import earliest_path, split_ops
 from pipejax.bench.speed import optimizer_step
-from pipejax.compile.model import Feed
+from pipejax.compile import Feed, split_functions
+from pipejax.planner.paths import earliest_path
 from pipejax.schedules.tasks import Op
 
 PAIR, UPDATE = "pair", "update"  # the last stage's one vjp; a device's optimizer update
@@ -67,7 +67,7 @@ def _stage_runs(code: Any, j: int, device: jax.Device) -> dict[Op | str, Callabl
     if j == code.S - 1:
         runs[PAIR] = (jax.jit(code.pair), (params, h, feed))
     if code.splits:
-        (b, _), (w, _) = split_ops(code, j)
+        (b, _), (w, _) = split_functions(code, j)
         leaves = jax.tree.leaves((params, h, feed, kept, ct))
         b = jax.jit(b)
         _, bridge = b(*leaves)
@@ -106,12 +106,12 @@ def key(op: Op | str, index: int) -> str:
 def ideal_seconds(pipe: Any, seconds: dict[str, float],
                   path: Callable[..., float] = earliest_path) -> float:
     """The step of the table from its ops' own times (`op_runs`' fastest
-    calls, of every process) laid out by `path`: `op_costs.earliest_path`,
+    calls, of every process) laid out by `path`: `planner.paths.earliest_path`,
     each op as early as its device's order and its input allow, then the
     slowest device's update (an asynchronous table's after each backward),
     no message or tick costing anything (its `lockstep` variant: every tick
     starts when the slowest device ended the last); or
-    `op_costs.coupled_path`, each tick's collectives holding their
+    `planner.paths.coupled_path`, each tick's collectives holding their
     receivers until their senders end the tick. The last stage's forward
     and backward in one tick (a fused pair) take the pair's time; where its
     backward runs its forward (`deferred`) the forward costs nothing and BW

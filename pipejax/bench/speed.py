@@ -12,7 +12,7 @@ import optax
 
 import pipejax as pj
 from pipejax.bench.machine import CLASSES, FEATURES, batch
-from pipejax.compile.precision import cast_floating, compute_weights
+from pipejax.compile import cast_floating, compute_weights
 from pipejax.layers import layer_list
 from pipejax.trace import cost_analysis as cost
 

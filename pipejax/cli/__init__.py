@@ -20,6 +20,7 @@ from pipejax.cli.models import MODEL_DEFAULTS
 from pipejax.cli.train import train
 from pipejax.formatting import in_words
 from pipejax.schedules import FAMILIES, names
+from pipejax.stage_layout import Gather
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
 from pipejax.transforms.mitigations import MITIGATIONS
@@ -93,6 +94,10 @@ def _common(q: argparse.ArgumentParser) -> None:
     q.add_argument("--fsdp", type=_count, default=1, metavar="F",
                    help="devices each stage is sharded over (ZeRO-3): its weights, gradients "
                         "and optimizer state in F pieces, each micro-batch in F parts")
+    q.add_argument("--fsdp-gather", default="tick", choices=[g.value for g in Gather],
+                   help="where a stage sharded over --fsdp gathers its weights: at every tick "
+                        "that uses them (the least memory) or once a step (synchronous "
+                        "schedules)")
     q.add_argument("--tensor", type=_count, default=1, metavar="T",
                    help="devices each annotated parameter is split over (tensor parallelism; "
                         "the gpt carries Megatron's layout)")

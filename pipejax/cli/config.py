@@ -45,6 +45,7 @@ class Common:
     replicas: int
     nodes: int
     fsdp: int
+    fsdp_gather: str
     tensor: int
 
     @classmethod

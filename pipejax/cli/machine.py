@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipejax.cli.imports import defaults
 from pipejax.cli.setup import parse_numbers
 from pipejax.errors import ConfigError
+from pipejax.planner import RATES, Machine
 
 
 def measured_flops(path: Path, dtype: str) -> tuple[float, str]:
@@ -28,32 +28,33 @@ def measured_flops(path: Path, dtype: str) -> tuple[float, str]:
     return 1e12 * plain["model_tflops"], device
 
 
-def machine_rates(machine: str | None, dtype: str) -> dict:
-    """`pj.search`'s machine from --machine: its numbers (a HOST of 0: no
-    processor shared), or the device rate a `pipejax bench --only gpu` JSON
-    measured in `dtype` (one GPU has no link to measure: the link and the
-    tick keep their defaults)."""
-    if machine is None:
-        from pipejax.planner import search
-
-        d = defaults(search)
-        print(f"predicted for pj.search's default machine, a GPU ({d['device_flops'] / 1e12:g} "
-              f"TFLOP/s, {d['link_bandwidth'] / 1e9:g} GB/s links, {d['tick_seconds'] * 1e6:g} "
-              f"µs a tick, {d['memory_bandwidth'] / 1e12:g} TB/s of memory); --machine gives "
+def machine(text: str | None, dtype: str, devices: int, memory: float | None) -> Machine:
+    """`pj.search`'s machine of `devices` devices from --machine: its
+    numbers (a HOST of 0: no processor shared), or the device rate a
+    `pipejax bench --only gpu` JSON measured in `dtype` (one GPU has no link
+    to measure: the link and the tick keep their defaults)."""
+    if text is None:
+        d = Machine(devices=devices, memory=memory)
+        print(f"predicted for pj.search's default machine, a GPU ({d.device_flops / 1e12:g} "
+              f"TFLOP/s, {d.link_bandwidth / 1e9:g} GB/s links, {d.tick_seconds * 1e6:g} "
+              f"µs a tick, {d.memory_bandwidth / 1e12:g} TB/s of memory); --machine gives "
               "yours")
-        return {}
-    if machine.lower().endswith(".json"):
-        flops, device = measured_flops(Path(machine), dtype)
+        return d
+    if text.lower().endswith(".json"):
+        flops, device = measured_flops(Path(text), dtype)
         print(f"device rate {flops / 1e12:.1f} TFLOP/s ({dtype}, {device}, the plain jit's "
-              f"model FLOP/s in {machine}); link and tick: the defaults (one GPU has no link "
+              f"model FLOP/s in {text}); link and tick: the defaults (one GPU has no link "
               f"to measure)")
-        return {"device_flops": flops}
-    rates = dict(zip(("device_flops", "link_bandwidth", "tick_seconds", "host_flops",
-                      "memory_bandwidth", "layer_seconds"),
-                     parse_numbers(machine, "--machine", (3, 4, 5, 6), "50e12,50e9,20e-6")))
-    may_be_0 = ("host_flops", "layer_seconds")
-    if any(r < 0 or r == 0 and name not in may_be_0 for name, r in rates.items()):
-        raise ConfigError(f"--machine {machine}: every rate must be positive (HOST and LAYER "
-                          f"may be 0: no processor shared, no fixed cost a layer), e.g. "
-                          f"50e12,50e9,20e-6,0,2e12,0")
-    return {name: r for name, r in rates.items() if r}  # 0: none shared, none counted
+        return Machine(flops, devices=devices, memory=memory)
+    numbers = parse_numbers(text, "--machine", tuple(range(3, len(RATES) + 1)),
+                            "50e12,50e9,20e-6")
+    given = dict(zip(RATES, numbers))
+    if given.get("host_flops") == 0:  # none shared
+        given["host_flops"] = None
+    try:
+        return Machine(**given, devices=devices, memory=memory)
+    except ConfigError:
+        raise ConfigError(f"--machine {text}: every rate must be positive (SECONDS, HOST "
+                          f"and LAYER may be 0: no fixed cost a tick, no processor shared, no "
+                          f"fixed cost a layer), e.g. "
+                          f"50e12,50e9,20e-6,0,2e12,0") from None

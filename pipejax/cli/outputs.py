@@ -105,7 +105,7 @@ def finish(cfg: TrainConfig, run: Run) -> None:
                       + (f", {jax.process_count()} processes" if jax.process_count() > 1 else "")))
     if cfg.fsdp > 1:
         lines.append(("fsdp", f"{cfg.fsdp} devices a stage, weights gathered once a "
-                               f"{pipe.build.gather}"))
+                               f"{pipe.build.stage.gather.value}"))
     if cfg.tensor > 1:
         lines.append(("tensor", f"{cfg.tensor} devices split each annotated parameter"))
     if cfg.out:

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from pipejax.cli.config import PlanConfig
-from pipejax.cli.machine import machine_rates
+from pipejax.cli.machine import machine
 from pipejax.cli.models import build_layers
 from pipejax.cli.setup import make_pipeline, parse_numbers, partition_arg, setup_devices
 from pipejax.cli.tasks import load_task
@@ -53,17 +53,18 @@ def search(cfg: PlanConfig) -> PlanConfig | None:
                           0, kwargs)
     reference = cfg.reference and parse_numbers(cfg.reference, "--reference", (3,),
                                                 "0.1,0.9,128")
-    machine = machine_rates(cfg.machine, cfg.compute_dtype or "float32")
+    memory = None if cfg.memory is None else parse_bytes(cfg.memory)
     ranked = planner.search(
         layers, loss=task.loss, example=jax.tree.map(lambda a: a[0], example),
         targets=None if targets is None else jax.tree.map(lambda a: a[0], targets),
-        devices=cfg.devices, batch=cfg.batch_size, fsdp=(cfg.fsdp,), tensor=(cfg.tensor,),
-        memory=None if cfg.memory is None else parse_bytes(cfg.memory),
-        learning_rate=cfg.lr, momentum=cfg.momentum,
-        schedules=cfg.schedules and cfg.schedules.split(","),
-        compute_dtypes=(cfg.compute_dtype,), partition=partition_arg(cfg),
-        reference=reference and (reference[0], reference[1], int(reference[2])),
-        progress=_progress if sys.stderr.isatty() else None, **machine)
+        machine=machine(cfg.machine, cfg.compute_dtype or "float32", cfg.devices, memory),
+        training=planner.Training(
+            batch=cfg.batch_size, learning_rate=cfg.lr, momentum=cfg.momentum,
+            reference=reference and (reference[0], reference[1], int(reference[2]))),
+        space=planner.Space(schedules=cfg.schedules and cfg.schedules.split(","),
+                            fsdp=(cfg.fsdp,), tensor=(cfg.tensor,),
+                            compute_dtypes=(cfg.compute_dtype,), partition=partition_arg(cfg)),
+        progress=_progress if sys.stderr.isatty() else None)
     print(planner.render(ranked, limit=max(20, (cfg.pick or 0) + 1)))
     if cfg.pick is None:
         return None

@@ -54,7 +54,7 @@ def make_pipeline(cfg: Common, task, mesh, weight_stashing: bool = False, seed: 
                        schedule=schedule_arg(cfg), partition=partition_arg(cfg), remat=cfg.remat,
                        mesh=mesh, weight_stashing=weight_stashing,
                        compute_dtype=cfg.compute_dtype, max_padding=cfg.max_padding,
-                       virtual=cfg.virtual, placement=cfg.placement)
+                       virtual=cfg.virtual, placement=cfg.placement, fsdp_gather=cfg.fsdp_gather)
     return layers, pipe
 
 

@@ -229,7 +229,7 @@ def train(cfg: TrainConfig) -> int:
                "mitigation": cfg.mitigation or "none", "form": cfg.form,
                "horizon_scale": cfg.horizon_scale, "delays": pipe.schedule.delays,
                "replicas": cfg.replicas, "nodes": cfg.nodes, "fsdp": cfg.fsdp,
-               "tensor": cfg.tensor,
+               "fsdp_gather": pipe.build.stage.gather.value, "tensor": cfg.tensor,
                "rule": trainer.rule.name if trainer.rule else "none",
                "processes": jax.process_count()}
     if save_dir:

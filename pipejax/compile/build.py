@@ -2,8 +2,9 @@
 
 `Build` holds, side by side, the placement (which device holds each model
 chunk), the stage code (the layers of every chunk as switch branches), the
-schedule table, the buffer layout, the mesh and, for a stage sharded over
-an `fsdp` axis, where its weights are gathered (compile/fsdp.py), and checks
+schedule table, the buffer layout, the mesh and how a stage is laid out
+over its devices (`StageLayout`: fsdp, tensor, where a sharded stage's
+weights are gathered), and checks
 that the code and the table were made for the same placement. Programs take `(build, opts)`;
 a `Pipeline` holds one build, a `Trainer` one build and one `StageOptimizers`.
 """
@@ -18,9 +19,10 @@ from jax.sharding import Mesh
 from pipejax.compile.layout import Layout
 from pipejax.compile.stages import StageCode
 from pipejax.errors import ConfigError
-from pipejax.mesh import batch_axes, data_axes, replicas, shards
+from pipejax.mesh import batch_axes, data_axes, replicas
 from pipejax.placement import Placement
 from pipejax.schedules import Schedule
+from pipejax.stage_layout import StageLayout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,7 +34,7 @@ class Build:
     schedule: Schedule
     layout: Layout
     mesh: Mesh
-    gather: str  # where a sharded stage gathers its weights: "step" or "tick" (compile/fsdp.py)
+    stage: StageLayout  # a stage's fsdp and tensor devices, and where its pieces gather
 
     def __post_init__(self):
         for what, other in (("stage code", self.code.placement),
@@ -69,7 +71,7 @@ class Build:
     @property
     def F(self) -> int:
         """The devices each stage is sharded over (the mesh's `fsdp` axis; 1 without)."""
-        return shards(self.mesh)
+        return self.stage.fsdp
 
     @property
     def rows(self) -> int:

@@ -135,8 +135,8 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
         if layout.bridge_slots:
             moving += layout.bridge_slots * chunk_used(code.bridge)
         out = {"parameters": P, "optimizer state": S, "batch": batch}
-        step = build.F > 1 and build.gather == "step"
-        if build.F > 1:
+        step = build.stage.gathers_once
+        if build.stage.sharded:
             whole = used(code.params)
             out["gathered weights"] = whole * (2 if twice else 1)
         gradient = whole if step else P

@@ -93,7 +93,7 @@ class StageOptimizers:
                 "or drop the forecast")
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(build.K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1], build.code.share)
-        axes = [pieces.splits(s, params, k) for k, s in enumerate(states)]
+        axes = [pieces.tensor_axes(s, params, k) for k, s in enumerate(states)]
         return cls(transforms, params, Packing.of(states, splits=axes, parts=params.parts),
                    groups, outer)
 

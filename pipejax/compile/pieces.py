@@ -4,7 +4,7 @@ On a stage sharded over F devices (compile/fsdp.py) each device's optax
 state is the state of its piece of every leaf (`Packing.shard`), kept in a
 row of its own (`[R·K·F, ...]`). `whole` joins the F states into the one
 the optimizer would hold over the whole leaves (what `trainer.opt_state`
-returns and a checkpoint stores: the same as at F = 1), `split` cuts a
+returns and a checkpoint stores: the same as at F = 1), `into_pieces` cuts a
 whole state into the F pieces' states (what a checkpoint restores into).
 A part of the state shaped like the stage's parameters (momentum, Adam's
 moments) is cut as the parameters are; any other leaf (a step count) is
@@ -24,7 +24,7 @@ from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.packing import Packing
 
 
-def parts(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
+def state_parts(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     """A stage's optax state as (treedef, its parts, which parts are shaped
     like the stage's parameters: the per-parameter states; the others are leaves)."""
     like = jax.tree.structure(params)
@@ -33,12 +33,12 @@ def parts(state: Any, params: Any) -> tuple[Any, list, list[bool]]:
     return treedef, flat, [is_part(p) for p in flat]
 
 
-def splits(state: Any, params: Packing, k: int) -> list:
+def tensor_axes(state: Any, params: Packing, k: int) -> list:
     """The axis each leaf of stage k's optax `state` splits over `tensor`:
     a per-parameter part's leaves as the parameters they follow, the others
     (step counts) none."""
     tree = params.abstract_tree(k)
-    _, flat, per_parameter = parts(state, tree)
+    _, flat, per_parameter = state_parts(state, tree)
     axes = [s.split for s in params.leaves[k]]
     return [a for part, cut in zip(flat, per_parameter)
             for a in (axes if cut else [None] * len(jax.tree.leaves(part)))]
@@ -50,7 +50,7 @@ def check(init: Any, params: Packing, k: int, F: int) -> None:
     parts shaped like the leaves they follow, other leaves alike."""
     tree, pieces = params.abstract_tree(k), params.shard(F).abstract_tree(k)
     (wdef, whole, wflags), (pdef, piece, pflags) = (
-        parts(jax.eval_shape(init, t), t) for t in (tree, pieces))
+        state_parts(jax.eval_shape(init, t), t) for t in (tree, pieces))
     like = lambda part, t: [a.shape for a in jax.tree.leaves(part)] == [
         a.shape for a in jax.tree.leaves(t)]
     ok = wdef == pdef and wflags == pflags and all(
@@ -84,8 +84,8 @@ def whole(pieces: list[Any], params: Packing, k: int) -> Any:
     """Stage k's optax state over its whole leaves from the F states over
     its pieces (device 0's first); `params` is the whole parameter packing."""
     tree = params.abstract_tree(k)
-    split = [parts(p, tree) for p in pieces]
-    treedef, flat, per_parameter = split[0]
+    each = [state_parts(p, tree) for p in pieces]
+    treedef, flat, per_parameter = each[0]
     out = []
     for n, (part, cut) in enumerate(zip(flat, per_parameter)):
         if not cut:
@@ -93,18 +93,18 @@ def whole(pieces: list[Any], params: Packing, k: int) -> Any:
             continue
         typed = _typed(params, k, part)
         view = typed.shard(len(pieces))
-        rows = [view.pack(k, jax.tree.map(np.asarray, s[1][n])) for s in split]  # per device
+        rows = [view.pack(k, jax.tree.map(np.asarray, s[1][n])) for s in each]  # per device
         joined = tuple(np.concatenate([np.asarray(r[j]) for r in rows])
                        for j in range(len(params.slots)))
         out.append(typed.unpack(k, joined))
     return jax.tree.unflatten(treedef, out)
 
 
-def split(state: Any, params: Packing, k: int, F: int) -> list[Any]:
+def into_pieces(state: Any, params: Packing, k: int, F: int) -> list[Any]:
     """Stage k's whole optax state cut into the F states over its pieces."""
     if F == 1:
         return [state]
-    treedef, flat, per_parameter = parts(state, params.abstract_tree(k))
+    treedef, flat, per_parameter = state_parts(state, params.abstract_tree(k))
     typed = [_typed(params, k, part) if cut else None for part, cut in zip(flat, per_parameter)]
     packed = [[np.asarray(b) for b in t.pack(k, jax.tree.map(np.asarray, part))] if t else None
               for part, t in zip(flat, typed)]

@@ -40,9 +40,9 @@ from pipejax.compile.versions import Versions
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, unstage
 from pipejax.errors import ArgumentTypeError, ConfigError
 from pipejax.layers import layer_variables
-from pipejax.mesh import shards, tensor_parts
 from pipejax.partition import Plan
 from pipejax.schedules import Schedule
+from pipejax.stage_layout import StageLayout
 from pipejax.transforms.data_parallel import DataRule
 from pipejax.transforms.per_stage import Optimizer
 
@@ -57,10 +57,10 @@ class Flags(NamedTuple):
 
     weight_stashing: bool = False  # an asynchronous backward runs on its forward's weights
     share_branches: bool = True  # stages of one structure share a branch of the switch
-    fsdp_gather: str = "tick"  # where a sharded stage gathers its weights (compile/fsdp.py)
+    stage: StageLayout = StageLayout()  # a stage's devices, and where its pieces gather
 
 
-def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags) -> Build:
+def compile_build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags) -> Build:
     """The stage code of `plan`, the layout `schedule` needs and the mesh, as
     one `Build`. The last stage seeds its vjp with 1/M when a step's loss is
     the mean over M micro-batches (one update a step: synchronous,
@@ -70,9 +70,9 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags
     where that stage keeps nothing (last_stage.py);
     a stage sharded over F devices packs its slots in F pieces."""
     seed = 1.0 / schedule.microbatches if schedule.updates_per_step == 1 else 1.0
-    F = shards(mesh)
+    stage = flags.stage
     code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule),
-                     (F, tensor_parts(mesh)))
+                     (stage.fsdp, stage.tensor))
     code.kept = kept_packing(code, mesh)
     if code.params.parts > 1 and not any(code.params.tensor_slots):
         raise ConfigError(
@@ -81,8 +81,8 @@ def build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flags: Flags
             "compute the same; annotate the layers (e.g. nn.Dense(kernel_init="
             "nn.with_partitioning(init, (None, 'tensor')))), or use those devices for fsdp or "
             "data replicas")
-    layout = Layout.of(code, schedule, flags.weight_stashing, F)
-    return Build(plan.placement, code, schedule, layout, mesh, flags.fsdp_gather)
+    layout = Layout.of(code, schedule, flags.weight_stashing, stage.fsdp)
+    return Build(plan.placement, code, schedule, layout, mesh, flags.stage)
 
 
 def crossing(b: Build) -> tuple[str, ...]:

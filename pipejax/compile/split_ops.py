@@ -21,6 +21,16 @@ from pipejax.compile.table_state import Ops
 from pipejax.schedules import Op
 
 
+def split_functions(code: StageCode, j: int) -> tuple[tuple[Callable, tuple], ...]:
+    """B and W of virtual stage j's split backward (`code.splits`), each a
+    function with its abstract arguments (to count or time them alone)."""
+    split = code.splits[code.groups.of[j]]
+    leaves = jax.tree.leaves(code.backward_args(j))
+    bridge = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in split.avals]
+    return ((lambda *a: split.run_b(a), tuple(leaves)),
+            (split.run_w, ([leaves[i] for i in split.reread], bridge)))
+
+
 class SplitBackwardOps:
     """The B and W ops of `table._Tick` (a mixin: the tick's code, layout,
     branches, `_run_on_rings` and `_inputs` are its own)."""

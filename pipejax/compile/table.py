@@ -268,8 +268,7 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     mesh's batch axes (the data axes and `fsdp`)."""
     schedule, axes = build.schedule, build.axes
     ticks = loss_ticks(schedule, build.code.deferred)  # static
-    step = build.F > 1 and build.gather == "step"
-    whole = gather(inp.params, build.code.params) if step else None
+    whole = gather(inp.params, build.code.params) if build.stage.gathers_once else None
     sums = build.layout.pieces if whole is None else build.code.params  # the sum's packing
     grad_sum = sums.zeros() if schedule.synchronous else ()
     tick = _Tick(build, opts, inp, whole)

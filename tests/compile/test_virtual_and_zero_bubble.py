@@ -11,7 +11,8 @@ import optax
 import pytest
 
 import pipejax as pj
-from pipejax.bench.op_costs import executed, op_counts, step_count
+from pipejax.bench.op_costs import op_counts, step_count
+from pipejax.planner.paths import executed
 from pipejax.compile.residuals import costly
 from pipejax.compile.split import _needed
 from pipejax.errors import ConfigError

@@ -56,7 +56,9 @@ def test_a_registered_family_trains_by_its_name_as_the_one_it_copies(tmp_path, m
     meta, _ = pj.checkpoint_files.read(tmp_path, None)
     assert meta["schedule"] == "mine"  # the name it was saved under
     plan = pj.planner.search(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros(40),
-                             devices=2, batch=8, schedules=["mine"], stages=[2])
+                             machine=pj.planner.Machine(devices=2),
+                             training=pj.planner.Training(batch=8),
+                             space=pj.planner.Space(schedules=["mine"], stages=[2]))
     assert {c.schedule for c in plan} == {"mine"}
 
 

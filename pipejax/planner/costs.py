@@ -1,8 +1,8 @@
 """The step-time model `pj.search` ranks by: each op's cost on each virtual
 stage in FLOPs (its arithmetic, its ring traffic, a tensor split's share
 and all-reduces, its layers' fixed cost, all at the device's rate), and
-the table's ticks in lock step over them. The planner's module docstring
-lists its assumptions."""
+the table's ticks as the devices run them (paths.py). The planner's
+docstring lists its assumptions."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Sequence
 import jax
 import numpy as np
 
-from pipejax.bench.op_costs import coupled_path, critical_path, executed, split_ops
-from pipejax.compile.tensor import split_parts
+from pipejax.compile import split_functions, split_parts
+from pipejax.planner.paths import coupled_path, critical_path, executed
 from pipejax.schedules import Op, Schedule
 from pipejax.trace import nbytes, xla_flops
 
 if TYPE_CHECKING:
-    from pipejax.compile.stages import StageCode
+    from pipejax.compile import StageCode
     from pipejax.pipeline import Pipeline
 
 
@@ -52,7 +52,7 @@ def w_shares(code: StageCode, chunk_flops: Sequence[float]) -> np.ndarray:
     replay = code.model.remat != "none"
 
     def share(j: int) -> float:
-        b, w = (xla_flops(jax.jit(fn).lower(*args)) for fn, args in split_ops(code, j))
+        b, w = (xla_flops(jax.jit(fn).lower(*args)) for fn, args in split_functions(code, j))
         whole = None if b is None or w is None else b + w - replay * chunk_flops[j] / 3
         return w / whole if whole and whole > 0 else 0.5
 
@@ -96,7 +96,7 @@ def step_seconds(schedule: Schedule, costs: dict, device_flops: float, per_tick:
                  host_flops: float | None = None) -> float:
     """Seconds of the table's ticks at `device_flops`, plus `per_tick` a
     tick (its fixed cost). Devices of their own (processes, GPUs) run as
-    the collectives couple them (`pipejax.bench.op_costs.coupled_path`: a
+    the collectives couple them (`paths.coupled_path`: a
     device that receives at a tick waits for its senders to end it);
     devices that share one processor (`host_flops`: simulated CPU devices
     in one process, whose collectives are a rendezvous of every device
