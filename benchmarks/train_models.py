@@ -2,7 +2,7 @@
 
 Each model trains on MNIST-1D (4000/1000 split) over 4 simulated stages with
 GPipe and the model's own default sizes, optimizer and epochs
-(`pipejax.cli.models.MODEL_DEFAULTS`), exactly as the command line runs it;
+(`pj.models.MODELS`), exactly as the command line runs it;
 the row holds the test accuracy of the final parameters and the command's
 wall time (compilation included). `pipejax train` with no flags is the MLP's
 row: the README's first command. The example scripts that print a test

@@ -4,7 +4,7 @@ from pipejax import (checkpoint, data, distributed, errors, layers, losses, mode
                      schedules, transforms)
 from pipejax.checkpoint import restore, save
 from pipejax.compile import InFlight, Layout, Staged, TrainState, unstage
-from pipejax.memories import cache_sizes, clear_caches
+from pipejax.caches import cache_sizes, clear_caches
 from pipejax.mesh import make_mesh, simulate_devices
 from pipejax.placed import Placed, parameters
 from pipejax.pipeline import Pipeline, pipeline

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax import memories
+from pipejax import caches
 from pipejax.compile import Staged, TrainState
 from pipejax.errors import ConfigError
 from pipejax.layers import Decoder, Layer, Variables, apply_layers, layer_list, remembered
@@ -76,7 +76,7 @@ def generate(layers: Sequence[Layer], variables: Sequence[Variables], prompt: An
     tokens = jnp.zeros((n + length,), jnp.int32).at[:n].set(prompt)
     cached = min(n + length, context) if (cache is None and not missing) or cache else n
     kind = ("generate", n, length, context, temperature, top_k, cached)
-    program = remembered(memories.GENERATORS, layers, kind,
+    program = remembered(caches.GENERATORS, layers, kind,
                          lambda: jax.jit(functools.partial(
                              _run, layers, decoders, n, cached, context,
                              _picker(temperature, top_k))))
@@ -117,7 +117,7 @@ def _check_model(layers: Sequence[Layer], variables: Any, prompt: np.ndarray, wi
         raise ConfigError(f"generate: {len(variables)} variables entries for {len(layers)} "
                           "layers; give one per layer (pj.unstage)")
     try:
-        logits = remembered(memories.GENERATORS, layers,
+        logits = remembered(caches.GENERATORS, layers,
                             ("logits", window), lambda: jax.eval_shape(
                                 lambda v: apply_layers(layers, v, jnp.zeros((1, window),
                                                                            jnp.int32),

@@ -27,19 +27,18 @@ from jax.sharding import Mesh, PartitionSpec
 
 from pipejax.errors import ConfigError, DeviceError
 
-AXIS = "stage"
-FSDP = "fsdp"
-TENSOR = "tensor"
-# Every axis name a pipeline's mesh may have, and what it means.
-AXES = {AXIS: "the pipeline's stages",
-        "data": "pipeline replicas (data parallelism)",
-        "node": "groups of replicas (hierarchical rules: H-ADPSGD, elastic over nodes)",
-        "local": "the replicas within a node",
+# The axis names a pipeline's mesh may have.
+STAGE, DATA, NODE, LOCAL, FSDP, TENSOR = "stage", "data", "node", "local", "fsdp", "tensor"
+# What each means.
+AXES = {STAGE: "the pipeline's stages",
+        DATA: "pipeline replicas (data parallelism)",
+        NODE: "groups of replicas (hierarchical rules: H-ADPSGD, elastic over nodes)",
+        LOCAL: "the replicas within a node",
         FSDP: "the devices of one stage: its parameters, gradients and optimizer state split "
               "over them, each micro-batch too (ZeRO-3)",
         TENSOR: "the devices each parameter annotated with this name is split over (tensor "
                 "parallelism: every micro-batch runs on all of them)"}
-DATA_AXES = ("data", "node", "local")  # the axes whose indices are replicas
+DATA_AXES = (DATA, NODE, LOCAL)  # the axes whose indices are replicas
 
 
 def simulate_devices(n: int) -> None:
@@ -70,17 +69,17 @@ def simulate_devices(n: int) -> None:
 def stage_mesh(stages: int, mesh: Mesh | None = None) -> Mesh:
     """The given mesh, checked, or a 1-D mesh over the first `stages` devices."""
     if mesh is not None:
-        if AXIS not in mesh.axis_names:
-            raise ConfigError(f"mesh axes {tuple(mesh.axis_names)} have no {AXIS!r} axis; "
-                              f"name the pipeline axis {AXIS!r}, e.g. "
-                              f"pj.make_mesh({stages}), or jax.sharding.Mesh(devices, ('data', '{AXIS}'))")
+        if STAGE not in mesh.axis_names:
+            raise ConfigError(f"mesh axes {tuple(mesh.axis_names)} have no {STAGE!r} axis; "
+                              f"name the pipeline axis {STAGE!r}, e.g. "
+                              f"pj.make_mesh({stages}), or jax.sharding.Mesh(devices, ('data', '{STAGE}'))")
         unknown = [a for a in mesh.axis_names if a not in AXES]
         if unknown:
             known = "; ".join(f"{name!r}: {meaning}" for name, meaning in AXES.items())
             raise ConfigError(f"mesh axes {tuple(mesh.axis_names)}: pipejax does not know "
                               f"{', '.join(map(repr, unknown))}; its axes are {known}")
-        if mesh.shape[AXIS] != stages:
-            raise ConfigError(f"mesh axis {AXIS!r} has {mesh.shape[AXIS]} devices but "
+        if mesh.shape[STAGE] != stages:
+            raise ConfigError(f"mesh axis {STAGE!r} has {mesh.shape[STAGE]} devices but "
                               f"stages={stages}; they must be equal")
         # shard_map places the pipeline's buffers itself: Auto axes (jax.make_mesh
         # makes Explicit ones, which would ask every input to arrive pre-sharded).
@@ -121,9 +120,9 @@ def make_mesh(stages: int, data: int = 1, nodes: int = 1,
             f"XLA_FLAGS=--xla_force_host_platform_device_count={need} set before importing jax "
             f"(or pj.simulate_devices({need}) before any JAX computation), or use fewer stages "
             "or replicas")
-    names = ("node", "local") if nodes > 1 else ("data",) if data > 1 else ()
+    names = (NODE, LOCAL) if nodes > 1 else (DATA,) if data > 1 else ()
     sizes = (nodes, data // nodes) if nodes > 1 else (data,) if data > 1 else ()
-    names, sizes = (*names, AXIS), (*sizes, stages)
+    names, sizes = (*names, STAGE), (*sizes, stages)
     for name, n in ((FSDP, fsdp), (TENSOR, tensor)):
         if n > 1:
             names, sizes = (*names, name), (*sizes, n)
@@ -144,7 +143,7 @@ def batch_axes(mesh: Mesh) -> tuple[str, ...]:
 def model_axes(mesh: Mesh) -> tuple[str, ...]:
     """The axes whose devices hold different parts of one model: `stage`,
     and `fsdp` when a stage spans several devices."""
-    return (AXIS, FSDP) if shards(mesh) > 1 else (AXIS,)
+    return (STAGE, FSDP) if shards(mesh) > 1 else (STAGE,)
 
 
 def shards(mesh: Mesh) -> int:

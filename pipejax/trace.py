@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax import memories
+from pipejax import caches
 from pipejax.errors import ConfigError, LayerError, PipejaxError
 from pipejax.layers import Layer, abstract, layer_list, remembered, shapes
 
@@ -195,7 +195,7 @@ def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",
         kind = shapes(h)
         try:
             variables, out, random, flops = remembered(
-                memories.ANALYSES, [layer], kind, lambda: _analyse(layer, h, key_struct, key))
+                caches.ANALYSES, [layer], kind, lambda: _analyse(layer, h, key_struct, key))
         except _KeepsState as state:
             raise LayerError(f"layer {i} ({name}) {state}") from None
         except Exception as err:  # noqa: BLE001 - re-raised with the layer named

@@ -7,6 +7,7 @@ import pathlib
 
 import pipejax
 import pipejax.compile
+import pipejax.models
 
 ROOT = pathlib.Path(pipejax.__file__).parent
 LONGEST = 300
@@ -102,3 +103,30 @@ def test_no_module_is_over_300_lines():
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > LONGEST}
     assert not long, f"modules over {LONGEST} lines: {long}"
+
+
+def test_the_command_line_compares_no_model_name():
+    """What a model is comes from its `pj.models.MODELS` entry, not its name."""
+    names = set(pipejax.models.MODELS)
+    found = []
+    for path in (ROOT / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                words = {c.value for part in (node.left, *node.comparators)
+                         for c in ast.walk(part) if isinstance(c, ast.Constant)}
+                if words & names:
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not found, f"model names compared: {found}"
+
+
+def test_no_gather_mode_is_compared_as_a_string():
+    """Where a sharded stage gathers is a `Gather`, never the word."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    "gather" in ast.unparse(part) for part in (node.left, *node.comparators)):
+                if any(isinstance(c, ast.Constant) and c.value in ("tick", "step")
+                       for part in (node.left, *node.comparators) for c in ast.walk(part)):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not found, f"gather modes compared as strings: {found}"

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import pipejax as pj
-from pipejax import memories
+from pipejax import caches
 
 
 def test_shapes_params_and_bytes_without_allocating():
@@ -51,8 +51,8 @@ def test_equal_layers_on_equal_shapes_are_measured_once(monkeypatch):
     again = pj.trace(layers + [nn.Dense(24)], jnp.zeros((4, 24)))
     assert calls == ["Dense", "Linear", "Dense"]
     assert [s.flops for s in again] == [s.flops for s in first] + [first[0].flops]
-    [linear] = [kept[0] for kept, _, _ in memories.ANALYSES if kept[0].name == "Linear"]
-    assert linear.module is None and not [x for x in jax.tree.leaves(memories.ANALYSES)
+    [linear] = [kept[0] for (kept, _), _ in caches.ANALYSES if kept[0].name == "Linear"]
+    assert linear.module is None and not [x for x in jax.tree.leaves(caches.ANALYSES)
                                           if isinstance(x, jax.Array)]  # no value kept alive
     pj.trace(layers[:1], jnp.zeros((8, 24)))  # other shapes: measured
     assert calls[-1] == "Dense" and len(calls) == 4

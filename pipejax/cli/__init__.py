@@ -16,9 +16,9 @@ from pipejax.cli.config import config
 from pipejax.cli.plan import plan
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
-from pipejax.cli.models import MODEL_DEFAULTS
 from pipejax.cli.train import train
 from pipejax.formatting import in_words
+from pipejax.models import MODELS
 from pipejax.schedules import FAMILIES, names
 from pipejax.stage_layout import Gather
 from pipejax.transforms.data_parallel import RULES
@@ -45,7 +45,7 @@ def _rate(text: str) -> float:
 def _common(q: argparse.ArgumentParser) -> None:
     """The flags of the pipeline `train` and `plan` build (config.Common)."""
     q.add_argument("--model", default="mlp", metavar="MODEL",
-                   help=f"a model of the zoo ({', '.join(sorted(MODEL_DEFAULTS))}) or your own "
+                   help=f"a model of the zoo ({', '.join(sorted(MODELS))}) or your own "
                         "function that returns the layer list, package.module:function (found "
                         "from the current directory; it gets vocab and context, or classes and "
                         "inputs, when it names them)")

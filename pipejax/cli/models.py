@@ -1,33 +1,25 @@
-"""The models `--model` names: the zoo's by name, each with its builder
-arguments and training settings, or your own function by import path
-(cli/imports.py); and the layer list of either for a task's examples."""
+"""The models `--model` names: the zoo's (`pj.models.MODELS`, each with its
+builder arguments and training settings), or your own function by import
+path (cli/imports.py); and the layer list of either for a task's examples."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pipejax.cli.imports import call_model, defaults, imported, is_import_path, parameters
+from pipejax.models.zoo import MODELS, ZooModel
 
-# Per model: keyword arguments of its builder and the training settings that
-# reach the accuracies of docs/training-job.md on MNIST-1D (4 stages, GPipe); the GPT's
-# reach the validation loss of docs/language-models.md on Shakespeare's works.
-MODEL_DEFAULTS = {
-    "mlp": ({"depth": 4, "width": 256}, {"lr": 1e-3, "epochs": 60}),
-    "snn": ({"depth": 16, "width": 128}, {"lr": 3e-4, "epochs": 40}),
-    "resnet": ({"depth": 6, "width": 32, "groups": 8}, {"lr": 3e-3, "epochs": 15}),
-    "vgg": ({}, {"lr": 1e-3, "epochs": 30}),
-    "transformer": ({"layers": 4, "dim": 64, "heads": 4}, {"lr": 1e-3, "epochs": 40}),
-    "residual_lstm": ({"layers": 3, "hidden": 64}, {"lr": 3e-3, "epochs": 15}),
-    "gpt": ({"depth": 6, "width": 128, "heads": 4, "context": 128},
-            {"lr": 2e-3, "steps": 2000, "optimizer": "adamw", "lr_schedule": "cosine",
-             "warmup": 100, "batch_size": 32, "eval_every": 250}),
-}
 # What a flag left out means when the model's defaults do not say.
 FLAG_DEFAULTS = {"lr_schedule": "constant", "warmup": 0, "eval_every": 0}
 # Your own model's training settings, by what its data trains: the GPT's on
 # a text corpus, the MLP's on classes; its context when --model-args gives none.
-OWN_DEFAULTS = {"text": MODEL_DEFAULTS["gpt"][1], "classes": MODEL_DEFAULTS["mlp"][1]}
+OWN_DEFAULTS = {"text": MODELS["gpt"].training, "classes": MODELS["mlp"].training}
 CONTEXT = 128
+
+
+def zoo(name: str) -> ZooModel | None:
+    """The zoo's model `name`, None for your own (an import path)."""
+    return None if is_import_path(name) else MODELS[name]
 
 
 def check_model(name: str) -> None:
@@ -40,9 +32,9 @@ def check_model(name: str) -> None:
 
     if is_import_path(name):
         imported(name, "--model")
-    elif name not in MODEL_DEFAULTS:
+    elif name not in MODELS:
         raise pj.errors.ConfigError(
-            f"--model {name!r}: not a model of the zoo ({', '.join(sorted(MODEL_DEFAULTS))}) nor "
+            f"--model {name!r}: not a model of the zoo ({', '.join(sorted(MODELS))}) nor "
             "the import path of your own, package.module:function (a function that returns "
             "the layer list)")
 
@@ -50,9 +42,8 @@ def check_model(name: str) -> None:
 def training_defaults(name: str, text: bool) -> dict:
     """The training settings a model's flags default to (`text`: its data
     is a text corpus)."""
-    if is_import_path(name):
-        return OWN_DEFAULTS["text" if text else "classes"]
-    return MODEL_DEFAULTS[name][1]
+    model = zoo(name)
+    return dict(model.training if model else OWN_DEFAULTS["text" if text else "classes"])
 
 
 def model_kwargs(name: str, text: str | None = None) -> dict:
@@ -68,9 +59,10 @@ def model_kwargs(name: str, text: str | None = None) -> dict:
     """
     import pipejax as pj
 
-    own = is_import_path(name)
-    kwargs = {} if own else dict(MODEL_DEFAULTS[name][0])
-    builder = imported(name, "--model") if own else pj.models.MODELS[name]
+    model = zoo(name)
+    own = model is None
+    kwargs = {} if own else dict(model.arguments)
+    builder = imported(name, "--model") if own else model.build
     names, anything = parameters(builder)
     known = [p for p in names if p not in _SET_BY_CLI]
     typed = defaults(builder)
@@ -140,24 +132,23 @@ def build_layers(name: str, example_shape: tuple, classes: int, api: str = "line
     import numpy as np
     from flax import nnx
 
-    import pipejax as pj
     from pipejax.models.common import flatten
 
     kwargs = model_kwargs(name) if kwargs is None else kwargs
-    if is_import_path(name):
+    model = zoo(name)
+    if model is None:
         given = ({"vocab": classes, "context": kwargs.get("context", CONTEXT)} if not example_shape
                  else {"classes": classes, "inputs": tuple(example_shape)})
         return call_model(name, kwargs, {**given, "rngs": nnx.Rngs(seed)})
-    if name == "gpt":
-        return pj.models.gpt(**kwargs, vocab=classes, **(
+    if model.text:
+        return model.build(**kwargs, vocab=classes, **(
             {"api": "nnx", "rngs": nnx.Rngs(seed)} if api == "nnx" else {}))
     image = len(example_shape) == 3
-    # The MLP, and the sequence models on images, read flat vectors (the SNN flattens itself).
-    needs_flat = name == "mlp" or (image and name != "snn")
-    if name in ("resnet", "vgg"):
-        kwargs, needs_flat = {**kwargs, "dims": 2 if image else 1}, False
+    needs_flat = model.flat == "always" or (image and model.flat == "images")
+    if model.dims:
+        kwargs = {**kwargs, "dims": 2 if image else 1}
     inputs = (int(np.prod(example_shape)),) if needs_flat else tuple(example_shape)
     if api == "nnx":
         kwargs = {**kwargs, "api": "nnx", "inputs": inputs, "rngs": nnx.Rngs(seed)}
-    layers = pj.models.MODELS[name](**kwargs, classes=classes)
+    layers = model.build(**kwargs, classes=classes)
     return [flatten] + layers if needs_flat else layers

@@ -15,15 +15,17 @@ from typing import Any, Callable, Iterator
 import jax.numpy as jnp
 
 from pipejax.cli.imports import is_import_path, load_data
-from pipejax.cli.models import CONTEXT
+from pipejax.cli.models import CONTEXT, zoo
+from pipejax.models import MODELS
 
 TEXT = ("shakespeare",)  # the text corpora --data names
-LANGUAGE_MODELS = ("gpt",)
+LANGUAGE_MODELS = tuple(name for name, model in MODELS.items() if model.text)
 
 
 def default_data(model: str) -> str:
-    """What --data a model trains on when none is given."""
-    return "shakespeare" if model in LANGUAGE_MODELS else "mnist1d"
+    """What --data a model trains on when none is given (your own: MNIST-1D)."""
+    zoo_model = zoo(model)
+    return zoo_model.data if zoo_model else "mnist1d"
 
 
 def is_text(data: str) -> bool:
@@ -41,8 +43,9 @@ def load_task(model: str, data: str, context: int | None, eval_windows: int,
     import pipejax as pj
 
     text = is_text(data)
-    if not is_import_path(model) and (model in LANGUAGE_MODELS) != text:
-        want = f"a text corpus ({', '.join(TEXT)})" if model in LANGUAGE_MODELS else (
+    zoo_model = zoo(model)
+    if zoo_model and zoo_model.text != text:
+        want = f"a text corpus ({', '.join(TEXT)})" if zoo_model.text else (
             f"a classification data set (mnist1d, digits or a .npz file; the language models "
             f"{', '.join(LANGUAGE_MODELS)} train on text)")
         raise pj.errors.ConfigError(f"--model {model} trains on {want}, not --data {data}")

@@ -49,13 +49,11 @@ import jax
 import jax.numpy as jnp
 
 from pipejax.compile import messages
-from pipejax.compile.gradients import GradientPolicy
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.layout import Layout
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import gather, run_if
-from pipejax.compile.stages import StageCode
-from pipejax.compile.table_state import Ops
+from pipejax.compile.table_state import Ops, TickParts
 from pipejax.packing import Buffers, Packing
 from pipejax.schedules import Op
 
@@ -78,50 +76,45 @@ def apart(layout: Layout, opts: StageOptimizers | None) -> bool:
 
 
 class ShardedWeights:
-    """How the table interpreter's tick (table.py) reads a sharded stage's
-    weights: the gathers before its ops (a mixin: the tick's code, layout,
-    optimizers, F and `busy` are its own)."""
+    """How the table interpreter's tick (table.py) reads a stage's weights:
+    a sharded stage's gathered before its ops, else its own."""
 
-    code: StageCode
-    layout: Layout
-    opts: StageOptimizers | None
-    gradients: GradientPolicy  # the version an op's micro-batch runs on
-    F: int
-    whole: Buffers | None  # "step": the weights gathered once before the pass
-    busy: bool  # every op runs at every tick: no loops
+    def __init__(self, parts: TickParts):
+        self.parts = parts
 
     def _any(self, preds: list[jax.Array]) -> jax.Array | None:
         """Whether any of `preds` holds; None (always) when every op runs at every tick."""
-        return None if self.busy else functools.reduce(jnp.logical_or, preds)
+        return None if self.parts.busy else functools.reduce(jnp.logical_or, preds)
 
-    def _gather(self, runs: dict, fused: TickTask | None, ops: Ops, held: tuple) -> tuple:
+    def gathered(self, runs: dict, fused: TickTask | None, ops: Ops, held: tuple) -> tuple:
         """A sharded stage's whole weights for this tick's ops: (the
         forward's, the backward's), gathered once each where some op of the
         tick uses them, once for both where they are the same weights (the
         forward's: the forecast `ahead`, or the weights; the backward's: the
         stashed ones, a backward forecast, the weights under a forecast)."""
-        if self.whole is not None:
-            return self.whole, self.whole
-        forward = ops.s.ahead if self.opts is not None and ops.s.ahead else ops.p
+        if self.parts.whole is not None:
+            return self.parts.whole, self.parts.whole
+        ahead = self.parts.opts is not None and ops.opt_state.ahead
+        forward = ops.opt_state.ahead if ahead else ops.params
         backward = None
-        if self.layout.versions:  # each op's step's version, its pieces (versions.py)
+        if self.parts.layout.versions:  # each op's step's version, its pieces (versions.py)
             f = runs[Op.F]
             g = f.g if fused is None else jnp.where(f.real, f.g, fused.g)
-            forward = self.gradients.weights(ops.p, ops.rings, g)
+            forward = self.parts.gradients.weights(ops.params, ops.rings, g)
         if Op.BW in runs and self.apart:
-            if self.layout.versions:
-                backward = self.gradients.weights(ops.p, ops.rings, runs[Op.BW].g)
-            elif self.layout.weight_stashing:
-                slot = runs[Op.BW].ring % self.layout.kept_slots
+            if self.parts.layout.versions:
+                backward = self.parts.gradients.weights(ops.params, ops.rings, runs[Op.BW].g)
+            elif self.parts.layout.weight_stashing:
+                slot = runs[Op.BW].ring % self.parts.layout.kept_slots
                 backward = messages.read(ops.rings.weights, slot)
-            elif self.opts.forecasts_backward:
-                backward = self.opts.backward_weights(ops.p, ops.s)
+            elif self.parts.opts.forecasts_backward:
+                backward = self.parts.opts.backward_weights(ops.params, ops.opt_state)
             else:  # the forward runs on a forecast, the backward on the weights
-                backward = ops.p
+                backward = ops.params
         users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
         users += [] if fused is None else [fused.real]
         users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
-        packing = self.code.params
+        packing = self.parts.code.params
         first = gather_if(self._any(users), forward, held[0], packing)
         if backward is None:
             return first, first
@@ -134,15 +127,15 @@ class ShardedWeights:
         the last ones. With zeros as the gathers' default instead, XLA
         filled a whole stage at every tick (1F1B, zoo GPT depth 4 width 128,
         K = 2, F = 2: 21 copies, 1.25 MB a tick; none carried)."""
-        if self.F == 1 or self.whole is not None:
+        if not self.parts.sharded or self.parts.whole is not None:
             return ()
-        return (self.code.params.zeros(),) * (2 if self.apart else 1)
+        return (self.parts.code.params.zeros(),) * (2 if self.apart else 1)
 
     @functools.cached_property
     def apart(self) -> bool:
-        return apart(self.layout, self.opts)
+        return apart(self.parts.layout, self.parts.opts)
 
     def weights(self, ops: Ops) -> Buffers:
         """The weights the tick's forward, B and W run on: the whole ones
         gathered (a sharded stage), else the stage's own."""
-        return ops.whole[0] if ops.whole else ops.p
+        return ops.whole[0] if self.parts.sharded else ops.params

@@ -64,7 +64,7 @@ import functools
 import jax
 import numpy as np
 
-from pipejax import memories
+from pipejax import caches
 from pipejax.compile.build import Build
 from pipejax.compile.fsdp import apart
 from pipejax.compile.optimizer import StageOptimizers
@@ -213,7 +213,7 @@ def update_bytes(opts: StageOptimizers, k: int) -> int:
     over-predicted an MLP 16x512's steps by 15-19 %, `python
     benchmarks/planner.py --part memory`); an asynchronous one in the
     backward's op, beside it. Compiled once per process for equal stages
-    and transform (`memories.UPDATES`)."""
+    and transform (`caches.UPDATES`)."""
     params, state = opts.params, opts.packing
     transform = opts.transforms[k]
     key = (params.slots, params.structure(k), state.slots, state.structure(k))
@@ -226,9 +226,5 @@ def update_bytes(opts: StageOptimizers, k: int) -> int:
         lowered = program.lower(slots(params), slots(params), slots(state))
         return int(lowered.compile(FAST_COMPILE).memory_analysis().temp_size_in_bytes)
 
-    for other, other_key, value in memories.UPDATES:
-        if other is transform and other_key == key:
-            return value
-    value = compiled()
-    memories.UPDATES.append((transform, key, value))
-    return value
+    same = lambda entry, mine: entry[0] is mine[0] and entry[1] == mine[1]
+    return caches.recall(caches.UPDATES, (transform, key), compiled, same)

@@ -30,7 +30,7 @@ from pipejax.compile.lanes import TickTask
 from pipejax.compile.layout import Layout
 from pipejax.packing import Buffers
 from pipejax.compile.state import Rings
-from pipejax.mesh import AXIS
+from pipejax.mesh import STAGE
 from pipejax.placement import Placement
 from pipejax.schedules import NONE, Op, Schedule
 from pipejax.schedules.tasks import BACKWARD
@@ -157,7 +157,7 @@ def _moved(sends: list[tuple[tuple | None, Buffers]], busy: jax.Array,
     buffer, `letter`) travels once."""
     index = collectives(placement)
     permute = lambda x, pairs: lax.cond(busy[index.index(pairs)],
-                                        lambda x: lax.ppermute(x, AXIS, pairs), jnp.zeros_like, x)
+                                        lambda x: lax.ppermute(x, STAGE, pairs), jnp.zeros_like, x)
     out = [list(payload) for _, payload in sends]
     together: dict[tuple, list] = {}
     for i, (pairs, payload) in enumerate(sends):

@@ -24,13 +24,14 @@ from pipejax.schedules import Op
 
 
 class OpLoops:
-    """The loops of `table._Tick`'s ops (a mixin: `layout` and `busy` are the tick's)."""
+    """The loops of a tick's ops, over the rings of `layout`; none where
+    every op runs at every tick (`busy`)."""
 
-    layout: Layout
-    busy: bool  # every op runs at every tick: no loops
+    def __init__(self, layout: Layout, busy: bool):
+        self.layout, self.busy = layout, busy
 
-    def _run_on_rings(self, op: Op, task: TickTask, fn: Any, operands: Any, carry: Any,
-                      ops: Ops) -> tuple[Any, Ops]:
+    def run(self, op: Op, task: TickTask, fn: Any, operands: Any, carry: Any,
+            ops: Ops) -> tuple[Any, Ops]:
         """`fn(operands, carry, rings, mail, slots) -> (carry, rings, mail)`
         in the loop of `op`'s task, with the rings and the tick's messages
         (`ops.mail`, `messages.letter`) in its carry and `slots` the rows of

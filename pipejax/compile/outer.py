@@ -29,7 +29,7 @@ from pipejax.packing import Buffers
 from jax.sharding import Mesh
 
 from pipejax.errors import ArgumentTypeError, ConfigError
-from pipejax.mesh import AXIS, FSDP, TENSOR, data_axes, model_axes
+from pipejax.mesh import STAGE, FSDP, TENSOR, data_axes, model_axes
 from pipejax.transforms.data_parallel import DataRule, consensus_distance, ssgd
 
 
@@ -40,7 +40,7 @@ def all_finite(grads: Buffers, scope: tuple[str, ...] = ()) -> jax.Array:
 
 
 def clip_by_global_norm(grads: Buffers, max_norm: float, ok: jax.Array | None = None,
-                        model: tuple[str, ...] = (AXIS,), counted: Buffers | None = None
+                        model: tuple[str, ...] = (STAGE,), counted: Buffers | None = None
                         ) -> Buffers:
     """`optax.clip_by_global_norm` over the gradients of ALL stages: the
     squared norm is summed over the mesh axes `model` that hold the model's
@@ -66,7 +66,7 @@ class Outer:
     rule: DataRule | None = None
     clip_norm: float | None = None  # clip by the global norm over all stages
     skip_nonfinite: bool = False
-    model: tuple[str, ...] = (AXIS,)  # the mesh axes holding the model's parts (`model_axes`)
+    model: tuple[str, ...] = (STAGE,)  # the mesh axes holding the model's parts (`model_axes`)
 
     def __post_init__(self):
         if self.clip_norm is not None and not self.clip_norm > 0:
@@ -129,7 +129,7 @@ def _check_rule(rule: DataRule | None, mesh: Mesh) -> DataRule | None:
         raise ArgumentTypeError(f"rule must be a pj.transforms.DataRule (ssgd, adpsgd, hadpsgd, "
                                 f"elastic), not {type(rule).__name__}")
     for a in rule.axes:
-        if a in (AXIS, FSDP, TENSOR):
+        if a in (STAGE, FSDP, TENSOR):
             raise ConfigError(f"rule {rule.name!r} names the mesh axis {a!r}, whose devices hold "
                               f"parts of one model; a data rule combines replicas over the data "
                               f"axes {axes}")

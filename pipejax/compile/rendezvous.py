@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax.errors import ConfigError
-from pipejax.mesh import AXIS, tensor_parts
+from pipejax.mesh import STAGE, tensor_parts
 
 MARK = "pipejax_varying"  # the scope of control flow whose path depends on the stage
 _STAGES = "pipejax_stages_"  # the scope of one branch: the stages that run it
@@ -85,7 +85,7 @@ def hazards(hlo: str, mesh: Mesh) -> list[Hazard]:
             inside.add(c)
             todo.extend(x for line in comps[c] for x in _callees(line))
     stage_of = np.unravel_index(np.arange(mesh.devices.size),
-                                mesh.devices.shape)[mesh.axis_names.index(AXIS)]
+                                mesh.devices.shape)[mesh.axis_names.index(STAGE)]
     out = []
     for c, lines in comps.items():
         for line in lines:
@@ -115,7 +115,7 @@ def permutes(hlo: str) -> tuple[str, ...]:
 def applies(mesh: Mesh) -> bool:
     """Whether a program on `mesh` can hold such a collective: several
     stages, and a `tensor` axis for XLA's partitioner to split over."""
-    return mesh.shape[AXIS] > 1 and tensor_parts(mesh) > 1
+    return mesh.shape[STAGE] > 1 and tensor_parts(mesh) > 1
 
 
 def check(compiled: Any, mesh: Mesh, where: str) -> None:

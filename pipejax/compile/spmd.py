@@ -31,7 +31,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipejax.mesh import AXIS, FSDP, TENSOR, batch_axes, data_axes, manual_axes, shards
+from pipejax.mesh import STAGE, FSDP, TENSOR, batch_axes, data_axes, manual_axes, shards
 from pipejax.packing import Buffers, Packing
 
 REPLICATED = P()
@@ -45,14 +45,14 @@ def params(mesh: Mesh, replicas: bool = True) -> P:
     """Packed parameters (or gradients) `[R·K, length]`: row r·K + k on
     replica r's stage k, split along its length over `fsdp` (`[K, length]`
     when not `replicas`: one model)."""
-    rows = (*data_axes(mesh), AXIS) if replicas else AXIS
+    rows = (*data_axes(mesh), STAGE) if replicas else STAGE
     return P(rows, *_fsdp(mesh))
 
 
 def per_device(mesh: Mesh) -> P:
     """A `[R·K·F, ...]` buffer, a row per device: (r·K + k)·F + f on device
     f of replica r's stage k (`[R·K, ...]` when F = 1)."""
-    return P((*data_axes(mesh), AXIS, *_fsdp(mesh)))
+    return P((*data_axes(mesh), STAGE, *_fsdp(mesh)))
 
 
 def split_batch(mesh: Mesh) -> P:
@@ -93,7 +93,7 @@ def in_place(fn: Callable) -> Callable:
 
 def stage_index() -> jax.Array:
     """Inside shard_map: k, the index of this device's stage."""
-    return lax.axis_index(AXIS)
+    return lax.axis_index(STAGE)
 
 
 def shard(fn: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from pipejax import memories
+from pipejax import caches
 from pipejax.checks import Remat
 from pipejax.compile import residuals
 from pipejax.compile.last_stage import Backwards, deferred
@@ -105,7 +105,7 @@ class StageCode:
         m = self.model
         kind = (*kind, j == 0, j == self.S - 1, m.compute_dtype, m.loss,
                 shapes((self.abstract_params(j), self.input_of(j), m.example, m.targets)))
-        return remembered(memories.STAGES, layers, kind, compute)
+        return remembered(caches.STAGES, layers, kind, compute)
 
     def _structure(self, j: int) -> tuple:
         """What virtual stage j's code depends on: its role (reads the batch,

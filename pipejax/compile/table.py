@@ -50,22 +50,25 @@ from pipejax.compile.op_loops import OpLoops
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import gather, scatter, stage_index
 from pipejax.compile.split_ops import SplitBackwardOps
-from pipejax.compile.table_state import Ops, TableIn, TableOut
+from pipejax.compile.table_state import Ops, TableIn, TableOut, TickParts
 from pipejax.packing import Buffers
-from pipejax.mesh import AXIS
+from pipejax.mesh import STAGE
 from pipejax.schedules import NONE, Op
 from pipejax.schedules.tasks import BACKWARD
 
 
-class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
-    """The body of the scan: what stage k does at one tick."""
+class _Tick:
+    """The body of the scan: what stage k does at one tick. Its parts, each
+    made from the `TickParts` every op reads: the ops' loops (`OpLoops`),
+    the weights they run on (`ShardedWeights`: gathered where sharded) and
+    zero bubble's B and W (`SplitBackwardOps`)."""
 
     def __init__(self, build: Build, opts: StageOptimizers | None, inp: TableIn,
                  whole: Buffers | None = None):
         """`whole`: a sharded stage's weights, gathered once before the pass
-        (fsdp's "step"); None to gather them at each tick (or unsharded)."""
+        (`Gather.STEP`); None to gather them at each tick (or unsharded)."""
         self.code, self.layout, self.opts = build.code, build.layout, opts
-        self.F, self.whole = build.F, whole
+        self.F, self.sharded = build.F, build.stage.sharded
         self.placement, self.sync = build.placement, build.schedule.synchronous
         self.messages = build.schedule.messages
         self.S = self.placement.chunks
@@ -80,7 +83,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         # instead of a whole device's gradient, zero but for one chunk.
         # A sharded stage gathered at each tick scatters a backward's whole
         # gradient to its pieces first: no chunk's slots to add into.
-        scatter = self.F if self.F > 1 and whole is None else 1
+        scatter = self.F if self.sharded and whole is None else 1
         self.per_chunk = self.sync and self.placement.virtual > 1 and scatter == 1
         made = {Op.F: branches.forward, Op.B: branches.input_grad,
                 Op.BW: functools.partial(branches.backward, into_sum=self.per_chunk),
@@ -101,6 +104,11 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         # and no lane that mixes ops (K = 1 under GPipe and 1F1B).
         self.busy = (self.sync and bool((build.schedule.ops != Op.IDLE).all())
                      and not any(lane.mixed for lane in self.lanes))
+        parts = TickParts(self.code, self.layout, opts, self.gradients, self.branches,
+                          self.per_chunk, self.busy, self.sharded, whole)
+        self.loops = OpLoops(self.layout, self.busy)
+        self.gathers = ShardedWeights(parts)
+        self.split = SplitBackwardOps(parts, self.loops, self.gathers, self._inputs)
 
     def _inputs(self, g: jax.Array, j: jax.Array) -> tuple:
         """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j;
@@ -118,8 +126,8 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         tasks = self._tasks(row, self.k)
         runs, fused = pairs(tasks, self.S - 1, self.deferred, self.fusion)
         ops = Ops(p, s, grad_sum, rings, mail)  # a cell runs one of B and BW: both write back
-        if self.F > 1:
-            ops = ops._replace(whole=self._gather(runs, fused, ops, held))
+        if self.sharded:
+            ops = ops._replace(whole=self.gathers.gathered(runs, fused, ops, held))
         loss, skipped = jnp.zeros((), jnp.float32), jnp.int32(0)
         for op in (lane.op for lane in self.lanes):
             if op == Op.F:
@@ -127,16 +135,16 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             elif op == Op.BW:
                 ops, loss, skipped = self._backward(runs[op], fused, ops, loss)
             elif op == Op.B:
-                ops, loss = self._input_grad(runs[op], ops, loss)
+                ops, loss = self.split.input_grad(runs[op], ops, loss)
             else:
-                ops = self._weight_grad(runs[op], ops)
+                ops = self.split.weight_grad(runs[op], ops)
         rings = messages.exchange(ops.rings, self.layout, self.placement, self.k, ops.mail,
                                   messages.Sends(lambda k: self._senders(row, k), busy))
         makers = [tasks[op] for op in BACKWARD if op in tasks] if self.deferred else [tasks[Op.F]]
         last = functools.reduce(jnp.logical_or, [t.real & (t.j == self.S - 1) for t in makers])
         held = ops.whole[:len(held)] if held else ()
         mail = ops.mail if self.S > 1 else mail  # one chunk sends nothing: XLA drops the ops'
-        return ((ops.p, ops.s, rings, ops.grad_sum, held, mail),
+        return ((ops.params, ops.opt_state, rings, ops.grad_sum, held, mail),
                 (jnp.where(last, loss, 0.0), last.astype(jnp.int32), skipped))
 
     def mail(self) -> tuple[Buffers, ...]:
@@ -178,16 +186,16 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         if not self.separate:
             return ops, loss
         slot = task.ring % self.layout.kept_slots
-        p, s = ops.p, ops.s
+        p, s = ops.params, ops.opt_state
         ahead = self.opts is not None and bool(s.ahead)  # the forward runs on the forecast
         # A sharded stage stashes its piece of the weights, not the gathered whole.
-        piece = (s.ahead if ahead else p) if ops.whole and self.layout.weight_stashing else None
+        piece = (s.ahead if ahead else p) if self.sharded and self.layout.weight_stashing else None
 
         def forward(args, c, rings, mail, slots):
             w, loss = c
             inputs, stash = args
             # its step's version, double-buffered (a sharded stage gathered that one)
-            run_on = w if ops.whole else self.gradients.weights(w, rings, task.g)
+            run_on = w if self.sharded else self.gradients.weights(w, rings, task.g)
             kept, on, loss = self.code.groups.run(self.branches[Op.F],
                                                   (run_on, slots[0], inputs, slot),
                                                   (rings.kept, messages.letter(mail, 0), loss),
@@ -197,13 +205,13 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             return ((lax.optimization_barrier(w), loss),
                     rings._replace(kept=kept, weights=weights), messages.posted(mail, 0, on))
 
-        first = ops.whole[0] if ops.whole else s.ahead if ahead else p
-        (w, loss), ops = self._run_on_rings(Op.F, task, forward,
+        first = ops.whole[0] if self.sharded else s.ahead if ahead else p
+        (w, loss), ops = self.loops.run(Op.F, task, forward,
                                             (self._inputs(task.g, task.j), piece), (first, loss),
                                             ops)
-        if not ops.whole:
+        if not self.sharded:
             p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
-        return ops._replace(p=p, s=s), loss
+        return ops._replace(params=p, opt_state=s), loss
 
     def _backward(self, task: TickTask, fused: TickTask | None, ops: Ops,
                   loss: jax.Array) -> tuple[Ops, jax.Array, jax.Array]:
@@ -216,13 +224,13 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
         gradient (`GradientPolicy`: `take` in the loop, `after` outside
         it, where its collectives run on every device at every tick). Returns the ops' state
         (the message back written), the loss and 1 if the guard skipped the update."""
-        ahead = self.opts is not None and bool(ops.s.ahead)
-        stash = self.layout.weight_stashing and not ops.whole
+        ahead = self.opts is not None and bool(ops.opt_state.ahead)
+        stash = self.layout.weight_stashing and not self.sharded
 
         def backward(micro, c, rings, mail, slots):
             p, s, carried, loss, skipped = c
             slot = task.ring % self.layout.kept_slots
-            w = ops.whole[1] if ops.whole else messages.read(rings.weights, slot) if stash else (
+            w = ops.whole[1] if self.sharded else messages.read(rings.weights, slot) if stash else (
                 p if self.opts is None else self.gradients.weights(
                     self.opts.backward_weights(p, s), rings, task.g))
             args = (*slots, (rings.kept, slot), micro)
@@ -238,19 +246,20 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
 
         def both(micro, c, rings, mail, slots):
             p, s, carried, _, skipped = c
-            w = ops.whole[0] if ops.whole else self.gradients.weights(
+            w = ops.whole[0] if self.sharded else self.gradients.weights(
                 s.ahead if ahead else p, rings, fused.g)
             loss, grads, back = branches.fused(self.code, w, slots[0], micro)
             p, s, carried, rings, skipped = self.gradients.take(
                 (p, s, carried, rings, skipped), grads, fused.g)
             return (p, s, carried, loss, skipped), rings, messages.posted(mail, 1, back)
 
-        carry = (ops.p, ops.s, self.gradients.carried(ops.grad_sum), loss, jnp.int32(0))
+        carry = (ops.params, ops.opt_state, self.gradients.carried(ops.grad_sum), loss,
+                 jnp.int32(0))
         if self.separate:  # a slot exists: the table keeps residuals
-            carry, ops = self._run_on_rings(Op.BW, task, backward,
+            carry, ops = self.loops.run(Op.BW, task, backward,
                                             self._inputs(task.g, task.j), carry, ops)
         if fused is not None:  # its input is read as a forward's
-            carry, ops = self._run_on_rings(Op.F, fused, both, self._inputs(fused.g, fused.j),
+            carry, ops = self.loops.run(Op.F, fused, both, self._inputs(fused.g, fused.j),
                                             carry, ops)
         p, s, carried, loss, skipped = carry
         grad_sum = carried if self.sync else ops.grad_sum
@@ -259,7 +268,7 @@ class _Tick(SplitBackwardOps, ShardedWeights, OpLoops):
             g = task.g if fused is None else jnp.where(fused.real, fused.g, task.g)
             p, s, rings, skipped = self.gradients.after(p, s, carried, ops.rings, real, g)
             ops = ops._replace(rings=rings)
-        return ops._replace(p=p, s=s, grad_sum=grad_sum), loss, skipped
+        return ops._replace(params=p, opt_state=s, grad_sum=grad_sum), loss, skipped
 
 
 def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -> TableOut:
@@ -275,13 +284,13 @@ def run_table(build: Build, inp: TableIn, opts: StageOptimizers | None = None) -
     # Each tick emits its loss (0 unless the last stage finished a micro-batch);
     # the static `ticks` then pick the M losses of this pass in id order.
     (p, s, rings, grad_sum, *_), (losses, done, skipped) = lax.scan(
-        tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.held(), tick.mail()),
+        tick, (inp.params, inp.opt_state, inp.rings, grad_sum, tick.gathers.held(), tick.mail()),
         (lane_rows(schedule, tick.lanes), jnp.asarray(messages.carried(schedule))))
     if whole is not None:
         grad_sum = scatter(grad_sum, build.F, build.code.params)
-    losses, done = lax.psum(losses, AXIS)[ticks], lax.psum(done, AXIS)[ticks] > 0
+    losses, done = lax.psum(losses, STAGE)[ticks], lax.psum(done, STAGE)[ticks] > 0
     counts = opts is not None and opts.outer.skip_nonfinite
-    skipped = lax.psum(jnp.sum(skipped), (*axes, AXIS)) if counts else jnp.int32(0)
+    skipped = lax.psum(jnp.sum(skipped), (*axes, STAGE)) if counts else jnp.int32(0)
     if build.batch_axes:  # every replica (and piece) finishes the same micro-batches
         losses = lax.pmean(losses, build.batch_axes)
     return TableOut(p, s, rings, grad_sum, losses, done, skipped)

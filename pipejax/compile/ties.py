@@ -27,7 +27,7 @@ from jax import lax
 
 from pipejax.compile.spmd import gather
 from pipejax.layers.ties import Tie, names
-from pipejax.mesh import AXIS, FSDP
+from pipejax.mesh import STAGE, FSDP
 from pipejax.packing import Buffers, Packing
 from pipejax.partition import Plan
 
@@ -100,19 +100,19 @@ def _spread(packing: Packing, buffers: Buffers, shards: int, sources: Callable,
     device's piece."""
     if not packing.tied:
         return buffers
-    k, out = lax.axis_index(AXIS), list(buffers)
+    k, out = lax.axis_index(STAGE), list(buffers)
     for group in packing.tied:
         devices = lambda holders: jnp.isin(k, jnp.array([d for d, _ in holders]))
         slots = {packing.leaves[d][n].slot for d, n in group}
         if len(slots) == 1 and len({d for d, _ in group}) == len(group):
             j = slots.pop()
-            total = lax.psum(jnp.where(devices(sources(group)), out[j], 0), AXIS)
+            total = lax.psum(jnp.where(devices(sources(group)), out[j], 0), STAGE)
             out[j] = jnp.where(devices(targets(group)), total, out[j])
             continue
         whole = _gathered(packing, out, slots, shards)
         leaves = lambda holders: [(d, packing.leaves[d][n]) for d, n in holders]
         total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, whole[s.slot]), 0.0)
-                             for d, s in leaves(sources(group))), AXIS)
+                             for d, s in leaves(sources(group))), STAGE)
         for d, s in leaves(targets(group)):
             _put(packing, whole, k == d, s, total)
         _scattered(out, whole, slots, shards)
@@ -143,7 +143,7 @@ def counted_once(packing: Packing, grads: Buffers) -> Buffers:
     whole slot, or its fsdp piece, is zeroed."""
     if not packing.tied:
         return grads
-    k, out = lax.axis_index(AXIS), list(grads)
+    k, out = lax.axis_index(STAGE), list(grads)
     for group in packing.tied:
         for d, n in group[1:]:
             j = packing.leaves[d][n].slot

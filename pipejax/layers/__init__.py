@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipejax import memories
+from pipejax import caches
 from pipejax.errors import LayerError
 from pipejax.layers import nnx
 from pipejax.layers.base import Decoder, Layer, Variables
@@ -81,13 +81,13 @@ def remembered(memory: collections.deque | list, layers: Sequence[Layer], kind: 
     one holds no model alive and NNX layers are remembered as linen ones
     (`pj.search` over a 2-block NNX decoder: each candidate had traced and
     compiled its stages again); `compute` must return nothing that holds them."""
-    for others, other_kind, value in memory:
-        if (other_kind == kind and len(others) == len(layers)
-                and all(o.same(layer) for o, layer in zip(others, layers))):
-            return value
-    value = compute()
-    memory.append((tuple(layer.without_values() for layer in layers), kind, value))
-    return value
+    def same(entry: tuple, key: tuple) -> bool:
+        (others, other_kind), (mine, my_kind) = entry, key
+        return (other_kind == my_kind and len(others) == len(mine)
+                and all(o.same(layer) for o, layer in zip(others, mine)))
+
+    return caches.recall(memory, (layers, kind), compute, same,
+                           kept=(tuple(layer.without_values() for layer in layers), kind))
 
 
 def abstract(tree: Any) -> Any:
@@ -113,7 +113,7 @@ def layer_variables(layer: Layer, x: Any, key: jax.Array, index: int) -> Variabl
     def layer_init(key: jax.Array, i: jax.Array) -> Variables:
         return layer.init(layer_key(key, i), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), x))
 
-    init = remembered(memories.INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))
+    init = remembered(caches.INITS, [layer], ("init", shapes(x)), lambda: jax.jit(layer_init))
     return init(key, index)
 
 

@@ -1,5 +1,6 @@
 """Models as Flax layer lists, so that a pipeline can split them; one residual
-block is one layer. Small, configurable defaults that train in minutes."""
+block is one layer. Small, configurable defaults that train in minutes;
+`MODELS` is the zoo by name (zoo.py)."""
 
 from pipejax.models.gpt import gpt
 from pipejax.models.mlp import mlp
@@ -8,8 +9,7 @@ from pipejax.models.resnet import resnet
 from pipejax.models.snn import snn
 from pipejax.models.transformer import transformer
 from pipejax.models.vgg import vgg
+from pipejax.models.zoo import MODELS, ZooModel
 
-MODELS = {"mlp": mlp, "snn": snn, "resnet": resnet, "vgg": vgg, "transformer": transformer,
-          "residual_lstm": residual_lstm, "gpt": gpt}
-
-__all__ = ["MODELS", "gpt", "mlp", "residual_lstm", "resnet", "snn", "transformer", "vgg"]
+__all__ = ["MODELS", "ZooModel", "gpt", "mlp", "residual_lstm", "resnet", "snn", "transformer",
+           "vgg"]

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pipejax import memories
+from pipejax import caches
 from pipejax.schedules.schedule import Schedule
 from pipejax.schedules.timeline import Timeline
 
@@ -38,12 +38,12 @@ class Capacities(NamedTuple):
 def ring_capacities(schedule: Schedule) -> Capacities:
     """The ring capacities of `schedule`'s steady state, computed once per
     schedule (as its timelines are)."""
-    known = memories.CAPACITIES
-    if schedule not in known:
+    def compute() -> Capacities:
         tl = schedule.steady()
-        known[schedule] = Capacities(_inputs(tl), _grads(tl), _residuals(tl), _bridge(tl),
-                                     _data(tl, schedule.microbatches))
-    return known[schedule]
+        return Capacities(_inputs(tl), _grads(tl), _residuals(tl), _bridge(tl),
+                          _data(tl, schedule.microbatches))
+
+    return caches.recall(caches.CAPACITIES, schedule, compute)
 
 
 def in_flight(schedule: Schedule, k: int) -> int:

@@ -30,6 +30,7 @@ import optax
 from jax import lax
 
 from pipejax.errors import ConfigError
+from pipejax.mesh import DATA, LOCAL, NODE
 
 Axes = str | tuple[str, ...]
 
@@ -168,23 +169,23 @@ class DataRule(NamedTuple):
     decentralized: bool  # replicas' weights may differ: the trainer reports their spread
 
 
-def ssgd(axes: Axes = "data") -> DataRule:
+def ssgd(axes: Axes = DATA) -> DataRule:
     """Synchronous SGD: the gradient mean over `axes`; replicas stay identical."""
     return DataRule("ssgd", _names(axes), mean_gradients(axes), optax.identity(), False)
 
 
-def adpsgd(axis: str = "data") -> DataRule:
+def adpsgd(axis: str = DATA) -> DataRule:
     """Decentralized SGD: gossip with a ring neighbour on `axis` after every step."""
     return DataRule("adpsgd", _names(axis), optax.identity(), gossip(axis), True)
 
 
-def hadpsgd(node: str = "node", local: str = "local") -> DataRule:
+def hadpsgd(node: str = NODE, local: str = LOCAL) -> DataRule:
     """H-ADPSGD (§4): SSGD inside a node (`mean_gradients(local)`), then the
     optimizer, then gossip between the nodes' super-learners."""
     return DataRule("hadpsgd", (node, local), mean_gradients(local), gossip(node), True)
 
 
-def elastic(axis: str = "data", alpha: float = 0.1, every: int = 8,
+def elastic(axis: str = DATA, alpha: float = 0.1, every: int = 8,
             local: str | None = None) -> DataRule:
     """Elastic averaging between the clients on `axis`; with `local`, the
     workers of a client average their gradients first (MXNET-MPI §5)."""

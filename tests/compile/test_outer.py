@@ -10,12 +10,12 @@ import pipejax as pj
 from pipejax.compile.outer import Outer, all_finite, clip_by_global_norm
 from pipejax.compile.spmd import lead, local, params, shard
 from pipejax.errors import ConfigError
-from pipejax.mesh import AXIS
+from pipejax.mesh import STAGE
 
 K = 4
 
 
-STAGED = P(AXIS)  # a [K, ...] buffer, row k on stage k
+STAGED = P(STAGE)  # a [K, ...] buffer, row k on stage k
 
 
 def _buffers(seed=0):
@@ -64,7 +64,7 @@ def test_all_finite_sees_one_stage_or_every_stage_by_scope():
     check = lambda scope: shard(lambda g: lead(all_finite(local(g), scope)), mesh, (STAGED,),
                                 STAGED)
     assert check(())(grads).tolist() == [True, False, True, True]
-    assert check((AXIS,))(grads).tolist() == [False] * K
+    assert check((STAGE,))(grads).tolist() == [False] * K
 
 
 def test_the_rule_before_half_averages_the_replicas():

@@ -1,4 +1,4 @@
-"""What pipejax remembers for the life of a process, in one place.
+"""What pipejax remembers for the life of a process, in one place: its caches.
 
 Building a pipeline traces every layer, initializes it, works out each
 stage's residuals and split backward, and reads its table's ring
@@ -20,7 +20,9 @@ entries each holds. JAX's own compiled programs are JAX's to keep:
 from __future__ import annotations
 
 import collections
+import operator
 import weakref
+from typing import Any, Callable, MutableMapping
 
 # Each linen layer's init program, for pipelines of the same layers at any
 # K, schedule or mesh and for the simulators (pipejax.layers.layer_variables).
@@ -39,17 +41,39 @@ GENERATORS: collections.deque = collections.deque(maxlen=64)
 # A schedule's ring capacities (pipejax.schedules.capacities).
 CAPACITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-MEMORIES = {"layer inits": INITS, "layer analyses": ANALYSES, "stage residuals": STAGES,
+CACHES = {"layer inits": INITS, "layer analyses": ANALYSES, "stage residuals": STAGES,
             "stage updates": UPDATES, "generators": GENERATORS, "ring capacities": CAPACITIES}
+
+
+def recall(memory: collections.deque | list | MutableMapping, key: Any,
+           compute: Callable[[], Any], same: Callable[[Any, Any], bool] = operator.eq,
+           kept: Any = None) -> Any:
+    """The value `memory` holds for `key`, else `compute()`, remembered.
+
+    A mapping (a schedule's capacities, weakly keyed) looks `key` up; a
+    bounded list of (key, value) entries takes the first whose key is `same`
+    as `key` (layers compare by `Layer.same`, not by hash: an NNX layer's
+    values are not part of what it computes) and remembers `kept` (default
+    `key`: what to hold instead, e.g. layers without their values)."""
+    if isinstance(memory, MutableMapping):
+        if key not in memory:
+            memory[key] = compute()
+        return memory[key]
+    for other, value in memory:
+        if same(other, key):
+            return value
+    value = compute()
+    memory.append((key if kept is None else kept, value))
+    return value
 
 
 def clear_caches() -> None:
     """Forget what pipejax remembered in this process (JAX's compiled
     programs stay: `jax.clear_caches()` drops those)."""
-    for memory in MEMORIES.values():
+    for memory in CACHES.values():
         memory.clear()
 
 
 def cache_sizes() -> dict[str, int]:
     """How many entries each of pipejax's memories holds."""
-    return {name: len(memory) for name, memory in MEMORIES.items()}
+    return {name: len(memory) for name, memory in CACHES.items()}
