@@ -47,7 +47,8 @@ import optax
 import pipejax as pj
 from common import RESULTS, load, markdown, save, signed, table
 from pipejax.bench.op_costs import step_count
-from pipejax.bench.speed import alternate, cost
+from pipejax.bench.speed import cost
+from pipejax.timing import alternate
 
 SIZE = dict(depth=14, width=128, heads=4, context=128)
 T, MB, M = SIZE["context"], 4, 16

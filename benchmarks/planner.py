@@ -32,10 +32,10 @@ time       Predicted step time against the measured one on the 4 simulated
            candidates' rounds, and the predictions made again at that rate),
            a layer's fixed cost (the GPT at K = 1 on the 4 devices as
            replicas, its batch in 1 and in 16 micro-batches: what the 15
-           more passes over the layers add, `_layer_seconds`), the fixed
+           more passes over the layers add, `host.layer_seconds`), the fixed
            cost of a tick (a 4-stage 1F1B step of layers of width 4, whose
            arithmetic is nothing), the copy rate of a message and the rate
-           of the memory as the rings use it (`_ring_rate`). Reported:
+           of the memory as the rings use it (`host.ring_rate`). Reported:
            Spearman's rank correlation and the relative error of each
            candidate, and the correlation and errors of the same steps
            predicted without the ring traffic, and without the layers'
@@ -59,7 +59,6 @@ import itertools
 import json
 import time
 from collections import defaultdict
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +69,8 @@ import pipejax as pj
 from common import RESULTS, agreement, load, save, table
 from pipejax import planner
 from pipejax.bench import core_models, peak_bytes
-from pipejax.bench.speed import alternate
+from pipejax.planner import host
+from pipejax.timing import alternate
 
 LOST = 2.0  # points of test accuracy below SGDM that count as not training
 
@@ -216,136 +216,18 @@ def _memory_row(name: str, model: tuple, schedule: str, remat: str, K: int, F: i
     return [row]
 
 
-GPT = dict(depth=6, width=64, heads=4, context=32)
-BATCH, DEVICES, TIMED, REPEATS = 64, 4, 16, 5
-
-
-def _seconds(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
-    """Median seconds of `fn()` (blocked on), after three warm-up calls."""
-    return float(np.median(alternate({"fn": fn}, repeats)["fn"]))
-
-
-def _stepper(trainer: Any, state: Any, batch: tuple) -> Callable[[], None]:
-    """A call that runs one training step from the state the last one left."""
-    held = [state]
-
-    def step():
-        held[0], m = trainer.step(held[0], batch)
-        jax.block_until_ready(m["loss"])
-    return step
-
-
-def _gpt_batch(n: int) -> tuple:
-    tokens = jax.random.randint(jax.random.key(1), (n, GPT["context"] + 1), 0, 256)
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-def _plain_gradient() -> tuple[Callable[[], None], float]:
-    """The processor's rate as the devices share it: a plain data-parallel
-    jit of the model's gradient, the batch split over the simulated
-    devices; the call and its FLOPs."""
-    layers = pj.models.gpt(**GPT)
-    x, y = _gpt_batch(BATCH)
-    variables = pj.unstage(pj.pipeline(layers, loss=pj.losses.next_token, example=x, targets=y,
-                                       stages=1, microbatches=1).init(jax.random.key(0)))
-    xs, ys = jax.device_put(x, _data_split()), jax.device_put(y, _data_split())
-    grad = jax.jit(jax.grad(lambda v, x, y: pj.losses.next_token(pj.apply_layers(layers, v, x),
-                                                                 y)))
-    flops = BATCH * sum(s.flops for s in pj.trace(layers, x[:1]))
-    return lambda: jax.block_until_ready(grad(variables, xs, ys)), flops
-
-
-def _layer_seconds() -> float:
-    """A layer's forward's fixed seconds (`pj.search`'s `layer_seconds`): the
-    GPT's pipelined step at K = 1 on the 4 devices as replicas, the batch
-    in M = 1 and in M = 16 micro-batches (alternated): the same FLOPs, 15
-    more runs of every layer's forward and backward (three forwards' worth,
-    as `step_costs.fixed_costs` counts them) on each device."""
-    layers, (x, y) = pj.models.gpt(**GPT), _gpt_batch(BATCH)
-    runs = {}
-    for M in (1, 16):
-        mb = BATCH // DEVICES // M
-        pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:mb], targets=y[:mb],
-                           stages=1, microbatches=M, mesh=pj.make_mesh(1, data=DEVICES))
-        trainer = pipe.trainer(optax.adam(1e-3))
-        runs[M] = _stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
-    times = alternate(runs, 3 * REPEATS)
-    more = float(np.median(times[16] - times[1]))
-    if more <= 0:
-        raise RuntimeError(f"16 micro-batches were no slower than 1 ({more * 1e3:.1f} ms): the "
-                           "machine is too loaded to measure a layer's fixed cost; run again")
-    return more / (15 * 3 * len(layers) * DEVICES)
-
-
-def _rate(flops: float, seconds: float, layer_seconds: float) -> float:
-    """The processor's rate from the plain gradient's FLOPs and time, past
-    its layers' fixed cost (every layer's forward and backward on each
-    device, as `_layer_seconds` counts them)."""
-    return flops / (seconds - layer_seconds * DEVICES * 3 * len(pj.models.gpt(**GPT)))
-
-
-def _data_split() -> jax.sharding.NamedSharding:
-    """The batch axis over the simulated devices."""
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:DEVICES]), ("data",))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+GPT, DEVICES, TIMED, REPEATS = host.GPT, 4, 16, host.REPEATS
+BATCH = host.batch(DEVICES)
 
 
 def machine() -> dict:
-    """The simulated host's constants, measured apart from the candidates:
-    the processor's rate past the layers' fixed cost, and that cost."""
-    plain, flops = _plain_gradient()
-    layer = _layer_seconds()
-    host = _rate(flops, _seconds(plain), layer)
-    tiny = pj.pipeline(pj.models.mlp(depth=7, width=4), loss=pj.losses.cross_entropy,
-                       example=jnp.zeros((1, 4)), stages=4, microbatches=16, schedule="1f1b")
-    trainer = tiny.trainer(optax.sgd(0.1))
-    tiny_step = _stepper(trainer, trainer.init(tiny.init(jax.random.key(0))),
-                         (jnp.zeros((16, 4)), jnp.zeros((16,), jnp.int32)))
-    tick = _seconds(tiny_step) / tiny.schedule.ticks
-    big = jnp.ones((2**24,), jnp.float32)
-    copy = jax.jit(lambda a: a * 1.0)
-    link = big.nbytes / _seconds(lambda: jax.block_until_ready(copy(big)))
-    return {"host_flops": host, "tick_seconds": tick, "link_bandwidth": link,
-            "memory_bandwidth": _ring_rate(_data_split()),
-            "layer_seconds": layer, "model_gflop_per_step": flops / 1e9}
-
-
-def _ring_rate(split: jax.sharding.NamedSharding, rows: int = 4, trips: int = 32) -> float:
-    """The memory's byte rate as the rings use it (`step_costs.ring_costs`
-    counts a value's bytes once written, once read): on each device a scan
-    whose every trip makes an activation with a matmul (16384 x 64, 4 MB,
-    a ring of 16 MB: past the caches, as the GPT's rings are) and takes it
-    into two more, either where it is made or through a ring of `rows`
-    rows (written into one, the one written `rows` − 1 trips before read
-    back), both alternated; twice the bytes through the ring over the
-    median of the rounds' differences."""
-    n, d = 16384, 64
-    w = jnp.full((d, d), 0.01)
-    x = jax.device_put(jnp.ones((DEVICES, n, d)), split)
-    ring_split = jax.sharding.NamedSharding(split.mesh, jax.sharding.PartitionSpec(None, "data"))
-
-    def steps(through: bool):
-        def body(carry, i):
-            c, ring = carry
-            y = jnp.tanh(jnp.einsum("bnd,de->bne", c, w))
-            if through:
-                ring = jax.lax.dynamic_update_slice(ring, y[None], (i % rows, 0, 0, 0))
-                y = jax.lax.dynamic_index_in_dim(ring, (i + 1) % rows, keepdims=False)
-            g = jnp.einsum("bnd,bne->bde", y, c)
-            return (c + 1e-3 * jnp.einsum("bnd,bde->bne", c, g), ring), None
-
-        def run(x):
-            ring = jax.lax.with_sharding_constraint(jnp.zeros((rows, *x.shape)), ring_split)
-            return jax.lax.scan(body, (x, ring), jnp.arange(trips))[0][0]
-        f = jax.jit(run)
-        return lambda: jax.block_until_ready(f(x))
-
-    times = alternate({"hot": steps(False), "ring": steps(True)}, 3 * REPEATS)
-    extra = float(np.median(times["ring"] - times["hot"]))
-    if extra <= 0:
-        raise RuntimeError(f"the ring was no slower than the hot path ({extra * 1e3:.1f} ms): "
-                           "the machine is too loaded to measure its memory; run again")
-    return 2 * trips * x.nbytes / extra
+    """The simulated host's constants (`pipejax.planner.host.measure`), and
+    the GPT's FLOPs a step."""
+    m = host.measure(DEVICES)
+    return {"host_flops": m.host_flops, "tick_seconds": m.tick_seconds,
+            "link_bandwidth": m.link_bandwidth, "memory_bandwidth": m.memory_bandwidth,
+            "layer_seconds": m.layer_seconds,
+            "model_gflop_per_step": host.plain_gradient(DEVICES)[1] / 1e9}
 
 
 def _search(consts: dict) -> list:
@@ -374,17 +256,17 @@ def step_time() -> dict:
     found = _search(consts)
     picked = [found[round(i)] for i in np.linspace(0, len(found) - 1, TIMED)]
     layers = pj.models.gpt(**GPT)
-    x, y = _gpt_batch(BATCH)
+    x, y = host.gpt_batch(BATCH)
     runs = {}
     for i, c in enumerate(picked):
         pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:c.microbatch],
                            targets=y[:c.microbatch], **c.pipeline_args())
         trainer = pipe.trainer(optax.adam(1e-3))
-        runs[i] = _stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
-    plain, flops = _plain_gradient()
+        runs[i] = host.stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
+    plain, flops = host.plain_gradient(DEVICES)
     measured = alternate({**runs, "plain": plain}, REPEATS)
     large = float(np.median(measured["plain"]))
-    consts["host_flops"] = _rate(flops, large, consts["layer_seconds"])
+    consts["host_flops"] = host.rate(flops, large, consts["layer_seconds"], DEVICES)
     key = lambda c: (c.schedule, c.stages, c.data, c.fsdp, c.tensor, c.virtual, c.microbatches,
                      c.remat, c.compute_dtype)  # the configuration, not its predictions
     again = {key(c): c for c in _search(consts)}

@@ -29,8 +29,8 @@ import numpy as np
 
 import pipejax as pj
 from common import RESULTS, load, save, table
-from pipejax.bench.speed import alternate
 from pipejax.compile import split_functions
+from pipejax.timing import alternate
 from pipejax.trace import cost_analysis
 
 K, WINDOWS, CONTEXT, WIDTH = 4, 4, 128, 128

@@ -50,7 +50,8 @@ import pipejax as pj
 from common import RESULTS, load, markdown, save, table
 from pipejax.bench import hlo
 from pipejax.bench.op_costs import step_count
-from pipejax.bench.speed import alternate, plain_steps
+from pipejax.bench.speed import plain_steps
+from pipejax.timing import alternate
 from pipejax.schedules import FAMILIES
 
 PATH = RESULTS / "table_speed.json"

@@ -47,7 +47,7 @@ def _layout(trainer: Trainer) -> dict:
             "virtual": plan.placement.virtual, "placement": plan.placement.kind,
             "schedule": schedule.name,
             "microbatches": schedule.microbatches, "replicas": trainer.replicas,
-            "fsdp": trainer.build.F, "tensor": trainer.build.code.params.parts}
+            "fsdp": trainer.build.F, "tensor": trainer.build.code.params.tensor}
 
 
 def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,

@@ -60,15 +60,15 @@ def _pad_rows(b: Any, rows: int) -> Any:
 class _Leaf:
     slot: int
     shape: tuple[int, ...]
-    split: int | None = None  # the axis split over `tensor` (its slot is (m, T)); None: whole
+    tensor_axis: int | None = None  # the axis split over `tensor` (slot (m, T)); None: whole
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def block(self, parts: int) -> tuple[int, ...]:
+    def block(self, T: int) -> tuple[int, ...]:
         """The shape of one tensor device's block of the leaf."""
-        return tuple(n // parts if i == self.split else n for i, n in enumerate(self.shape))
+        return tuple(n // T if i == self.tensor_axis else n for i, n in enumerate(self.shape))
 
 
 def _xp(x: Any) -> Any:
@@ -87,50 +87,50 @@ class Packing:
     # index of each item, stage after stage, where they are not in layer
     # order (virtual stages); None when they are.
     order: tuple[int, ...] | None = None
-    parts: int = 1  # T, the tensor devices a split leaf's slot (m, T) is split over
+    tensor: int = 1  # T, the tensor devices a split leaf's slot (m, T) is split over
     tied: tuple = ()  # leaves that hold one value (tied weights): (stage, leaf) groups
 
     @classmethod
     def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None,
-           shards: int = 1, splits: Sequence[Sequence[int | None]] | None = None,
-           parts: int = 1) -> "Packing":
+           shards: int = 1, tensor_axes: Sequence[Sequence[int | None]] | None = None,
+           tensor: int = 1) -> "Packing":
         """Build from one tree of arrays or `ShapeDtypeStruct`s per stage
         (`order`: see the field); with `shards` > 1 every slot flat, its
-        length a multiple of `shards` (see `shard`); with `parts` = T > 1,
-        `splits` gives each stage's leaves' axes split over `tensor` (None:
+        length a multiple of `shards` (see `shard`); with `tensor` = T > 1,
+        `tensor_axes` gives each stage's leaves' axes split over it (None:
         whole), and those leaves get slots (m, T)."""
         flats, treedefs = zip(*(jax.tree.flatten(t) for t in trees)) if trees else ((), ())
-        if parts == 1 or splits is None:
-            splits = [[None] * len(flat) for flat in flats]
+        if tensor == 1 or tensor_axes is None:
+            tensor_axes = [[None] * len(flat) for flat in flats]
         ranked: list[dict[int, tuple[str, bool, int]]] = []  # leaf -> (dtype, split?, rank)
         lengths: dict[tuple[str, bool, int], int] = {}
         shapes: dict[tuple[str, bool, int], set] = {}
-        for flat, split in zip(flats, splits):
+        for flat, axes in zip(flats, tensor_axes):
             kinds: dict[tuple[str, bool], list[int]] = {}
             for i, x in enumerate(flat):
-                kinds.setdefault((str(np.dtype(x.dtype)), split[i] is not None), []).append(i)
+                kinds.setdefault((str(np.dtype(x.dtype)), axes[i] is not None), []).append(i)
             stage = {}
             for (dtype, over), idx in kinds.items():
                 idx.sort(key=lambda i: -int(np.prod(flat[i].shape, dtype=np.int64)))
                 for rank, i in enumerate(idx):
                     key = stage[i] = (dtype, over, rank)
-                    size = int(np.prod(flat[i].shape, dtype=np.int64)) // (parts if over else 1)
+                    size = int(np.prod(flat[i].shape, dtype=np.int64)) // (tensor if over else 1)
                     lengths[key] = max(lengths.get(key, 0), size)
                     shapes.setdefault(key, set()).add(tuple(flat[i].shape))
             ranked.append(stage)
         index = {s: j for j, s in enumerate(sorted(lengths))}
-        leaves = tuple(tuple(_Leaf(index[stage[i]], tuple(x.shape), split[i])
+        leaves = tuple(tuple(_Leaf(index[stage[i]], tuple(x.shape), axes[i])
                              for i, x in enumerate(flat))
-                       for flat, split, stage in zip(flats, splits, ranked))
+                       for flat, axes, stage in zip(flats, tensor_axes, ranked))
         # One shape in every stage that uses the slot (and no stage without
         # it): keep it; else a flat buffer as long as the longest leaf.
         kept = lambda key: (shards == 1 and not key[1] and len(shapes[key]) == 1
                             and all(key in stage.values() for stage in ranked))
-        flat = lambda n, over: (-(-n // shards) * shards, *((parts,) if over else ()))
+        flat = lambda n, over: (-(-n // shards) * shards, *((tensor,) if over else ()))
         slots = tuple((key[0], next(iter(shapes[key])) if kept(key) else flat(n, key[1]))
                       for key, n in sorted(lengths.items()))
         in_order = order is None or list(order) == sorted(order)
-        return cls(tuple(treedefs), leaves, slots, None if in_order else tuple(order), parts)
+        return cls(tuple(treedefs), leaves, slots, None if in_order else tuple(order), tensor)
 
     def shard(self, n: int) -> "Packing":
         """One device's piece of every slot when each is split into `n`
@@ -151,7 +151,7 @@ class Packing:
             rank = max(len(s.shape), 1)
             length = int(np.prod(slots[s.slot][1], dtype=np.int64))
             return _Leaf(s.slot, (1,) * (rank - 1) + (length,),
-                         None if s.split is None else rank - 1)
+                         None if s.tensor_axis is None else rank - 1)
 
         leaves = tuple(tuple(view(s) for s in stage) for stage in self.leaves)
         return dataclasses.replace(self, leaves=leaves, slots=slots)
@@ -163,7 +163,7 @@ class Packing:
     @functools.cached_property
     def tensor_slots(self) -> tuple[bool, ...]:
         """Whether each slot holds leaves split over `tensor` (its shape is (m, T))."""
-        split = {s.slot for stage in self.leaves for s in stage if s.split is not None}
+        split = {s.slot for stage in self.leaves for s in stage if s.tensor_axis is not None}
         return tuple(j in split for j in range(len(self.slots)))
 
     @property
@@ -209,7 +209,7 @@ class Packing:
             v = self.to_slot(spec, jnp.asarray(x)).astype(b.dtype)
             if v.shape == b.shape:
                 out[spec.slot] = b + v
-            elif spec.split is not None:
+            elif spec.tensor_axis is not None:
                 out[spec.slot] = constrain(constrain(b, 1).at[:v.shape[0]].add(v), 1)
             else:
                 out[spec.slot] = b.at[:v.shape[0]].add(v)
@@ -224,14 +224,14 @@ class Packing:
         """Leaf `s` as its slot holds it, unpadded (its first `reach(s)`
         rows): its columns where split over `tensor`, itself where it fills
         the slot's shape, else flat."""
-        if s.split is not None:
+        if s.tensor_axis is not None:
             return self._columns(s, x)
         x = self._whole(x)
         return x if s.shape == self.slots[s.slot][1] else _xp(x).ravel(x)
 
     def from_slot(self, s: _Leaf, b: Any) -> Any:
         """Leaf `s` from its slot's buffer `b`, or from its first `reach(s)` rows."""
-        if s.split is not None:
+        if s.tensor_axis is not None:
             return self._leaf(s, b)
         if s.shape != b.shape:
             b = (b if s.size == b.shape[0] else b[:s.size]).reshape(s.shape)
@@ -240,7 +240,7 @@ class Packing:
     def reach(self, s: _Leaf) -> int:
         """The rows of its slot that leaf `s` fills."""
         shape = self.slots[s.slot][1]
-        return (s.size // self.parts if s.split is not None else
+        return (s.size // self.tensor if s.tensor_axis is not None else
                 shape[0] if s.shape == shape else s.size)
 
     def _whole(self, x: Any) -> Any:
@@ -249,24 +249,24 @@ class Packing:
         bias after a split matrix), and padding a split axis moves data
         between devices (a collective-permute, which hangs on CPU inside a
         stage's branch: it waits for every stage's devices)."""
-        return constrain(x, None) if self.parts > 1 else x
+        return constrain(x, None) if self.tensor > 1 else x
 
     def _columns(self, s: _Leaf, x: Any) -> Any:
         """A split leaf as (size / T, T): column t its t-th block along axis
-        `s.split`, flattened (the inverse of `_leaf`)."""
-        xp, d, T = _xp(x), s.split, self.parts
+        `s.tensor_axis`, flattened (the inverse of `_leaf`)."""
+        xp, d, T = _xp(x), s.tensor_axis, self.tensor
         blocks = xp.reshape(x, (*s.shape[:d], T, s.shape[d] // T, *s.shape[d + 1:]))
         return constrain(xp.moveaxis(blocks, d, -1).reshape(-1, T), 1)
 
     def _leaf(self, s: _Leaf, b: Any) -> Any:
         """A split leaf from its slot (m, T): the first size / T rows, each
-        column a block, moved back next to axis `s.split`."""
-        xp, block = _xp(b), s.block(self.parts)
+        column a block, moved back next to axis `s.tensor_axis`."""
+        xp, block = _xp(b), s.block(self.tensor)
         rows = int(np.prod(block, dtype=np.int64))
         b = constrain(b, 1)
         b = b if rows == b.shape[0] else b[:rows]
-        return constrain(xp.moveaxis(b.reshape(*block, self.parts), -1, s.split)
-                         .reshape(s.shape), s.split)
+        return constrain(xp.moveaxis(b.reshape(*block, self.tensor), -1, s.tensor_axis)
+                         .reshape(s.shape), s.tensor_axis)
 
     def structure(self, k: int) -> tuple:
         """Stage k's tree structure and slots, comparable with == (equal for
@@ -276,7 +276,7 @@ class Packing:
     def slot_bytes(self) -> int:
         """Bytes of one stage's buffers on one device (every stage holds
         this much; a slot split over `tensor`: its column)."""
-        return sum(n // (self.parts if split else 1) * np.dtype(d).itemsize
+        return sum(n // (self.tensor if split else 1) * np.dtype(d).itemsize
                    for (d, _), n, split in zip(self.slots, self.lengths, self.tensor_slots))
 
     def padding(self) -> float:
@@ -288,5 +288,5 @@ class Packing:
     def used_bytes(self, k: int) -> int:
         """Bytes of stage k's own leaves on one device, without padding (a
         leaf split over `tensor`: its block)."""
-        return sum(s.size // (1 if s.split is None else self.parts)
+        return sum(s.size // (1 if s.tensor_axis is None else self.tensor)
                    * np.dtype(self.slots[s.slot][0]).itemsize for s in self.leaves[k])

@@ -45,7 +45,7 @@ def parameters(pipe: Any) -> Placements:
     every leaf (a tied weight: where each copy lives, one per holding stage,
     in the layer that holds it); `print` it for a table."""
     code = pipe.build.code
-    F, T = pipe.build.F, code.params.parts
+    F, T = pipe.build.F, code.params.tensor
     out: list = [None] * len(pipe.specs)
     for j in range(pipe.plan.chunks):
         k = pipe.plan.placement.device(j)
@@ -53,11 +53,12 @@ def parameters(pipe: Any) -> Placements:
         for spec, tree in zip(pipe.plan.stage_specs(j), code.abstract_params(j)):
             def place(a: Any) -> Placed:
                 leaf = next(leaves)
-                split = P(*[TENSOR if i == leaf.split else None for i in range(len(leaf.shape))])
-                parts = (T if leaf.split is not None else 1) * F
-                size = -(-leaf.size // parts) * np.dtype(a.dtype).itemsize
+                axis = leaf.tensor_axis
+                spec = P(*[TENSOR if i == axis else None for i in range(len(leaf.shape))])
+                pieces = (T if axis is not None else 1) * F
+                size = -(-leaf.size // pieces) * np.dtype(a.dtype).itemsize
                 return Placed(k, tuple(leaf.shape), np.dtype(a.dtype),
-                              split if leaf.split is not None else P(), F, size)
+                              spec if axis is not None else P(), F, size)
             out[spec.index] = jax.tree.map(place, nn.meta.unbox(tree))  # linen's boxes off
     return Placements(out)
 

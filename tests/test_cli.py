@@ -57,6 +57,16 @@ def test_plan_search_ranks_and_builds_the_picked_candidate(tmp_path, capsys):
     assert "--machine '1e9,1e9': give 3 or 4 or 5 or 6 comma-separated numbers" in err
 
 
+@pytest.mark.slow
+def test_plan_search_on_the_machine_it_measures(tmp_path, capsys):
+    """--machine host measures this machine's rates (a minute or more) and
+    ranks on them: each device's rate the shared processor's."""
+    assert main(["plan", "--data", _data(tmp_path), "--search", "--devices", "2",
+                 "--batch-size", "8", "--schedules", "1f1b", "--machine", "host"]) == 0
+    out = capsys.readouterr().out
+    assert "measured here on 2 simulated devices:" in out and " 1f1b " in out
+
+
 def test_plan_reads_torch_tables_and_names_the_schedules_it_runs(tmp_path, capsys):
     table = str(pathlib.Path(__file__).parent / "schedules/torch_tables/ScheduleDualPipeV_K2_M4.csv")
     assert main(["plan", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "4",

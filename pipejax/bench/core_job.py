@@ -42,7 +42,7 @@ def _job(model: Model, rows: list[dict], repeats: int, folder: Path) -> None:
     from pipejax.bench.collective_time import collective_share
     from pipejax.planner.paths import coupled_path, earliest_path
     from pipejax.bench.op_times import ideal_seconds, op_runs
-    from pipejax.bench.speed import alternate
+    from pipejax.timing import alternate
 
     me, barrier = jax.process_index(), _barrier()
     step = plain(model, rows[0]["M"], jax.local_devices()[0]) if me == 0 else None
@@ -100,7 +100,7 @@ def worker(argv: list[str]) -> int:
         distributed.pin()
         import jax
 
-        from pipejax.bench.speed import alternate
+        from pipejax.timing import alternate
 
         seconds = alternate({"plain": plain(model, rows[0]["M"], jax.devices()[0])},
                             args.repeats)["plain"]

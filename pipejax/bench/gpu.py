@@ -52,7 +52,8 @@ import optax
 import pipejax as pj
 from pipejax.bench.gpu_rows import FULL, SMOKE, Group, Size, Step, groups, steps
 from pipejax.bench.memory import peak_bytes
-from pipejax.bench.speed import alternate, cost, plain_steps
+from pipejax.bench.speed import cost, plain_steps
+from pipejax.timing import alternate
 
 BUDGET = 390.0  # seconds: every row at H100 compile times; a run and a start fit 15 minutes
 

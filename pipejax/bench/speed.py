@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import jax
@@ -14,27 +13,8 @@ import pipejax as pj
 from pipejax.bench.machine import CLASSES, FEATURES, batch
 from pipejax.compile import cast_floating, compute_weights
 from pipejax.layers import layer_list
+from pipejax.timing import alternate
 from pipejax.trace import cost_analysis as cost
-
-
-def alternate(runs: dict[str, Callable[[], None]], repeats: int,
-              deadline: float | None = None) -> dict[str, np.ndarray]:
-    """Seconds of each run, called in turn `repeats` times (the machine's
-    drifts hit every run alike); three warm-up rounds first. With a
-    `deadline` (a `time.perf_counter()` value) the rounds stop once it has
-    passed, after three at least."""
-    for _ in range(3):
-        for run in runs.values():
-            run()
-    times = {name: [] for name in runs}
-    for i in range(repeats):
-        if deadline is not None and i >= 3 and time.perf_counter() > deadline:
-            break
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: np.asarray(t) for name, t in times.items()}
 
 
 def optimizer_step(opt: optax.GradientTransformation) -> Callable:

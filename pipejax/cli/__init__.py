@@ -211,13 +211,15 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--momentum", type=float, default=0.0,
                       help="with --search and --lr: the update's momentum")
     plan.add_argument("--machine", default=None,
-                      metavar="FLOPS,BYTES/S,SECONDS[,HOST[,MEMORY[,LAYER]]] | JSON",
+                      metavar="FLOPS,BYTES/S,SECONDS[,HOST[,MEMORY[,LAYER]]] | JSON | host",
                       help="with --search: a device's FLOP/s, the link's bytes/s, a tick's fixed "
                            "seconds, for devices sharing one processor (simulated CPU "
                            "devices) its FLOP/s (0: none shared), the bytes/s of a device's "
                            "memory, and a layer's forward's fixed seconds (0: none counted; "
                            "default 50e12,50e9,20e-6,0,2e12,0: a GPU); or the bench_gpu.json "
-                           "of `make gpu`, for the device rate it measured")
+                           "of `make gpu`, for the device rate it measured; or host: this "
+                           "machine's --devices simulated devices, every rate measured (a "
+                           "minute or two)")
     plan.add_argument("--pick", type=int, default=None, metavar="N",
                       help="with --search: build candidate N and print its plan and schedule")
 

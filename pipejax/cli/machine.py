@@ -1,8 +1,9 @@
-"""--machine: the machine `pj.search` assumes, from numbers or from the JSON
-a GPU's `pipejax bench --only gpu` wrote."""
+"""--machine: the machine `pj.search` assumes, from numbers, from the JSON
+a GPU's `pipejax bench --only gpu` wrote, or measured here (host)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,7 +33,17 @@ def machine(text: str | None, dtype: str, devices: int, memory: float | None) ->
     """`pj.search`'s machine of `devices` devices from --machine: its
     numbers (a HOST of 0: no processor shared), or the device rate a
     `pipejax bench --only gpu` JSON measured in `dtype` (one GPU has no link
-    to measure: the link and the tick keep their defaults)."""
+    to measure: the link and the tick keep their defaults), or this
+    machine's, measured ("host": `pipejax.planner.host`)."""
+    if text == "host":
+        from pipejax.planner.host import measure
+
+        m = dataclasses.replace(measure(devices), memory=memory)
+        print(f"measured here on {devices} simulated devices: {m.host_flops / 1e9:.3g} GFLOP/s "
+              f"shared, {m.link_bandwidth / 1e9:.3g} GB/s links, {m.tick_seconds * 1e6:.3g} µs "
+              f"a tick, {m.memory_bandwidth / 1e9:.3g} GB/s of memory, "
+              f"{m.layer_seconds * 1e6:.3g} µs a layer")
+        return m
     if text is None:
         d = Machine(devices=devices, memory=memory)
         print(f"predicted for pj.search's default machine, a GPU ({d.device_flops / 1e12:g} "

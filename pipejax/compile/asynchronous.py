@@ -122,7 +122,7 @@ def train_step(build: Build, opts: StageOptimizers) -> Callable:
             R * K * F, *parts.shape[2:])
 
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, build.example, build.targets, R, F)
+        x, y = microbatch.divide(batch, M, build.example, build.targets, R, F)
         f = state.inflight
         write = lambda ring, new: lax.dynamic_update_slice_in_dim(
             ring, every(new), f.base % slots, axis=1)

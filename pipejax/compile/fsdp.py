@@ -53,7 +53,7 @@ from pipejax.compile.lanes import TickTask
 from pipejax.compile.layout import Layout
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import gather, run_if
-from pipejax.compile.table_state import Ops, TickParts
+from pipejax.compile.table_state import Ops, TickContext
 from pipejax.packing import Buffers, Packing
 from pipejax.schedules import Op
 
@@ -79,12 +79,12 @@ class ShardedWeights:
     """How the table interpreter's tick (table.py) reads a stage's weights:
     a sharded stage's gathered before its ops, else its own."""
 
-    def __init__(self, parts: TickParts):
-        self.parts = parts
+    def __init__(self, tick: TickContext):
+        self.tick = tick
 
     def _any(self, preds: list[jax.Array]) -> jax.Array | None:
         """Whether any of `preds` holds; None (always) when every op runs at every tick."""
-        return None if self.parts.busy else functools.reduce(jnp.logical_or, preds)
+        return None if self.tick.busy else functools.reduce(jnp.logical_or, preds)
 
     def gathered(self, runs: dict, fused: TickTask | None, ops: Ops, held: tuple) -> tuple:
         """A sharded stage's whole weights for this tick's ops: (the
@@ -92,29 +92,29 @@ class ShardedWeights:
         tick uses them, once for both where they are the same weights (the
         forward's: the forecast `ahead`, or the weights; the backward's: the
         stashed ones, a backward forecast, the weights under a forecast)."""
-        if self.parts.whole is not None:
-            return self.parts.whole, self.parts.whole
-        ahead = self.parts.opts is not None and ops.opt_state.ahead
+        if self.tick.whole is not None:
+            return self.tick.whole, self.tick.whole
+        ahead = self.tick.opts is not None and ops.opt_state.ahead
         forward = ops.opt_state.ahead if ahead else ops.params
         backward = None
-        if self.parts.layout.versions:  # each op's step's version, its pieces (versions.py)
+        if self.tick.layout.versions:  # each op's step's version, its pieces (versions.py)
             f = runs[Op.F]
             g = f.g if fused is None else jnp.where(f.real, f.g, fused.g)
-            forward = self.parts.gradients.weights(ops.params, ops.rings, g)
+            forward = self.tick.gradients.weights(ops.params, ops.rings, g)
         if Op.BW in runs and self.apart:
-            if self.parts.layout.versions:
-                backward = self.parts.gradients.weights(ops.params, ops.rings, runs[Op.BW].g)
-            elif self.parts.layout.weight_stashing:
-                slot = runs[Op.BW].ring % self.parts.layout.kept_slots
+            if self.tick.layout.versions:
+                backward = self.tick.gradients.weights(ops.params, ops.rings, runs[Op.BW].g)
+            elif self.tick.layout.weight_stashing:
+                slot = runs[Op.BW].ring % self.tick.layout.kept_slots
                 backward = messages.read(ops.rings.weights, slot)
-            elif self.parts.opts.forecasts_backward:
-                backward = self.parts.opts.backward_weights(ops.params, ops.opt_state)
+            elif self.tick.opts.forecasts_backward:
+                backward = self.tick.opts.backward_weights(ops.params, ops.opt_state)
             else:  # the forward runs on a forecast, the backward on the weights
                 backward = ops.params
         users = [runs[op].real for op in (Op.F, Op.B, Op.W) if op in runs]
         users += [] if fused is None else [fused.real]
         users += [runs[Op.BW].real] if backward is None and Op.BW in runs else []
-        packing = self.parts.code.params
+        packing = self.tick.code.params
         first = gather_if(self._any(users), forward, held[0], packing)
         if backward is None:
             return first, first
@@ -127,15 +127,15 @@ class ShardedWeights:
         the last ones. With zeros as the gathers' default instead, XLA
         filled a whole stage at every tick (1F1B, zoo GPT depth 4 width 128,
         K = 2, F = 2: 21 copies, 1.25 MB a tick; none carried)."""
-        if not self.parts.sharded or self.parts.whole is not None:
+        if not self.tick.sharded or self.tick.whole is not None:
             return ()
-        return (self.parts.code.params.zeros(),) * (2 if self.apart else 1)
+        return (self.tick.code.params.zeros(),) * (2 if self.apart else 1)
 
     @functools.cached_property
     def apart(self) -> bool:
-        return apart(self.parts.layout, self.parts.opts)
+        return apart(self.tick.layout, self.tick.opts)
 
     def weights(self, ops: Ops) -> Buffers:
         """The weights the tick's forward, B and W run on: the whole ones
         gathered (a sharded stage), else the stage's own."""
-        return ops.whole[0] if self.parts.sharded else ops.params
+        return ops.whole[0] if self.tick.sharded else ops.params

@@ -107,7 +107,7 @@ class Layout:
         width = max(len(r[0]) for r in rows)
         lines = ["buffers of every device (each as large as the largest stage needs):"]
         lines += [f"  {name.ljust(width)}  {count} x {human_bytes(size)}" for name, size, count in rows]
-        each = f" of each of {self.params.parts} tensor devices" if self.params.parts > 1 else ""
+        each = f" of each of {self.params.tensor} tensor devices" if self.params.tensor > 1 else ""
         lines.append(f"padded parameter buffers {human_bytes(self.padded_param_bytes)} for "
                      f"{human_bytes(real)} of parameters{each} "
                      f"({100 * self.padding_overhead:.1f}% padding)")

@@ -116,7 +116,7 @@ def estimate(build: Build, opts: StageOptimizers) -> MemoryEstimate:
     opt_state = opts.packing
     micro = nbytes(build.example) + nbytes(build.targets)
     batch = schedule.microbatches * micro  # a device's part of the batch
-    unsplit = code.params.parts == 1
+    unsplit = code.params.tensor == 1
     # A backward compiled alone is the working set, split or not.
     working = [backward_bytes(code, j) if unsplit else
                split_backward_bytes(code, j, build.mesh, FAST_COMPILE)

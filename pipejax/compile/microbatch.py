@@ -46,7 +46,7 @@ def whole(part: Any, F: int) -> Any:
                         part)
 
 
-def split(batch: Any, M: int, example: Any, targets: Any, R: int = 1,
+def divide(batch: Any, M: int, example: Any, targets: Any, R: int = 1,
           F: int = 1) -> tuple[Any, Any]:
     """`(x, y)` with leading axis R·M·mb -> `(x, y)` with leading axes [R,
     M, mb], for a pipeline traced with micro-batch parts `example` and

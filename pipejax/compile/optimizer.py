@@ -94,7 +94,7 @@ class StageOptimizers:
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(build.K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1], build.code.share)
         axes = [pieces.tensor_axes(s, params, k) for k, s in enumerate(states)]
-        return cls(transforms, params, Packing.of(states, splits=axes, parts=params.parts),
+        return cls(transforms, params, Packing.of(states, tensor_axes=axes, tensor=params.tensor),
                    groups, outer)
 
     @functools.cached_property

@@ -39,7 +39,7 @@ def tensor_axes(state: Any, params: Packing, k: int) -> list:
     (step counts) none."""
     tree = params.abstract_tree(k)
     _, flat, per_parameter = state_parts(state, tree)
-    axes = [s.split for s in params.leaves[k]]
+    axes = [s.tensor_axis for s in params.leaves[k]]
     return [a for part, cut in zip(flat, per_parameter)
             for a in (axes if cut else [None] * len(jax.tree.leaves(part)))]
 

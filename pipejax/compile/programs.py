@@ -71,12 +71,11 @@ def compile_build(model: Model, plan: Plan, schedule: Schedule, mesh: Mesh, flag
     a stage sharded over F devices packs its slots in F pieces."""
     seed = 1.0 / schedule.microbatches if schedule.updates_per_step == 1 else 1.0
     stage = flags.stage
-    code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule),
-                     (stage.fsdp, stage.tensor))
+    code = StageCode(model, plan, seed, flags.share_branches, backwards(schedule), stage)
     code.kept = kept_packing(code, mesh)
-    if code.params.parts > 1 and not any(code.params.tensor_slots):
+    if code.params.tensor > 1 and not any(code.params.tensor_slots):
         raise ConfigError(
-            f"the mesh splits each stage over tensor={code.params.parts} devices, but no layer "
+            f"the mesh splits each stage over tensor={code.params.tensor} devices, but no layer "
             "annotates a parameter axis with 'tensor': every tensor device would hold and "
             "compute the same; annotate the layers (e.g. nn.Dense(kernel_init="
             "nn.with_partitioning(init, (None, 'tensor')))), or use those devices for fsdp or "
@@ -155,7 +154,7 @@ def stage_rows(b: Build, variables: Callable[[int], Any]) -> Staged:
     shapes = [(b.K, *shape) for _, shape in packing.slots]
     where = [s.addressable_devices_indices_map(shape) for s, shape in zip(placed, shapes)]
     shards: list[dict[Any, Any]] = [{} for _ in placed]
-    whole = b.F == 1 and packing.parts == 1
+    whole = b.F == 1 and packing.tensor == 1
     for k in sorted({idx[0].start or 0 for slot in where for idx in slot.values()}):
         layers = [variables(i) for i in plan.device_layers(k)]
         row = packing.pack(k, layers if whole else jax.device_get(layers))  # numpy: on the host

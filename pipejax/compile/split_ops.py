@@ -3,7 +3,7 @@ gradient of a micro-batch, sent back at once with what its W needs filed in
 a bridge slot, and the weight gradient later from its kept residuals and
 that bridge. The table interpreter's tick (table.py) runs them beside its
 forward and fused backward; they read the tick's state (`Ops`) and its
-parts (`TickParts`: the stage's branches, its layout) as those do.
+context (`TickContext`: the stage's branches, its layout) as those do.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipejax.compile.fsdp import ShardedWeights
 from pipejax.compile.lanes import TickTask
 from pipejax.compile.op_loops import OpLoops
 from pipejax.compile.stages import StageCode
-from pipejax.compile.table_state import Ops, TickParts
+from pipejax.compile.table_state import Ops, TickContext
 from pipejax.schedules import Op
 
 
@@ -36,18 +36,18 @@ class SplitBackwardOps:
     (`loops`), on the weights `weights` reads (gathered where sharded), on
     the micro-batch `inputs(g, j)` gives: (x_m, y_m, key, first layer of j)."""
 
-    def __init__(self, parts: TickParts, loops: OpLoops, weights: ShardedWeights,
+    def __init__(self, tick: TickContext, loops: OpLoops, weights: ShardedWeights,
                  inputs: Callable[[jax.Array, jax.Array], tuple]):
-        self.parts, self.loops, self.weights, self.inputs = parts, loops, weights, inputs
+        self.tick, self.loops, self.weights, self.inputs = tick, loops, weights, inputs
 
     def _with_weights(self, ops: Ops, w: tuple) -> Ops:
         """`ops` after a loop that carried the weights `w` (in place): the
         stage's own, or, where sharded, a gathered copy the loop leaves alone."""
-        return ops if self.parts.sharded else ops._replace(params=w)
+        return ops if self.tick.sharded else ops._replace(params=w)
 
     def _rows(self, task: TickTask) -> tuple:
         """The task's rows of the kept and the bridge rings."""
-        layout = self.parts.layout
+        layout = self.tick.layout
         return task.ring % layout.kept_slots, task.ring % layout.bridge_slots
 
     def input_grad(self, task: TickTask, ops: Ops, loss: jax.Array) -> tuple[Ops, jax.Array]:
@@ -56,7 +56,7 @@ class SplitBackwardOps:
         bridge its W reads, written into its slot; returns the ops' state and
         the loss, the micro-batch's where B runs the last stage's forward
         (`StageCode.deferred`)."""
-        rows, groups, branch = self._rows(task), self.parts.code.groups, self.parts.branches[Op.B]
+        rows, groups, branch = self._rows(task), self.tick.code.groups, self.tick.branches[Op.B]
 
         def input_grad(micro, c, rings, mail, slots):
             w, loss = c
@@ -74,15 +74,15 @@ class SplitBackwardOps:
         """Zero bubble's W of micro-batch g on virtual stage j: the weight
         gradients from its input, its kept residuals and what its B filed,
         summed (a synchronous table)."""
-        rows, groups, branch = self._rows(task), self.parts.code.groups, self.parts.branches[Op.W]
+        rows, groups, branch = self._rows(task), self.tick.code.groups, self.tick.branches[Op.W]
 
         def weight_grad(micro, c, rings, mail, slots):
             w, grad_sum = c
             operands = (w, *slots, (rings.kept, rows[0]), (rings.bridge, rows[1]), micro)
-            if self.parts.per_chunk:
+            if self.tick.per_chunk:
                 return (w, groups.run(branch, operands, grad_sum, at=task.j)), rings, mail
             grads = groups.switch_at(task.j, branch, *operands)
-            return (w, self.parts.gradients.summed(grad_sum, grads)), rings, mail
+            return (w, self.tick.gradients.summed(grad_sum, grads)), rings, mail
 
         (w, grad_sum), ops = self.loops.run(Op.W, task, weight_grad, self.inputs(task.g, task.j),
                                             (self.weights.weights(ops), ops.grad_sum), ops)

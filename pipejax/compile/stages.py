@@ -36,6 +36,7 @@ from pipejax.compile.ties import tied
 from pipejax.layers import Layer, apply_layers, remembered
 from pipejax.layers.sharding import tensor_axes
 from pipejax.partition import Plan
+from pipejax.stage_layout import StageLayout
 from pipejax.trace import shapes
 
 
@@ -51,8 +52,8 @@ class StageCode:
     `kept` is packed whole here; over `tensor` the pipeline's build replaces
     it with the packing XLA's split asks for (`tensor.kept_packing`).
     The last stage seeds its vjp with `seed`: 1/M when a step's loss is the
-    mean over M micro-batches, 1 when every micro-batch is its own update. With
-    `degrees` = (F, T) and F > 1, `params` packs every slot flat, in F pieces
+    mean over M micro-batches, 1 when every micro-batch is its own update. On
+    a `stage` layout of F > 1, `params` packs every slot flat, in F pieces
     (`Packing.of`), and the micro-batches are one device's part of F; with
     T > 1, the leaves the layers' annotations split over `tensor`
     (layers/sharding.py) get slots split T ways. Virtual stages of one
@@ -60,18 +61,18 @@ class StageCode:
     """
 
     def __init__(self, model: Model, plan: Plan, seed: float, share: bool = True,
-                 backwards: Backwards = Backwards(), degrees: tuple[int, int] = (1, 1)):
+                 backwards: Backwards = Backwards(), stage: StageLayout = StageLayout()):
         self.model, self.plan, self.seed, self.share = model, plan, seed, share
         self.placement = placement = plan.placement
         self.S = placement.chunks
         layers = [plan.device_layers(k) for k in range(placement.stages)]
-        shards, parts = degrees
-        axes = [tensor_axes(s.variables, f"layer {s.index} ({s.name})", parts)
+        axes = [tensor_axes(s.variables, f"layer {s.index} ({s.name})", stage.tensor)
                 for s in plan.specs]
-        self.params = tied(Packing.of([[plan.specs[i].variables for i in ls] for ls in layers],
-                                      order=[i for ls in layers for i in ls], shards=shards,
-                                      splits=[[a for i in ls for a in axes[i]] for ls in layers],
-                                      parts=parts), plan, model.ties)
+        self.params = tied(Packing.of(
+            [[plan.specs[i].variables for i in ls] for ls in layers],
+            order=[i for ls in layers for i in ls], shards=stage.fsdp,
+            tensor_axes=[[a for i in ls for a in axes[i]] for ls in layers], tensor=stage.tensor),
+            plan, model.ties)
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],
                                      _same_structure, share)
         self.outputs = self._outputs()

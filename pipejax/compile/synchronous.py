@@ -68,7 +68,7 @@ def value_and_grad(build: Build) -> Callable:
     sharded = shard(body, build.mesh, (staged, batch, batch, REPLICATED), (REPLICATED, staged))
 
     def run(p: Staged, batch: tuple, key: jax.Array):
-        x, y = microbatch.split(batch, build.M, build.example, build.targets, build.R, build.F)
+        x, y = microbatch.divide(batch, build.M, build.example, build.targets, build.R, build.F)
         loss, grads = sharded(p.buffers, x, y, key)
         return loss, Staged(grads, build.code.params)
 
@@ -105,7 +105,7 @@ def train_step(build: Build, opts: StageOptimizers, carried: bool = True) -> Cal
                     (rows, device, device, device) + (REPLICATED,) * 4)
 
     def step(state: TrainState, batch: tuple):
-        x, y = microbatch.split(batch, M, build.example, build.targets, R, build.F)
+        x, y = microbatch.divide(batch, M, build.example, build.targets, R, build.F)
         key = jax.random.fold_in(state.key, state.step)
         p, s, rule, rings, losses, done, spread, skipped = sharded(
             (state.params.buffers, state.opt_state.buffers, state.rule_state, state.scratch), x,

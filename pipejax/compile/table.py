@@ -50,7 +50,7 @@ from pipejax.compile.op_loops import OpLoops
 from pipejax.compile.optimizer import StageOptimizers
 from pipejax.compile.spmd import gather, scatter, stage_index
 from pipejax.compile.split_ops import SplitBackwardOps
-from pipejax.compile.table_state import Ops, TableIn, TableOut, TickParts
+from pipejax.compile.table_state import Ops, TableIn, TableOut, TickContext
 from pipejax.packing import Buffers
 from pipejax.mesh import STAGE
 from pipejax.schedules import NONE, Op
@@ -59,7 +59,7 @@ from pipejax.schedules.tasks import BACKWARD
 
 class _Tick:
     """The body of the scan: what stage k does at one tick. Its parts, each
-    made from the `TickParts` every op reads: the ops' loops (`OpLoops`),
+    made from the `TickContext` every op reads: the ops' loops (`OpLoops`),
     the weights they run on (`ShardedWeights`: gathered where sharded) and
     zero bubble's B and W (`SplitBackwardOps`)."""
 
@@ -104,11 +104,11 @@ class _Tick:
         # and no lane that mixes ops (K = 1 under GPipe and 1F1B).
         self.busy = (self.sync and bool((build.schedule.ops != Op.IDLE).all())
                      and not any(lane.mixed for lane in self.lanes))
-        parts = TickParts(self.code, self.layout, opts, self.gradients, self.branches,
-                          self.per_chunk, self.busy, self.sharded, whole)
+        context = TickContext(self.code, self.layout, opts, self.gradients, self.branches,
+                              self.per_chunk, self.busy, self.sharded, whole)
         self.loops = OpLoops(self.layout, self.busy)
-        self.gathers = ShardedWeights(parts)
-        self.split = SplitBackwardOps(parts, self.loops, self.gathers, self._inputs)
+        self.gathers = ShardedWeights(context)
+        self.split = SplitBackwardOps(context, self.loops, self.gathers, self._inputs)
 
     def _inputs(self, g: jax.Array, j: jax.Array) -> tuple:
         """(x_m, y_m, key, first layer of j) of micro-batch g on virtual stage j;

@@ -1,7 +1,7 @@
 """What one pass over a schedule's table takes, carries from op to op within
 a tick, and returns, seen from one device (inside shard_map): the table
 interpreter's state (table.py, split_ops.py); and what every part of a tick
-reads (`TickParts`), the contract between the tick and its parts (op_loops.py,
+reads (`TickContext`), the contract between the tick and its parts (op_loops.py,
 fsdp.py, split_ops.py)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pipejax.schedules import Op
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TickParts:
+class TickContext:
     """What every op of a tick reads, made once a pass by `table._Tick`."""
 
     code: StageCode

@@ -57,8 +57,8 @@ def split_parts(code: StageCode, j: int) -> tuple[float, int]:
     of an input gradient in the backward)."""
     leaves = code.param_leaves(j)
     total = sum(s.size for s in leaves)
-    split = sum(s.size for s in leaves if s.split is not None)
-    rows = sum(1 for s in leaves if s.split == 0 and len(s.shape) >= 2)
+    split = sum(s.size for s in leaves if s.tensor_axis is not None)
+    rows = sum(1 for s in leaves if s.tensor_axis == 0 and len(s.shape) >= 2)
     return (split / total if total else 0.0), rows
 
 
@@ -95,7 +95,7 @@ def _group(code: StageCode, j: int, mesh: Mesh) -> tuple[Mesh, Any]:
 def _placed(devices: Mesh, leaf: Any) -> NamedSharding:
     """Where a packed leaf lives on one group of tensor devices: split on its
     `split` axis, else whole."""
-    return NamedSharding(devices, P(*[TENSOR if i == leaf.split else None
+    return NamedSharding(devices, P(*[TENSOR if i == leaf.tensor_axis else None
                                       for i in range(len(leaf.shape))]))
 
 
@@ -123,11 +123,11 @@ def kept_packing(code: StageCode, mesh: Mesh) -> Packing:
         return [_split_axis(s, x.shape, T) for s, x in
                 zip(jax.tree.leaves(compiled.output_shardings), kept)]
 
-    splits = [code.remembered(j, ("kept axes over tensor", remat, T), lambda: axes(j))
-              for j in code.groups.first]
+    kept_axes = [code.remembered(j, ("kept axes over tensor", remat, T), lambda: axes(j))
+                 for j in code.groups.first]
     trees = [code.residuals(j, remat) for j in code.groups.first]
     return Packing.of([trees[g] for g in code.groups.of],
-                      splits=[splits[g] for g in code.groups.of], parts=T)
+                      tensor_axes=[kept_axes[g] for g in code.groups.of], tensor=T)
 
 
 def _split_axis(sharding: Any, shape: tuple[int, ...], T: int) -> int | None:

@@ -118,7 +118,7 @@ def split_costs(pipe: Pipeline, costs: dict, remat: bool, flops_per_byte: float)
     rematerialized), 2(T − 1)/T of the activation after the chunk's first
     layer over the link each, counted as the FLOPs of that time
     (`flops_per_byte`: the device's rate over the link's)."""
-    code, T = pipe.build.code, pipe.layout.params.parts
+    code, T = pipe.build.code, pipe.layout.params.tensor
     parts = [split_parts(code, j) for j in range(code.S)]
     scale = np.array([1 - share + share / T for share, _ in parts])
     reduce = np.array([rows * 2 * (T - 1) / T * nbytes(code.plan.stage_specs(j)[0].output)

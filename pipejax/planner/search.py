@@ -112,7 +112,7 @@ def _candidate(pipe: Pipeline, t: Try, machine: Machine, training: Training) -> 
     share = w_shares(code, flops) if code.splits else None
     remat, fused = t.remat != "none", bool(schedule.fused.any())
     costs = op_costs(flops, remat, fused, share, code.deferred)
-    params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.parts
+    params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.tensor
     if T > 1:
         costs = split_costs(pipe, costs, remat, m.device_flops / m.link_bandwidth)
     moved = ring_costs(pipe, m.device_flops / m.memory_bandwidth)

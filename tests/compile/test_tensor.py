@@ -173,7 +173,7 @@ def test_logical_annotations_map_through_flax_rules(api):
     with nn.logical_axis_rules([("embed", None), ("mlp", "tensor")]):
         pipe = pj.pipeline(layers, loss=pj.losses.cross_entropy, example=jnp.zeros((4, 5)),
                            stages=1, microbatches=1, mesh=pj.make_mesh(1, tensor=2))
-    assert [s.split for s in pipe.build.code.params.leaves[0]] == [None, 1, None, None]
+    assert [s.tensor_axis for s in pipe.build.code.params.leaves[0]] == [None, 1, None, None]
 
 
 def test_an_unknown_mesh_axis_lists_the_known_ones():
