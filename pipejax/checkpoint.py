@@ -47,7 +47,7 @@ def _layout(trainer: Trainer) -> dict:
             "virtual": plan.placement.virtual, "placement": plan.placement.kind,
             "schedule": schedule.name,
             "microbatches": schedule.microbatches, "replicas": trainer.replicas,
-            "fsdp": trainer.build.F, "tensor": trainer.build.code.params.tensor}
+            "fsdp": trainer.build.stage.fsdp, "tensor": trainer.build.stage.tensor}
 
 
 def save(path: str | os.PathLike, trainer: Trainer, state: TrainState,
@@ -151,7 +151,7 @@ def _assemble(trainer: Trainer, meta: dict, tree: dict[str, np.ndarray]) -> Trai
     abstract state) from a checkpoint's entries."""
     params_packing, opt_packing = trainer.packings
     specs, plan = trainer.specs, trainer.plan
-    K, R, saved_R, F = plan.stages, trainer.replicas, meta["replicas"], trainer.build.F
+    K, R, saved_R, F = plan.stages, trainer.replicas, meta["replicas"], trainer.build.stage.fsdp
     rep = lambda a, r: _replica(a, r, saved_R, R)
     # Older checkpoints hold one chunk per device, in a loop, on unsharded stages.
     older = {"virtual": 1, "placement": "loop", "fsdp": 1, "tensor": 1}

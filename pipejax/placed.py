@@ -45,7 +45,7 @@ def parameters(pipe: Any) -> Placements:
     every leaf (a tied weight: where each copy lives, one per holding stage,
     in the layer that holds it); `print` it for a table."""
     code = pipe.build.code
-    F, T = pipe.build.F, code.params.tensor
+    F, T = pipe.build.stage.fsdp, pipe.build.stage.tensor
     out: list = [None] * len(pipe.specs)
     for j in range(pipe.plan.chunks):
         k = pipe.plan.placement.device(j)

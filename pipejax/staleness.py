@@ -51,20 +51,21 @@ def effective_delay(schedule: Schedule, microbatch: int, learning_rate: float | 
     return learning_rate / (1 - momentum) * D
 
 
-def advise(delay: float | None, microbatch: int, reference) -> str:
+def advise(delay: float | None, microbatch: int, reference, mitigation: str = "lwp+sc") -> str:
     """One line: what to do about the candidate's staleness (`microbatch`:
-    the examples of one update, over all replicas)."""
+    the examples of one update, over all replicas; `mitigation`: the recipe
+    its family's tables take, `Family.mitigation`)."""
     if delay == 0:
         return "synchronous: no staleness"
     if delay is None:
         return "asynchronous: pass learning_rate= and momentum= (or reference=) to judge the delay"
     if delay <= STABLE_DELAY:
-        return "trains at this delay with mitigation('lwp+sc')"
+        return f"trains at this delay with mitigation({mitigation!r})"
     smaller = microbatch * STABLE_DELAY / delay  # the delay scales with the micro-batch (eq. 9)
     if reference is not None and smaller >= 1:
         size = 2 ** int(np.log2(smaller))
         return (f"delay {delay:.2f} > {STABLE_DELAY}: updates of {size} examples, the "
-                f"reference moved to them by eq. 9, and mitigation('lwp+sc')")
+                f"reference moved to them by eq. 9, and mitigation({mitigation!r})")
     if reference is None:
         return (f"delay {delay:.2f} > {STABLE_DELAY}: the rate x{STABLE_DELAY / delay:.2g}, "
                 f"or give reference= and take smaller updates with eq. 9")

@@ -294,18 +294,17 @@ def test_every_flag_is_a_field_of_its_command_config():
     import argparse
     import dataclasses
 
-    from pipejax.cli import _parser
-    from pipejax.cli.config import COMMANDS
+    from pipejax.cli import COMMANDS, _parser
+    from pipejax.cli.config import TrainConfig, config
 
     commands = next(a for a in _parser()._actions
                     if isinstance(a, argparse._SubParsersAction)).choices
-    for name, cls in COMMANDS.items():
+    for name, (cls, _) in COMMANDS.items():
         dests = {a.dest for a in commands[name]._actions if a.dest != "help"}
         fields = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("derived")}
         assert dests == fields, (name, dests ^ fields)
-    from pipejax.cli.config import config
 
-    cfg = config(_parser().parse_args(["train", "--model", "gpt"]))
+    cfg = config(_parser().parse_args(["train", "--model", "gpt"]), TrainConfig)
     assert (cfg.optimizer, cfg.batch_size, cfg.lr_schedule, cfg.warmup_defaulted) == \
         ("adamw", 32, "cosine", True)
     with pytest.raises(dataclasses.FrozenInstanceError):

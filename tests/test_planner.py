@@ -13,7 +13,7 @@ from pipejax import planner, staleness
 from pipejax.planner import costs as cost_model
 from pipejax.bench import peak_bytes
 from pipejax.bench.op_costs import op_counts
-from pipejax.compile import carried, split_parts
+from pipejax.compile import carried, tensor_share
 from tests import llama
 
 
@@ -224,9 +224,9 @@ def test_a_split_over_tensor_is_a_candidate_costed_by_its_annotations():
     pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=jnp.zeros((2, 16), jnp.int32),
                        targets=jnp.zeros((2, 16), jnp.int32), **split.pipeline_args())
     code = pipe.build.code
-    parts = [split_parts(code, j) for j in range(code.S)]
-    assert [rows for _, rows in parts] == [1 + 2, 2 + 0]  # embedding + block, block + head
-    assert all(share > 0.9 for share, _ in parts)
+    shares = [tensor_share(code, j) for j in range(code.S)]
+    assert [rows for _, rows in shares] == [1 + 2, 2 + 0]  # embedding + block, block + head
+    assert all(share > 0.9 for share, _ in shares)
     assert "2 x 1 x 1 x 2" in planner.render(found)
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipejax.cli.config import config
+from pipejax.cli.config import PlanConfig, SampleConfig, TrainConfig, config
 from pipejax.cli.plan import plan
 from pipejax.cli.run import sample
 from pipejax.cli.schedule_flag import schedule_name
@@ -224,6 +224,11 @@ def _plan_flags(plan: argparse.ArgumentParser) -> None:
                       help="with --search: build candidate N and print its plan and schedule")
 
 
+# Each command that the parser reads: its config and what runs it (`bench` parses its own).
+COMMANDS = {"train": (TrainConfig, train), "plan": (PlanConfig, plan),
+            "sample": (SampleConfig, sample)}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipejax", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -258,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipejax.errors import PipejaxError
 
     try:
-        cfg = config(args)
+        kind, run = COMMANDS[args.command]
+        cfg = config(args, kind)
         if getattr(cfg, "processes", 1) > 1 and not distributed.launched():
             devices = cfg.replicas * cfg.stages * cfg.fsdp * cfg.tensor
             local = distributed.devices_per_process(devices, cfg.processes)
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                                       local, timeout=24 * 3600)
         if distributed.launched():
             distributed.initialize()
-        return {"train": train, "plan": plan, "sample": sample}[args.command](cfg)
+        return run(cfg)
     except PipejaxError as err:
         print(f"pipejax: error: {err}", file=sys.stderr)
         return 2

@@ -191,10 +191,9 @@ class SampleConfig:
         return cls(**flags)
 
 
-COMMANDS = {"train": TrainConfig, "plan": PlanConfig, "sample": SampleConfig}
+Config = TrainConfig | PlanConfig | SampleConfig
 
 
-def config(args: argparse.Namespace) -> TrainConfig | PlanConfig | SampleConfig:
-    """The config of a parsed command line (its `command` names the class)."""
-    flags = {k: v for k, v in vars(args).items() if k != "command"}
-    return COMMANDS[args.command].of(flags)
+def config(args: argparse.Namespace, kind: type[Config]) -> Config:
+    """The `kind` of config of a parsed command line."""
+    return kind.of({k: v for k, v in vars(args).items() if k != "command"})

@@ -48,13 +48,12 @@ from pipejax.compile.programs import (Build, Flags, PipelinePrograms, Shapes, St
 from pipejax.compile.split_ops import split_functions
 from pipejax.compile.stages import StageCode
 from pipejax.compile.state import InFlight, Rings, Staged, TrainState, host_array, unstage
-from pipejax.compile.tensor import split_parts
+from pipejax.compile.tensor import tensor_share
 
 __all__ = ["Build", "Feed", "Flags", "InFlight", "Layout", "MemoryEstimate", "Model",
            "PipelinePrograms", "Rings", "Shapes", "StageCode", "StageOptimizers", "Staged",
-           "TrainState", "buffers", "carried", "cast_floating", "check_params",
-           "check_table", "collectives", "compile_build", "compute_weights", "crossing", "estimate",
-           "guarded", "host_array", "id_ranges", "into_pieces", "key_or_default",
-           "last_stage_cells", "opt_states", "pipeline_programs", "split_functions", "split_parts",
-           "stage_rows",
-           "state_parts", "train_programs", "unstage"]
+           "TrainState", "buffers", "carried", "cast_floating", "check_params", "check_table",
+           "collectives", "compile_build", "compute_weights", "crossing", "estimate", "guarded",
+           "host_array", "id_ranges", "into_pieces", "key_or_default", "last_stage_cells",
+           "opt_states", "pipeline_programs", "split_functions", "stage_rows", "state_parts",
+           "tensor_share", "train_programs", "unstage"]

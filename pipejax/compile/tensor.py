@@ -49,7 +49,7 @@ def slot_shardings(mesh: Mesh, spec: P, packing: Packing, ndim: int) -> tuple:
     return tuple(out)
 
 
-def split_parts(code: StageCode, j: int) -> tuple[float, int]:
+def tensor_share(code: StageCode, j: int) -> tuple[float, int]:
     """Of virtual stage j's parameters: the share (of elements) split over
     `tensor`, and how many split matrices take a split input (their axis 0
     split: Megatron's row-parallel matrices, an embedding over its

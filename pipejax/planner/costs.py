@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import jax
 import numpy as np
 
-from pipejax.compile import split_functions, split_parts
+from pipejax.compile import split_functions, tensor_share
 from pipejax.planner.paths import coupled_path, critical_path, executed
 from pipejax.schedules import Op, Schedule
 from pipejax.trace import nbytes, xla_flops
@@ -118,11 +118,11 @@ def split_costs(pipe: Pipeline, costs: dict, remat: bool, flops_per_byte: float)
     rematerialized), 2(T − 1)/T of the activation after the chunk's first
     layer over the link each, counted as the FLOPs of that time
     (`flops_per_byte`: the device's rate over the link's)."""
-    code, T = pipe.build.code, pipe.layout.params.tensor
-    parts = [split_parts(code, j) for j in range(code.S)]
-    scale = np.array([1 - share + share / T for share, _ in parts])
+    code, T = pipe.build.code, pipe.build.stage.tensor
+    shares = [tensor_share(code, j) for j in range(code.S)]
+    scale = np.array([1 - share + share / T for share, _ in shares])
     reduce = np.array([rows * 2 * (T - 1) / T * nbytes(code.plan.stage_specs(j)[0].output)
-                       for j, (_, rows) in enumerate(parts)]) * flops_per_byte
+                       for j, (_, rows) in enumerate(shares)]) * flops_per_byte
     extra = {Op.F: reduce, Op.B: reduce * (1 + remat), Op.BW: reduce * (1 + remat),
              Op.W: np.zeros_like(reduce)}
     return {op: cost * scale + extra[op] for op, cost in costs.items()}

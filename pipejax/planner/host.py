@@ -110,8 +110,8 @@ def layer_seconds(devices: int) -> float:
     times = alternate(runs, 3 * REPEATS)
     more = float(np.median(times[16] - times[1]))
     if more <= 0:
-        raise RuntimeError(f"16 micro-batches were no slower than 1 ({more * 1e3:.1f} ms): the "
-                           "machine is too loaded to measure a layer's fixed cost; run again")
+        raise DeviceError(f"16 micro-batches were no slower than 1 ({more * 1e3:.1f} ms): the "
+                          "machine is too loaded to measure a layer's fixed cost; run again")
     return more / (15 * 3 * len(layers) * devices)
 
 
@@ -173,6 +173,6 @@ def ring_rate(devices: int, rows: int = 4, trips: int = 32) -> float:
     times = alternate({"hot": steps(False), "ring": steps(True)}, 3 * REPEATS)
     extra = float(np.median(times["ring"] - times["hot"]))
     if extra <= 0:
-        raise RuntimeError(f"the ring was no slower than the hot path ({extra * 1e3:.1f} ms): "
-                           "the machine is too loaded to measure its memory; run again")
+        raise DeviceError(f"the ring was no slower than the hot path ({extra * 1e3:.1f} ms): "
+                          "the machine is too loaded to measure its memory; run again")
     return 2 * trips * x.nbytes / extra

@@ -112,7 +112,7 @@ def _candidate(pipe: Pipeline, t: Try, machine: Machine, training: Training) -> 
     share = w_shares(code, flops) if code.splits else None
     remat, fused = t.remat != "none", bool(schedule.fused.any())
     costs = op_costs(flops, remat, fused, share, code.deferred)
-    params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.F, pipe.layout.params.tensor
+    params, F, T = pipe.layout.pieces.slot_bytes(), pipe.build.stage.fsdp, pipe.build.stage.tensor
     if T > 1:
         costs = split_costs(pipe, costs, remat, m.device_flops / m.link_bandwidth)
     moved = ring_costs(pipe, m.device_flops / m.memory_bandwidth)
@@ -143,7 +143,7 @@ def _candidate(pipe: Pipeline, t: Try, machine: Machine, training: Training) -> 
         step_seconds=step, memory_bytes=_memory_bytes(pipe, optimizer, R),
         bubble=table_bubble_fraction(schedule), effective_delay=delay,
         stable=None if delay is None else delay <= STABLE_DELAY,
-        advice=advise(delay, update, training.reference))
+        advice=advise(delay, update, training.reference, FAMILIES[t.schedule].mitigation))
 
 
 def _memory_bytes(pipe: Pipeline, optimizer: optax.GradientTransformation, R: int) -> int:

@@ -58,6 +58,11 @@ class Family:
       bubble: the closed form of its tables' bubble over n steps
         (schedules/bubbles.py), which `pipejax bench` checks them against;
         None where none is stated.
+      mitigation: the staleness recipe (`pj.transforms.mitigation`) the
+        planner's advice names for its tables, an asynchronous family's:
+        "lwp+sc" where the delay grows with depth (Kosson et al. 2020: PB,
+        PipeDream); "ef" for 2BW's one-step delay (error feedback recovered
+        half of AdamW's delay cost there, `benchmarks/async_2bw.py`).
     """
 
     name: str
@@ -70,6 +75,7 @@ class Family:
     searched: bool = True
     search_virtual: int | None = None
     bubble: ClosedForm | None = None
+    mitigation: str = "lwp+sc"
 
     def __post_init__(self):
         if self.search_virtual is None:
@@ -137,7 +143,7 @@ _BUILT_IN = (
            refusal=_ASYNCHRONOUS,
            asynchronous=True, bubble=pb_fill),
     Family("2bw", _one_layout(two_bw), virtuals=(1,), refusal=_ASYNCHRONOUS,
-           asynchronous=True, bubble=fills_once))
+           asynchronous=True, bubble=fills_once, mitigation="ef"))
 _REGISTRY: dict[str, Family] = {family.name: family for family in _BUILT_IN}
 FAMILIES: Mapping[str, Family] = types.MappingProxyType(_REGISTRY)  # every schedule by name
 

@@ -34,6 +34,15 @@ def test_every_family_builds_tables_as_it_says():
         assert (placement.kind, placement.virtual) == (family.placement, family.virtual)
         table = pj.schedules.make_schedule(name, placement, 4)
         assert table.name == name and table.asynchronous == family.asynchronous
+        assert family.mitigation in pj.transforms.MITIGATIONS
+
+
+def test_the_planner_advises_each_family_its_own_recipe():
+    """2BW's one-step delay takes error feedback; the delays that grow with depth LWP + SC."""
+    from pipejax.staleness import advise
+
+    assert FAMILIES["2bw"].mitigation == "ef" and FAMILIES["pb"].mitigation == "lwp+sc"
+    assert advise(0.1, 8, None, FAMILIES["2bw"].mitigation).endswith("mitigation('ef')")
 
 
 @pytest.mark.slow  # trains a registered copy of GPipe; the refusals run fast
