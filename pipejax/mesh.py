@@ -137,21 +137,21 @@ def data_axes(mesh: Mesh) -> tuple[str, ...]:
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
     """The axes a batch is split over: the data axes, then `fsdp` when a
     stage spans several devices (each runs its part of every micro-batch)."""
-    return data_axes(mesh) + ((FSDP,) if shards(mesh) > 1 else ())
+    return data_axes(mesh) + ((FSDP,) if fsdp_degree(mesh) > 1 else ())
 
 
 def model_axes(mesh: Mesh) -> tuple[str, ...]:
     """The axes whose devices hold different parts of one model: `stage`,
     and `fsdp` when a stage spans several devices."""
-    return (STAGE, FSDP) if shards(mesh) > 1 else (STAGE,)
+    return (STAGE, FSDP) if fsdp_degree(mesh) > 1 else (STAGE,)
 
 
-def shards(mesh: Mesh) -> int:
+def fsdp_degree(mesh: Mesh) -> int:
     """F, the devices each stage is sharded over (1 without an `fsdp` axis)."""
     return int(mesh.shape.get(FSDP, 1))
 
 
-def tensor_parts(mesh: Mesh) -> int:
+def tensor_degree(mesh: Mesh) -> int:
     """T, the devices each annotated parameter is split over (1 without a `tensor` axis)."""
     return int(mesh.shape.get(TENSOR, 1))
 
@@ -178,7 +178,7 @@ def manual_axes(mesh: Mesh) -> frozenset[str] | None:
     """The axes the pipeline's programs place by hand (`shard_map`): every
     one but `tensor`, which XLA partitions from the annotations (None:
     all of them, a mesh without tensor parallelism)."""
-    if tensor_parts(mesh) == 1:
+    if tensor_degree(mesh) == 1:
         return None
     return frozenset(a for a in mesh.axis_names if a != TENSOR)
 

@@ -92,11 +92,11 @@ class Packing:
 
     @classmethod
     def of(cls, trees: Sequence[Any], order: Sequence[int] | None = None,
-           shards: int = 1, tensor_axes: Sequence[Sequence[int | None]] | None = None,
+           fsdp: int = 1, tensor_axes: Sequence[Sequence[int | None]] | None = None,
            tensor: int = 1) -> "Packing":
         """Build from one tree of arrays or `ShapeDtypeStruct`s per stage
-        (`order`: see the field); with `shards` > 1 every slot flat, its
-        length a multiple of `shards` (see `shard`); with `tensor` = T > 1,
+        (`order`: see the field); with `fsdp` = F > 1 every slot flat, its
+        length a multiple of F (see `shard`); with `tensor` = T > 1,
         `tensor_axes` gives each stage's leaves' axes split over it (None:
         whole), and those leaves get slots (m, T)."""
         flats, treedefs = zip(*(jax.tree.flatten(t) for t in trees)) if trees else ((), ())
@@ -124,9 +124,9 @@ class Packing:
                        for flat, axes, stage in zip(flats, tensor_axes, ranked))
         # One shape in every stage that uses the slot (and no stage without
         # it): keep it; else a flat buffer as long as the longest leaf.
-        kept = lambda key: (shards == 1 and not key[1] and len(shapes[key]) == 1
+        kept = lambda key: (fsdp == 1 and not key[1] and len(shapes[key]) == 1
                             and all(key in stage.values() for stage in ranked))
-        flat = lambda n, over: (-(-n // shards) * shards, *((tensor,) if over else ()))
+        flat = lambda n, over: (-(-n // fsdp) * fsdp, *((tensor,) if over else ()))
         slots = tuple((key[0], next(iter(shapes[key])) if kept(key) else flat(n, key[1]))
                       for key, n in sorted(lengths.items()))
         in_order = order is None or list(order) == sorted(order)
@@ -134,7 +134,7 @@ class Packing:
 
     def shard(self, n: int) -> "Packing":
         """One device's piece of every slot when each is split into `n`
-        equal pieces (a packing made with `shards=n`): the same leaves, each
+        equal pieces (a packing made with `fsdp=n`): the same leaves, each
         seen as its piece, shaped (1, ..., 1, length / n) so that it keeps
         its leaf's rank (an optimizer's mask by rank, e.g. weight decay on
         matrices only, decides as it would on the whole leaf); a scalar
@@ -143,7 +143,7 @@ class Packing:
             return self
         if any(len(shape) != 1 + self.tensor_slots[j] or shape[0] % n
                for j, (_, shape) in enumerate(self.slots)):
-            raise ConfigError(f"a packing made without shards={n} cannot be split {n} ways")
+            raise ConfigError(f"a packing made without fsdp={n} cannot be split {n} ways")
         slots = tuple((d, (shape[0] // n, *shape[1:])) for d, shape in self.slots)
 
         def view(s: _Leaf) -> _Leaf:

@@ -13,7 +13,7 @@ import enum
 from jax.sharding import Mesh
 
 from pipejax.errors import ConfigError
-from pipejax.mesh import shards, tensor_parts
+from pipejax.mesh import fsdp_degree, tensor_degree
 from pipejax.schedules import Schedule
 
 
@@ -52,7 +52,7 @@ class StageLayout:
         if where is Gather.STEP and schedule.asynchronous:
             raise ConfigError(f"fsdp_gather='step' gathers the weights once per step, but "
                               f"{schedule.name!r} updates them after every backward; use 'tick'")
-        return cls(shards(mesh), tensor_parts(mesh), where)
+        return cls(fsdp_degree(mesh), tensor_degree(mesh), where)
 
     @property
     def sharded(self) -> bool:

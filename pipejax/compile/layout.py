@@ -38,21 +38,21 @@ class Layout:
     data_slots: int
     weight_stashing: bool
     bridge_slots: int = 0
-    shards: int = 1  # F, the devices a stage is sharded over: each holds a piece of `params`
+    fsdp: int = 1  # F, the devices a stage is sharded over: each holds a piece of `params`
     versions: bool = False  # two weight versions and a step's gradient (compile/versions.py)
 
     @classmethod
     def of(cls, code: StageCode, schedule: Schedule, weight_stashing: bool,
-           shards: int = 1) -> "Layout":
+           fsdp: int = 1) -> "Layout":
         slots = ring_capacities(schedule)
         return cls(code.params, code.acts, code.kept, code.bridge, slots.inputs, slots.grads,
-                   slots.residuals, slots.data, weight_stashing, slots.bridge, shards,
+                   slots.residuals, slots.data, weight_stashing, slots.bridge, fsdp,
                    schedule.double_buffered)
 
     @property
     def pieces(self) -> Packing:
         """One device's piece of the parameter slots (all of them when F = 1)."""
-        return self.params.shard(self.shards)
+        return self.params.shard(self.fsdp)
 
     def rings(self, lead: tuple[int, ...] = (), empty: bool = False) -> Rings:
         """Zero ring buffers of one device (`lead=(K,)` for all devices);

@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipejax.errors import ConfigError
-from pipejax.mesh import STAGE, tensor_parts
+from pipejax.mesh import STAGE, tensor_degree
 
 MARK = "pipejax_varying"  # the scope of control flow whose path depends on the stage
 _STAGES = "pipejax_stages_"  # the scope of one branch: the stages that run it
@@ -115,7 +115,7 @@ def permutes(hlo: str) -> tuple[str, ...]:
 def applies(mesh: Mesh) -> bool:
     """Whether a program on `mesh` can hold such a collective: several
     stages, and a `tensor` axis for XLA's partitioner to split over."""
-    return mesh.shape[STAGE] > 1 and tensor_parts(mesh) > 1
+    return mesh.shape[STAGE] > 1 and tensor_degree(mesh) > 1
 
 
 def check(compiled: Any, mesh: Mesh, where: str) -> None:
@@ -132,7 +132,7 @@ def check(compiled: Any, mesh: Mesh, where: str) -> None:
         f"{where}: XLA's partitioner put a {h.op} into {holder} ({h.source}) that joins the "
         f"devices of stages {_names(h.stages)}, but only the stage that runs that code reaches "
         f"it: the step would hang (XLA CPU aborts the process after 40 s). It splits an "
-        f"operation over tensor = {tensor_parts(mesh)} across the split: most often attention "
+        f"operation over tensor = {tensor_degree(mesh)} across the split: most often attention "
         "heads that the tensor degree does not divide, sliced or reshaped per head (rotary "
         "embeddings); use a tensor degree that divides the number of heads, or give these "
         "devices to fsdp or data")

@@ -31,14 +31,14 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pipejax.mesh import STAGE, FSDP, TENSOR, batch_axes, data_axes, manual_axes, shards
+from pipejax.mesh import FSDP, STAGE, TENSOR, batch_axes, data_axes, fsdp_degree, manual_axes
 from pipejax.packing import Buffers, Packing
 
 REPLICATED = P()
 
 
 def _fsdp(mesh: Mesh) -> tuple[str, ...]:
-    return (FSDP,) if shards(mesh) > 1 else ()
+    return (FSDP,) if fsdp_degree(mesh) > 1 else ()
 
 
 def params(mesh: Mesh, replicas: bool = True) -> P:
@@ -149,8 +149,8 @@ def gather(pieces: Buffers, packing: Packing) -> Buffers:
     return per_column(lambda b: lax.all_gather(b, FSDP, axis=0, tiled=True), pieces, packing)
 
 
-def scatter(grads: Buffers, shards: int, packing: Packing) -> Buffers:
+def scatter(grads: Buffers, fsdp: int, packing: Packing) -> Buffers:
     """Inside shard_map: this device's piece of the mean over the stage's F
     devices of the whole gradients `grads` (slots of `packing`)."""
     return per_column(lambda g: lax.psum_scatter(g, FSDP, scatter_dimension=0, tiled=True)
-                      / shards, grads, packing)
+                      / fsdp, grads, packing)

@@ -70,7 +70,7 @@ class StageCode:
                 for s in plan.specs]
         self.params = tied(Packing.of(
             [[plan.specs[i].variables for i in ls] for ls in layers],
-            order=[i for ls in layers for i in ls], shards=stage.fsdp,
+            order=[i for ls in layers for i in ls], fsdp=stage.fsdp,
             tensor_axes=[[a for i in ls for a in axes[i]] for ls in layers], tensor=stage.tensor),
             plan, model.ties)
         self.groups = StageGroups.by([self._structure(j) for j in range(self.S)],

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from pipejax.compile.rendezvous import permutes
 from pipejax.compile.stages import StageCode
-from pipejax.mesh import TENSOR, tensor_parts
+from pipejax.mesh import TENSOR, tensor_degree
 from pipejax.packing import Packing
 
 
@@ -79,13 +79,13 @@ def crossing_lines(code: StageCode, j: int, mesh: Mesh) -> tuple[str, ...]:
         return permutes(kept.lower(code.abstract_params(j), h, code.abstract_feed())
                         .compile().as_text())
 
-    return code.remembered(j, ("crossing over tensor", tensor_parts(mesh)), compiled)
+    return code.remembered(j, ("crossing over tensor", tensor_degree(mesh)), compiled)
 
 
 def _group(code: StageCode, j: int, mesh: Mesh) -> tuple[Mesh, Any]:
     """One group of the mesh's T tensor devices, and virtual stage j's
     parameters placed on it as annotated."""
-    T = tensor_parts(mesh)
+    T = tensor_degree(mesh)
     group = np.moveaxis(np.asarray(mesh.devices), mesh.axis_names.index(TENSOR), -1)
     devices = Mesh(group.reshape(-1, T)[0], (TENSOR,))
     return devices, jax.tree.unflatten(jax.tree.structure(code.abstract_params(j)),
@@ -108,7 +108,7 @@ def kept_packing(code: StageCode, mesh: Mesh) -> Packing:
     split, and XLA kept a split shadow of the ring besides: the zoo GPT 6x64
     at K = 2, tensor 2, remat "none" took 30.5 MiB a device under GPipe and
     9.9 MiB under 1F1B; split, 17.3 and 8.1 MiB."""
-    T, remat = tensor_parts(mesh), code.model.remat
+    T, remat = tensor_degree(mesh), code.model.remat
     if T == 1 or not any(code.kept.leaves[j] for j in range(code.kept.stages)):
         return code.kept
 
@@ -153,5 +153,5 @@ def backward_bytes(code: StageCode, j: int, mesh: Mesh, options: dict) -> int:
         analysis = program.lower(params, h, feed, kept, ct).compile(options).memory_analysis()
         return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
 
-    return code.remembered(j, ("split backward bytes", code.model.remat, tensor_parts(mesh)),
+    return code.remembered(j, ("split backward bytes", code.model.remat, tensor_degree(mesh)),
                            compiled)

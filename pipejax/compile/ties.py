@@ -70,24 +70,24 @@ def initial(variables: Callable[[int], Any], ties: Sequence[Tie]) -> Callable[[i
     return tied_variables
 
 
-def summed(packing: Packing, grads: Buffers, shards: int = 1) -> Buffers:
+def summed(packing: Packing, grads: Buffers, fsdp: int = 1) -> Buffers:
     """Inside shard_map: a device's packed gradient (its piece of each slot
-    where the stage is sharded over `shards` fsdp devices) with each tied
+    where the stage is sharded over `fsdp` devices) with each tied
     leaf replaced by the sum over every copy on every stage."""
-    return _spread(packing, grads, shards, lambda group: group, lambda group: group)
+    return _spread(packing, grads, fsdp, lambda group: group, lambda group: group)
 
 
-def equal(packing: Packing, params: Buffers, shards: int = 1) -> Buffers:
+def equal(packing: Packing, params: Buffers, fsdp: int = 1) -> Buffers:
     """Inside shard_map: a device's packed parameters with each tied leaf set
     to its tie's first copy, after an update. The copies get one gradient
     and one optimizer, but each stage's update is its own branch, which XLA
     compiles on its own: split over `tensor`, the copies of the tied GPT's
     embedding differed in the last bit after 20 AdamW steps
     (tests/models/test_tied.py); whole, they had not."""
-    return _spread(packing, params, shards, lambda group: group[:1], lambda group: group[1:])
+    return _spread(packing, params, fsdp, lambda group: group[:1], lambda group: group[1:])
 
 
-def _spread(packing: Packing, buffers: Buffers, shards: int, sources: Callable,
+def _spread(packing: Packing, buffers: Buffers, fsdp: int, sources: Callable,
             targets: Callable) -> Buffers:
     """Each tie's leaf on its `targets(group)` copies set to the sum of its
     `sources(group)` copies, a psum over the stage axis.
@@ -109,30 +109,30 @@ def _spread(packing: Packing, buffers: Buffers, shards: int, sources: Callable,
             total = lax.psum(jnp.where(devices(sources(group)), out[j], 0), STAGE)
             out[j] = jnp.where(devices(targets(group)), total, out[j])
             continue
-        whole = _gathered(packing, out, slots, shards)
+        whole = _gathered(packing, out, slots, fsdp)
         leaves = lambda holders: [(d, packing.leaves[d][n]) for d, n in holders]
         total = lax.psum(sum(jnp.where(k == d, packing.from_slot(s, whole[s.slot]), 0.0)
                              for d, s in leaves(sources(group))), STAGE)
         for d, s in leaves(targets(group)):
             _put(packing, whole, k == d, s, total)
-        _scattered(out, whole, slots, shards)
+        _scattered(out, whole, slots, fsdp)
     return tuple(out)
 
 
-def _gathered(packing: Packing, out: list, slots: set, shards: int) -> list:
+def _gathered(packing: Packing, out: list, slots: set, fsdp: int) -> list:
     """`out` with `slots` whole: gathered over `fsdp` where sharded (XLA
     drops the gathers of the other slots, whose results nothing reads)."""
-    if shards == 1:
+    if fsdp == 1:
         return list(out)
     whole = gather(tuple(out), packing)
     return [whole[j] if j in slots else b for j, b in enumerate(out)]
 
 
-def _scattered(out: list, whole: list, slots: set, shards: int) -> None:
+def _scattered(out: list, whole: list, slots: set, fsdp: int) -> None:
     """Set `slots` of `out` to this device's fsdp piece of `whole`."""
     for j in slots:
         rows = out[j].shape[0]
-        out[j] = (whole[j] if shards == 1 else
+        out[j] = (whole[j] if fsdp == 1 else
                   lax.dynamic_slice_in_dim(whole[j], lax.axis_index(FSDP) * rows, rows))
 
 
