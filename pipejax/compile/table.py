@@ -207,8 +207,7 @@ class _Tick:
 
         first = ops.whole[0] if self.sharded else s.ahead if ahead else p
         (w, loss), ops = self.loops.run(Op.F, task, forward,
-                                            (self._inputs(task.g, task.j), piece), (first, loss),
-                                            ops)
+                                        (self._inputs(task.g, task.j), piece), (first, loss), ops)
         if not self.sharded:
             p, s = (p, s._replace(ahead=w)) if ahead else (w, s)
         return ops._replace(params=p, opt_state=s), loss
@@ -256,11 +255,11 @@ class _Tick:
         carry = (ops.params, ops.opt_state, self.gradients.carried(ops.grad_sum), loss,
                  jnp.int32(0))
         if self.separate:  # a slot exists: the table keeps residuals
-            carry, ops = self.loops.run(Op.BW, task, backward,
-                                            self._inputs(task.g, task.j), carry, ops)
+            carry, ops = self.loops.run(Op.BW, task, backward, self._inputs(task.g, task.j),
+                                        carry, ops)
         if fused is not None:  # its input is read as a forward's
             carry, ops = self.loops.run(Op.F, fused, both, self._inputs(fused.g, fused.j),
-                                            carry, ops)
+                                        carry, ops)
         p, s, carried, loss, skipped = carry
         grad_sum = carried if self.sync else ops.grad_sum
         if self.gradients.after_loop:
