@@ -128,6 +128,7 @@ def test_a_flushed_2bw_checkpoint_restores_into_other_stages_and_a_synchronous_t
         np.testing.assert_allclose(_flat(again), _flat(state), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # a restore between synchronous and asynchronous trainers runs fast (2bw)
 def test_a_synchronous_checkpoint_restores_into_an_asynchronous_trainer(tmp_path):
     """Nothing is in flight between a synchronous table's steps: the
     asynchronous trainer starts an empty pipeline, as its own init does,

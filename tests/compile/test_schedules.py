@@ -62,6 +62,7 @@ def test_asynchronous_schedules_equal_the_versioned_reference(schedule, K, stash
     assert rel_err(pj.unstage(state.params), ref) < 1e-5
 
 
+@pytest.mark.slow  # stashing itself runs fast in the schedules' equality cases
 def test_weight_stashing_with_kept_residuals_and_its_memory():
     pipe, state, losses, ref, ref_losses = train_async("pipedream", 4, 2, stash=True,
                                                        remat="none")[:5]

@@ -119,6 +119,7 @@ def test_the_copies_stay_bitwise_equal_and_a_checkpoint_holds_one(tmp_path, stag
     assert _get(values[0], EMBED).value is _get(values[-1], EMBED).value  # one array
 
 
+@pytest.mark.slow  # the tied GPT's clip: a second trainer; the pipelined tie runs fast above
 def test_the_global_norm_counts_the_shared_matrix_once():
     pipe = _pipeline(stages=1)  # across stages: the bitwise test above clips at K = 4
     params = pipe.init(jax.random.key(0))
