@@ -81,9 +81,10 @@ class Space:
     partition: str | Sequence[int] = "variance"
 
     def __post_init__(self):
-        unknown = [n for n in self.schedules or () if n not in FAMILIES]
+        given = list(self.schedules or [])
+        unknown = [n for n in given if n not in FAMILIES]
         if unknown or not set(self.remat) <= {"stage", "none"}:
-            raise ConfigError(f"search over schedules {unknown or list(self.schedules)}, remat "
+            raise ConfigError(f"search over schedules {unknown or given}, remat "
                               f"{list(self.remat)}: use schedules from {', '.join(names())} and "
                               f"remat 'stage' or 'none'")
 
