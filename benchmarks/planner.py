@@ -70,7 +70,7 @@ from common import RESULTS, agreement, load, save, table
 from pipejax import planner
 from pipejax.bench import core_models, peak_bytes
 from pipejax.planner import host
-from pipejax.timing import alternate
+from pipejax.timing import alternate, stepper
 
 LOST = 2.0  # points of test accuracy below SGDM that count as not training
 
@@ -227,7 +227,7 @@ def machine() -> dict:
     return {"host_flops": m.host_flops, "tick_seconds": m.tick_seconds,
             "link_bandwidth": m.link_bandwidth, "memory_bandwidth": m.memory_bandwidth,
             "layer_seconds": m.layer_seconds,
-            "model_gflop_per_step": host.plain_gradient(DEVICES)[1] / 1e9}
+            "model_gflop_per_step": host.gradient_flops(DEVICES) / 1e9}
 
 
 def _search(consts: dict) -> list:
@@ -262,7 +262,7 @@ def step_time() -> dict:
         pipe = pj.pipeline(layers, loss=pj.losses.next_token, example=x[:c.microbatch],
                            targets=y[:c.microbatch], **c.pipeline_args())
         trainer = pipe.trainer(optax.adam(1e-3))
-        runs[i] = host.stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
+        runs[i] = stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))
     plain, flops = host.plain_gradient(DEVICES)
     measured = alternate({**runs, "plain": plain}, REPEATS)
     large = float(np.median(measured["plain"]))

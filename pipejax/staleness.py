@@ -51,7 +51,8 @@ def effective_delay(schedule: Schedule, microbatch: int, learning_rate: float | 
     return learning_rate / (1 - momentum) * D
 
 
-def advise(delay: float | None, microbatch: int, reference, mitigation: str = "lwp+sc") -> str:
+def advise(delay: float | None, microbatch: int, reference,
+           mitigation: str | None = "lwp+sc") -> str:
     """One line: what to do about the candidate's staleness (`microbatch`:
     the examples of one update, over all replicas; `mitigation`: the recipe
     its family's tables take, `Family.mitigation`)."""

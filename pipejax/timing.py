@@ -1,13 +1,15 @@
 """Timing calls against each other on a shared, noisy machine: `alternate`
 calls each in turn, so that the machine's drifts hit every call alike, and
-`median_seconds` is one call's median. The benchmarks and the planner's
-measured machine (`pipejax plan --search --machine host`) time with these."""
+`median_seconds` is one call's median; `stepper` makes a trainer's step such
+a call. The benchmarks, `trace(cost="time")` and the planner's measured
+machine (`pipejax plan --search --machine host`) time with these."""
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
+import jax
 import numpy as np
 
 
@@ -34,3 +36,14 @@ def alternate(runs: dict[str, Callable[[], None]], repeats: int,
 def median_seconds(fn: Callable[[], None], repeats: int) -> float:
     """Median seconds of `fn()` (it blocks on its result), after three warm-up calls."""
     return float(np.median(alternate({"fn": fn}, repeats)["fn"]))
+
+
+def stepper(trainer: Any, state: Any, batch: tuple) -> Callable[[], None]:
+    """A call that runs one training step of `trainer` from the state the
+    last one left, and waits for its loss."""
+    held = [state]
+
+    def step():
+        held[0], metrics = trainer.step(held[0], batch)
+        jax.block_until_ready(metrics["loss"])
+    return step

@@ -15,7 +15,6 @@ or a function of one array); this module only measures them, through the
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -25,6 +24,7 @@ import numpy as np
 from pipejax import caches
 from pipejax.errors import ConfigError, LayerError, PipejaxError
 from pipejax.layers import Layer, abstract, layer_list, remembered, shapes
+from pipejax.timing import median_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,13 +154,7 @@ def _seconds(layer: Layer, variables: Any, h: Any, key: jax.Array, repeats: int 
     run = jax.jit(_fwd_bwd(layer))
     real_v = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), variables)
     real_h = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), h)
-    jax.block_until_ready(run(real_v, real_h, key))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run(real_v, real_h, key))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return median_seconds(lambda: jax.block_until_ready(run(real_v, real_h, key)), repeats)
 
 
 def trace(layers: Sequence[Layer], example: Any, cost: str = "flops",

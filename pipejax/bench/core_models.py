@@ -73,15 +73,11 @@ def trainer(model: Model, row: dict):
     import jax
 
     import pipejax as pj
+    from pipejax.timing import stepper
 
     layers, (x, y) = model.layers(), model.batch(row["M"] * model.micro)
     pipe = pj.pipeline(layers, loss=getattr(pj.losses, model.loss), example=x[:model.micro],
                        targets=y[:model.micro], stages=row["K"], microbatches=row["M"],
                        schedule=row["schedule"], remat=row["remat"], mesh=pj.make_mesh(row["K"]))
     trainer = pipe.trainer(model.optimizer())
-    state = [trainer.init(pipe.init(jax.random.key(0)))]
-
-    def run():
-        state[0], metrics = trainer.step(state[0], (x, y))
-        jax.block_until_ready(metrics["loss"])
-    return pipe, run
+    return pipe, stepper(trainer, trainer.init(pipe.init(jax.random.key(0))), (x, y))

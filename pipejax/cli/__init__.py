@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipejax.checks import REMATS
 from pipejax.cli.config import PlanConfig, SampleConfig, TrainConfig, config
 from pipejax.cli.plan import plan
 from pipejax.cli.run import sample
@@ -82,7 +83,7 @@ def _common(q: argparse.ArgumentParser) -> None:
                         f"(k and 2K − 1 − k; the default and only one of {', '.join(on_v)})")
     q.add_argument("--partition", default="variance",
                    help="variance | bottleneck | comma-separated layer counts, e.g. 3,2,2,2")
-    q.add_argument("--remat", default="stage", choices=["none", "stage"])
+    q.add_argument("--remat", default="stage", choices=list(REMATS))
     q.add_argument("--compute-dtype", default=None, choices=["bfloat16", "float16"],
                    help="the dtype the stages compute in (float32 master weights)")
     q.add_argument("--max-padding", type=float, default=None, metavar="F",

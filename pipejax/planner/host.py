@@ -18,7 +18,7 @@ predicted steps of a GPT's candidates rank against the timed ones.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from pipejax.layers import apply_layers
 from pipejax.mesh import DATA, make_mesh
 from pipejax.pipeline import pipeline
 from pipejax.planner.machine import Machine
-from pipejax.timing import alternate, median_seconds
+from pipejax.timing import alternate, median_seconds, stepper
 from pipejax.trace import trace
 
 GPT = dict(depth=6, width=64, heads=4, context=32)  # the model the rates are measured on
@@ -62,16 +62,6 @@ def gpt_batch(n: int) -> tuple[jax.Array, jax.Array]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def stepper(trainer: Any, state: Any, data: tuple) -> Callable[[], None]:
-    """A call that runs one training step from the state the last one left."""
-    held = [state]
-
-    def step():
-        held[0], m = trainer.step(held[0], data)
-        jax.block_until_ready(m["loss"])
-    return step
-
-
 def _data_split(devices: int) -> jax.sharding.NamedSharding:
     """The batch axis over the first `devices` devices."""
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), (DATA,))
@@ -89,8 +79,13 @@ def plain_gradient(devices: int) -> tuple[Callable[[], None], float]:
     split = _data_split(devices)
     xs, ys = jax.device_put(x, split), jax.device_put(y, split)
     grad = jax.jit(jax.grad(lambda v, x, y: losses.next_token(apply_layers(layers, v, x), y)))
-    flops = n * sum(s.flops for s in trace(layers, x[:1]))
-    return lambda: jax.block_until_ready(grad(variables, xs, ys)), flops
+    return lambda: jax.block_until_ready(grad(variables, xs, ys)), gradient_flops(devices)
+
+
+def gradient_flops(devices: int) -> float:
+    """The traced FLOPs of the GPT's gradient over its batch on `devices`."""
+    x, _ = gpt_batch(batch(devices))
+    return batch(devices) * sum(s.flops for s in trace(models.gpt(**GPT), x[:1]))
 
 
 def layer_seconds(devices: int) -> float:

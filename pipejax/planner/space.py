@@ -8,6 +8,7 @@ from typing import Any, NamedTuple, Sequence
 
 import optax
 
+from pipejax.checks import REMATS
 from pipejax.errors import ConfigError
 from pipejax.schedules import FAMILIES, names
 
@@ -83,7 +84,7 @@ class Space:
     def __post_init__(self):
         given = list(self.schedules or [])
         unknown = [n for n in given if n not in FAMILIES]
-        if unknown or not set(self.remat) <= {"stage", "none"}:
+        if unknown or not set(self.remat) <= set(REMATS):
             raise ConfigError(f"search over schedules {unknown or given}, remat "
                               f"{list(self.remat)}: use schedules from {', '.join(names())} and "
                               f"remat 'stage' or 'none'")

@@ -59,10 +59,11 @@ class Family:
         (schedules/bubbles.py), which `pipejax bench` checks them against;
         None where none is stated.
       mitigation: the staleness recipe (`pj.transforms.mitigation`) the
-        planner's advice names for its tables, an asynchronous family's:
-        "lwp+sc" where the delay grows with depth (Kosson et al. 2020: PB,
-        PipeDream); "ef" for 2BW's one-step delay (error feedback recovered
-        half of AdamW's delay cost there, `benchmarks/async_2bw.py`).
+        planner's advice names for an asynchronous family's tables (None for
+        a synchronous one): "lwp+sc" where the delay grows with depth, the
+        default (Kosson et al. 2020: PB, PipeDream); "ef" for 2BW's one-step
+        delay (error feedback recovered half of AdamW's delay cost there,
+        `benchmarks/async_2bw.py`).
     """
 
     name: str
@@ -75,11 +76,13 @@ class Family:
     searched: bool = True
     search_virtual: int | None = None
     bubble: ClosedForm | None = None
-    mitigation: str = "lwp+sc"
+    mitigation: str | None = None
 
     def __post_init__(self):
         if self.search_virtual is None:
             object.__setattr__(self, "search_virtual", self.virtual)
+        if self.asynchronous and self.mitigation is None:
+            object.__setattr__(self, "mitigation", "lwp+sc")
         if not self.name or self.name.endswith(".csv") or "," in self.name:
             raise ConfigError(f"family name {self.name!r}: give a name that is not empty, has "
                               "no comma and does not end in .csv (the CLI reads those as a "
