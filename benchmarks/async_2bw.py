@@ -26,7 +26,9 @@ own also run F times the tokens (their schedule over the longer run), each at
 a rate walked to at that length from its rate at 1 M (seed 0), to see
 whether the gap closes with training length.
 
-One JSON row per run; rows already in the JSON are skipped, so it runs in parts.
+One JSON row per run (results/async_2bw.json); rows already in the JSON are
+skipped, so it runs in parts. The figure, results/async_2bw.png: each row's
+validation curve, the mean over its seeds.
 Run: python benchmarks/async_2bw.py              (K = 8, 3 seeds, 1 M tokens)
      python benchmarks/async_2bw.py --long 4     (and the 4 M-token Muon rows)
 """
@@ -176,20 +178,26 @@ def per_microbatch(K: int, tokens: int) -> dict[str, list[dict]]:
     return out
 
 
+def row_runs(study: Study, row: str, K: int, tokens: int,
+             others: dict[str, list[dict]]) -> list[dict]:
+    """The runs a row of the table stands for: one a seed, at its rate
+    (`others`: the per-micro-batch tables' rows, `per_microbatch`)."""
+    if row in SYNCHRONOUS:
+        return synchronous_runs(study, row, tokens)
+    if row in others:
+        return others[row]
+    rate = study.rate(row, K, tokens, run=False)
+    names = (row, OWN[row]) if row in OWN else (row,)
+    return list({r["seed"]: r for r in study.runs if r["row"] in names and
+                 (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values())
+
+
 def summary(study: Study, K: int, tokens: int) -> list[dict]:
     """Per row: validation loss over seeds (mean, min, max), against the
     synchronous row of its optimizer."""
     rows, means, others = [], {}, per_microbatch(K, tokens)
     for row in ROWS:
-        if row in SYNCHRONOUS:
-            rs = synchronous_runs(study, row, tokens)
-        elif row in others:
-            rs = others[row]
-        else:
-            rate = study.rate(row, K, tokens, run=False)
-            names = (row, OWN[row]) if row in OWN else (row,)
-            rs = list({r["seed"]: r for r in study.runs if r["row"] in names and
-                       (r["K"], r["lr"], r["tokens"]) == (K, rate, tokens)}.values())
+        rs = row_runs(study, row, K, tokens, others)
         if not rs:
             continue
         losses = [r["validation_loss"] for r in rs]
@@ -203,6 +211,11 @@ def summary(study: Study, K: int, tokens: int) -> list[dict]:
     return rows
 
 
+def label(row: str, correction: str | None) -> str:
+    """A row's name, with the correction of a per-micro-batch table's row."""
+    return row if correction in (None, "ef") else f"{row} ({correction})"
+
+
 def markdown(rows: list[dict]) -> str:
     """The staleness page's table."""
     lines = ["| row | tokens | rate | seeds | validation loss | against its synchronous row |",
@@ -210,9 +223,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         vs = "" if r["vs_sync_%"] is None or r["row"] in SYNCHRONOUS else \
             f"{signed(r['vs_sync_%'], '.2f')} %"
-        label = r["row"] if r["correction"] in (None, "ef") else \
-            f"{r['row']} ({r['correction']})"
-        lines.append(f"| {label} | {r['tokens'] / 1e6:.0f} M | {r['lr']:.0e} | {r['seeds']} | "
+        lines.append(f"| {label(r['row'], r['correction'])} | {r['tokens'] / 1e6:.0f} M | "
+                     f"{r['lr']:.0e} | {r['seeds']} | "
                      f"{r['validation_loss']:.4f} ± {(r['max'] - r['min']) / 2:.4f} | {vs} |")
     return "\n".join(lines)
 
@@ -229,32 +241,36 @@ def tables(K: int = 8) -> dict[str, str]:
 
 
 def cause(study: Study, rows: list[dict], K: int) -> str:
-    """Per optimizer, the gap of 2BW at a rate of its own to the synchronous
-    row, split into the rate the delay forbids (synchronous training at the
-    2BW row's rate against its own) and the delay at that rate, without and
-    with error feedback, from the seed-0 runs (the synchronous grid is the
-    AdamW study's)."""
+    """Per optimizer and length, the gap of 2BW at a rate of its own to the
+    synchronous row, split into the rate the delay forbids (synchronous
+    training at the 2BW row's rate against its own) and the delay at that
+    rate, without and with error feedback where both ran, from the seed-0
+    runs (the synchronous grid at 1 M is the AdamW study's, at a longer
+    length this study's walk)."""
     runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
-    rates = {r["row"]: r["lr"] for r in rows if r["tokens"] == TOKENS and r["row"] in OWN}
-    sync = lambda o, lr: next((r["validation_loss"] for r in runs + study.runs if (
-        r["row"], r["lr"], r["seed"], r["tokens"]) == (f"{o} sync", lr, 0, TOKENS)), None)
+    rates = {(r["row"], r["tokens"]): r["lr"] for r in rows}
+    sync = lambda o, lr, tokens: next((r["validation_loss"] for r in runs + study.runs if (
+        r["row"], r["lr"], r["seed"], r["tokens"]) == (f"{o} sync", lr, 0, tokens)), None)
     out = []
-    for o in ("AdamW", "Muon"):
-        plain, fed = f"{o} 2bw (own)", f"{o} 2bw+ef (own)"
-        if plain not in rates or fed not in rates:
-            continue
-        best, parts = sync(o, sync_rate(o, TOKENS)), []
-        for row, said in ((plain, "2BW"), (fed, "with error feedback")):
-            lr = rates[row]
-            slow, delayed = sync(o, lr), study.seed_zero(row, K, TOKENS).get(lr)
-            if None in (best, slow, delayed):
-                break
-            parts.append(f"{said} at {lr:.0e} {delayed - best:.3f} above it, {slow - best:.3f} "
-                         f"the rate (synchronous {o} at {lr:.0e}: {slow:.3f}) and "
-                         f"{delayed - slow:.3f} the delay")
-        else:
-            out.append(f"{o}, synchronous at {sync_rate(o, TOKENS):.0e} {best:.3f}: "
-                       + "; ".join(parts))
+    for tokens in sorted({t for _, t in rates}):
+        for o in ("AdamW", "Muon"):
+            synchronous, own = f"{o} sync", [f"{o} 2bw (own)", f"{o} 2bw+ef (own)"]
+            present = [row for row in own if (row, tokens) in rates]
+            if (synchronous, tokens) not in rates or not present:
+                continue
+            best, parts = sync(o, rates[synchronous, tokens], tokens), []
+            for row in present:
+                lr = rates[row, tokens]
+                slow, delayed = sync(o, lr, tokens), study.seed_zero(row, K, tokens).get(lr)
+                if None in (best, slow, delayed):
+                    break
+                said = "with error feedback" if "+ef" in row else "2BW"
+                parts.append(f"{said} at {lr:.0e} {delayed - best:.3f} above it, "
+                             f"{slow - best:.3f} the rate (synchronous {o} at {lr:.0e}: "
+                             f"{slow:.3f}) and {delayed - slow:.3f} the delay")
+            else:
+                out.append(f"{o} at {tokens / 1e6:.0f} M tokens, synchronous at "
+                           f"{rates[synchronous, tokens]:.0e} {best:.3f}: " + "; ".join(parts))
     return ". ".join(out) + " (seed 0)." if out else "Not measured yet."
 
 
@@ -277,6 +293,40 @@ def headline(rows: list[dict]) -> str:
     return (f"PipeDream-2BW's one-step delay on the 8 × 64 byte GPT at K = 8, 1 M tokens in "
             f"batches of 2048 (far below Zmushko et al.'s 135 M+ parameters and 180 K-token "
             f"batches), against the synchronous runs: {'; '.join(each)}{tail}.")
+
+
+def plot(study: Study, K: int, path) -> None:
+    """Validation loss against tokens, the mean over a row's seeds: AdamW's
+    rows, Muon's, and Muon's at each longer length (synchronous dashed,
+    error feedback dotted, a rate of its own thicker)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    longer = sorted({r["tokens"] for r in study.runs} - {TOKENS})
+    panels = [("AdamW", TOKENS), ("Muon", TOKENS)] + [("Muon", t) for t in longer]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), sharey=True)
+    colors = dict(zip(("sync", "2bw", "pipedream", "pb"), plt.cm.tab10.colors))
+    for ax, (optimizer, tokens) in zip(axes, panels):
+        others = per_microbatch(K, tokens)
+        for row in (r for r in ROWS if r.startswith(optimizer)):
+            rs = row_runs(study, row, K, tokens, others)
+            if not rs:
+                continue
+            mean = np.mean([r["curve"] for r in rs], 0)
+            style = "--" if row in SYNCHRONOUS else ":" if "+ef" in row else "-"
+            name = label(row, rs[0].get("correction")).removeprefix(optimizer + " ")
+            ax.plot(mean[:, 0] / 1e6, mean[:, 1], style, linewidth=2.2 if row in OWN else 1.2,
+                    color=colors[row.split()[1].removesuffix("+ef")],
+                    label=f"{name} {rs[0]['lr']:.0e} ({len(rs)})")
+        ax.set(title=f"{optimizer}, {tokens / 1e6:.0f} M tokens", xlabel="tokens (millions)")
+        ax.legend(fontsize=7)
+    axes[0].set(ylabel="validation loss (nats per byte)", ylim=(1.6, 3.4))
+    fig.suptitle(f"GPT {base.SIZE['depth']}x{base.SIZE['width']}, Shakespeare, K = {K}: "
+                 "one-step delay (2bw) against synchronous (rate, seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def longer_rows(study: Study, K: int) -> tuple[str, ...]:
@@ -310,6 +360,7 @@ def main() -> None:
         rows += [r for r in summary(study, args.K, tokens) if r["row"].startswith("Muon")]
     print(table(rows))
     print(markdown(rows))
+    plot(study, args.K, RESULTS / "async_2bw.png")
 
 
 if __name__ == "__main__":

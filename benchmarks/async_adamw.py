@@ -99,11 +99,13 @@ def rate_schedule(peak: float, updates: int) -> optax.Schedule:
 def muon_dimensions(params):
     """Muon's reduction and output axes of each block matrix (attention's
     [width, heads, head] and [heads, head, width] kernels, the MLP's); None
-    (Adam) for the rest."""
+    (Adam) for the rest. The names are the dictionary keys of a leaf's path:
+    a kernel the zoo boxes with its tensor-parallel axes
+    (`nn.with_partitioning`) ends its path in the box's `.value`."""
     D = optax.contrib.MuonDimensionNumbers
 
     def dims(path, leaf):
-        names = [getattr(k, "key", "") for k in path]
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
         if names[-1] != "kernel" or "logits" in names:
             return None
         if "attention" in names:
