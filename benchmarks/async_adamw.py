@@ -96,29 +96,10 @@ def rate_schedule(peak: float, updates: int) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, peak, max(updates // 20, 1), updates)
 
 
-def muon_dimensions(params):
-    """Muon's reduction and output axes of each block matrix (attention's
-    [width, heads, head] and [heads, head, width] kernels, the MLP's); None
-    (Adam) for the rest. The names are the dictionary keys of a leaf's path:
-    a kernel the zoo boxes with its tensor-parallel axes
-    (`nn.with_partitioning`) ends its path in the box's `.value`."""
-    D = optax.contrib.MuonDimensionNumbers
-
-    def dims(path, leaf):
-        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        if names[-1] != "kernel" or "logits" in names:
-            return None
-        if "attention" in names:
-            return D(reduction_axis=(0, 1), output_axis=2) if "out" in names else D(
-                reduction_axis=0, output_axis=(1, 2))
-        return D(reduction_axis=0, output_axis=1) if names[-2] in ("up", "down") else None
-    return jax.tree_util.tree_map_with_path(dims, params)
-
-
 def muon(rate: optax.Schedule) -> optax.GradientTransformation:
     return optax.contrib.muon(rate, beta=0.95, weight_decay=0.1, weight_decay_mask=matrices,
                               adam_b2=0.95, consistent_rms=0.2,
-                              muon_weight_dimension_numbers=muon_dimensions)
+                              muon_weight_dimension_numbers=pj.models.gpt_muon_dimensions)
 
 
 def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:

@@ -29,7 +29,9 @@ stage's matrices are split over T devices; without one they are whole.
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import optax
 from jax import lax
 from flax import nnx
 
@@ -149,3 +151,26 @@ def _layers(depth: int, width: int, heads: int, context: int, vocab: int, dropou
     return b.add(LMHead(vocab, embed=embed),
                  lambda f, r: N.LMHead(width, vocab, embed=shared, rngs=r)).layers
 
+
+
+def gpt_muon_dimensions(params) -> object:
+    """Muon's reduction and output axes of each block matrix of `gpt`'s
+    parameters, for `optax.contrib.muon(...,
+    muon_weight_dimension_numbers=pj.models.gpt_muon_dimensions)`:
+    attention's [width, heads, head] and [heads, head, width] kernels, the
+    MLP's; None (Adam) for the embeddings, the head, biases and norms, as
+    Muon is used (Jordan et al. 2024). The names are the dictionary keys of
+    a leaf's path, linen's and NNX's alike: a kernel boxed with its tensor
+    axes (`with_partitioning`) ends its path in the box's `.value`, which a
+    rule on the last key would read, giving every matrix to Adam."""
+    D = optax.contrib.MuonDimensionNumbers
+
+    def dims(path, leaf):
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        if not names or names[-1] != "kernel" or "logits" in names:
+            return None
+        if "attention" in names:
+            return D(reduction_axis=(0, 1), output_axis=2) if "out" in names else D(
+                reduction_axis=0, output_axis=(1, 2))
+        return D(reduction_axis=0, output_axis=1) if names[-2] in ("up", "down") else None
+    return jax.tree_util.tree_map_with_path(dims, params)

@@ -173,3 +173,32 @@ def test_bad_settings_and_targets_are_clear_errors():
                                                    r"targets \[2, 16\].*not \[2\]"):
         pj.pipeline(pj.models.gpt(depth=2, width=32, heads=4, context=T),
                     loss=pj.losses.next_token, example=x, stages=2, microbatches=M)
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_muon_dimensions_give_muon_every_block_matrix_through_its_box(api):
+    """Six matrices a block (four attention kernels, up, down) get Muon's
+    axes, covering each kernel's axes; the rest Adam. Muon's update of a
+    boxed MLP kernel is near orthogonal (its singular values within 2× of
+    one another), where Adam's first step (the gradient's signs) is not."""
+    layers = pj.models.gpt(**SIZE, api=api, rngs=nnx.Rngs(0) if api == "nnx" else None)
+    params = pj.simulate(layers, loss=pj.losses.next_token, optimizer=optax.sgd(0.1),
+                         split=1).variables(jax.random.key(0), jnp.zeros((MB, T), jnp.int32))
+    dims = pj.models.gpt_muon_dimensions(params)
+    is_dims = lambda d: isinstance(d, optax.contrib.MuonDimensionNumbers)
+    every = jax.tree.leaves(dims, is_leaf=lambda d: d is None or is_dims(d))
+    pairs = [(d, p) for d, p in zip(every, jax.tree.leaves(params), strict=True) if d is not None]
+    assert len(pairs) == 6 * SIZE["depth"]
+    axes = lambda a: {a} if isinstance(a, int) else set(a)
+    for d, p in pairs:
+        assert axes(d.reduction_axis) | axes(d.output_axis) == set(range(p.ndim))
+    grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(1), p.shape), params)
+
+    def spread(optimizer):
+        updates, _ = optimizer.update(grads, optimizer.init(params), params)
+        up = next(u for path, u in jax.tree_util.tree_leaves_with_path(updates)
+                  if "['up']['kernel']" in jax.tree_util.keystr(path))
+        s = np.linalg.svd(np.asarray(up), compute_uv=False)
+        return s.max() / s.min()
+    assert spread(optax.contrib.muon(1.0, beta=0.0, muon_weight_dimension_numbers=dims)) < 2
+    assert spread(optax.adam(1.0)) > 2
