@@ -21,10 +21,10 @@ Rows, each at the synchronous row's rate of its optimizer:
   AdamW pipedream/pb,     the AdamW study's per-micro-batch asynchronous
   Muon pipedream/pb       tables at K: its best corrected AdamW row at its
                           own rate, and Muon (async_adamw.json)
-With `--long F`, Muon sync and the best of Muon's 2BW rows at rates of their
-own also run F times the tokens (their schedule over the longer run), each at
-a rate walked to at that length from its rate at 1 M (seed 0), to see
-whether the gap closes with training length.
+With `--long F`, Muon sync and Muon's 2BW rows at rates of their own (with
+and without error feedback) also run F times the tokens (their schedule over
+the longer run), each at a rate walked to at that length from its rate at
+1 M (seed 0), to see whether the gap closes with training length.
 
 One JSON row per run (results/async_2bw.json); rows already in the JSON are
 skipped, so it runs in parts. The figure, results/async_2bw.png: each row's
@@ -59,6 +59,7 @@ DELAYED = {f"{o} 2bw{c}": o for o in ("AdamW", "Muon") for c in ("", "+ef")}
 OWN = {f"{row} (own)": row for row in DELAYED}
 ROWS = tuple(f"{o} {r}" for o in ("AdamW", "Muon") for r in (
     "sync", "2bw", "2bw+ef", "2bw (own)", "2bw+ef (own)", "pipedream", "pb"))
+LONGER = ("Muon sync", "Muon 2bw (own)", "Muon 2bw+ef (own)")  # the rows `--long` runs
 
 
 def sync_rate(optimizer: str, tokens: int) -> float | None:
@@ -287,9 +288,10 @@ def headline(rows: list[dict]) -> str:
             f"feedback), {gap(f'{o} 2bw (own)')} at a rate of its own "
             f"({gap(f'{o} 2bw+ef (own)')})" for o in ("AdamW", "Muon")]
     longer = sorted({t for _, t in at} - {TOKENS})
-    tail = "".join(
-        f"; at {t / 1e6:.0f} M tokens, rates tuned at that length: {row} {gap(row, t)}"
-        for t in longer for row in (*OWN, *DELAYED) if (row, t) in at)
+    gaps = {t: [f"{gap(row, t)}{' with error feedback' * ('+ef' in row)}" for row in OWN
+                if row.startswith("Muon") and (row, t) in at] for t in longer}
+    tail = "".join(f"; at {t / 1e6:.0f} M tokens, rates walked at that length, Muon "
+                   + ", ".join(said) for t, said in gaps.items() if said)
     return (f"PipeDream-2BW's one-step delay on the 8 × 64 byte GPT at K = 8, 1 M tokens in "
             f"batches of 2048 (far below Zmushko et al.'s 135 M+ parameters and 180 K-token "
             f"batches), against the synchronous runs: {'; '.join(each)}{tail}.")
@@ -322,20 +324,11 @@ def plot(study: Study, K: int, path) -> None:
                     label=f"{name} {rs[0]['lr']:.0e} ({len(rs)})")
         ax.set(title=f"{optimizer}, {tokens / 1e6:.0f} M tokens", xlabel="tokens (millions)")
         ax.legend(fontsize=7)
-    axes[0].set(ylabel="validation loss (nats per byte)", ylim=(1.6, 3.4))
+    axes[0].set(ylabel="validation loss (nats per byte)", ylim=(1.5, 3.4))
     fig.suptitle(f"GPT {base.SIZE['depth']}x{base.SIZE['width']}, Shakespeare, K = {K}: "
                  "one-step delay (2bw) against synchronous (rate, seeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-
-
-def longer_rows(study: Study, K: int) -> tuple[str, ...]:
-    """The rows that also run longer: synchronous Muon and the best of
-    Muon's 2BW rows at rates of their own (at `TOKENS`)."""
-    own = [r for r in summary(study, K, TOKENS) if r["row"].startswith("Muon 2bw")
-           and r["row"] in OWN]
-    return ("Muon sync",) + ((min(own, key=lambda r: r["validation_loss"])["row"],)
-                             if own else ())
 
 
 def main() -> None:
@@ -343,8 +336,8 @@ def main() -> None:
     p.add_argument("--K", type=int, default=8)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--long", type=int, default=0,
-                   help="F: Muon sync and Muon's best 2BW row also at F times the tokens, "
-                        "each at a rate walked to at that length")
+                   help="F: Muon sync and Muon's 2BW rows at rates of their own also at F "
+                        "times the tokens, each at a rate walked to at that length")
     p.add_argument("--rows", nargs="*", default=list(DELAYED) + list(OWN))
     args = p.parse_args()
     study = Study()
@@ -352,7 +345,7 @@ def main() -> None:
         for seed in args.seeds:
             study.get(row, args.K, study.rate(row, args.K, TOKENS), seed, TOKENS)
     tokens = args.long * TOKENS
-    for row in longer_rows(study, args.K) if args.long else ():
+    for row in LONGER if args.long else ():
         for seed in args.seeds:
             study.get(row, args.K, study.rate(row, args.K, tokens), seed, tokens)
     rows = summary(study, args.K, TOKENS)
