@@ -348,6 +348,8 @@ def main() -> None:
     for row in LONGER if args.long else ():
         for seed in args.seeds:
             study.get(row, args.K, study.rate(row, args.K, tokens), seed, tokens)
+    for row in LONGER[1:] if args.long else ():  # `cause`: synchronous at the 2BW row's rate
+        study.get(LONGER[0], args.K, study.rate(row, args.K, tokens), 0, tokens)
     rows = summary(study, args.K, TOKENS)
     if args.long:
         rows += [r for r in summary(study, args.K, tokens) if r["row"].startswith("Muon")]

@@ -152,7 +152,6 @@ def _layers(depth: int, width: int, heads: int, context: int, vocab: int, dropou
                  lambda f, r: N.LMHead(width, vocab, embed=shared, rngs=r)).layers
 
 
-
 def gpt_muon_dimensions(params) -> object:
     """Muon's reduction and output axes of each block matrix of `gpt`'s
     parameters, for `optax.contrib.muon(...,
