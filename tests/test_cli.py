@@ -157,15 +157,16 @@ def test_train_with_an_asynchronous_schedule_a_mitigation_and_scaled_hyperparams
             summary["reference"], summary["decay_at"]) == (16, 8, 20, [0.1, 0.9, 128], [0.5])
 
 
-def test_train_2bw_with_error_feedback_updates_once_a_step(tmp_path, capsys):
+@pytest.mark.parametrize("optimizer", ["adam", "muon"])
+def test_train_2bw_with_error_feedback_updates_once_a_step(tmp_path, capsys, optimizer):
     assert main(["train", "--data", _data(tmp_path), "--stages", "2", "--microbatches", "2",
                  "--microbatch-size", "8", "--steps", "4", "--schedule", "2bw", "--quiet",
-                 "--optimizer", "adam", "--lr", "1e-3", "--mitigation", "ef",
+                 "--optimizer", optimizer, "--lr", "1e-3", "--mitigation", "ef",
                  "--out", str(tmp_path / "run")]) == 0
     assert "2bw, 2 micro-batches, mitigation ef" in capsys.readouterr().out
     summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert (summary["mitigation"], summary["delays"], summary["updates"],
-            summary["update_size"]) == ("ef", [1, 1], 4, 16)
+    assert (summary["optimizer"], summary["mitigation"], summary["delays"], summary["updates"],
+            summary["update_size"]) == (optimizer, "ef", [1, 1], 4, 16)
 
 
 def test_train_writes_a_self_contained_report(tmp_path, capsys):
@@ -213,6 +214,8 @@ def test_a_step_that_compiles_again_is_announced():
     (["--reference", "0.1,0.9,128", "--lr", "0.1"], "leave out --lr and --momentum"),
     (["--reference", "0.1,0.9", "--schedule", "pb"], "--reference '0.1,0.9': give 3"),
     (["--reference", "0.1,0.9,128", "--optimizer", "adam"], "use --optimizer momentum"),
+    (["--optimizer", "muon", "--schedule", "pb", "--mitigation", "sc"],
+     "Muon runs under none, stash, ef"),
     (["--fsdp", "3"], "do not split over --fsdp 3 devices a stage"),
     (["--tensor", "2"], "no layer annotates a parameter axis with 'tensor'"),
 ])

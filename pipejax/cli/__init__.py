@@ -106,11 +106,14 @@ def _common(q: argparse.ArgumentParser) -> None:
 
 def _train_flags(train: argparse.ArgumentParser) -> None:
     """`pipejax train`'s own flags (config.TrainConfig)."""
-    train.add_argument("--optimizer", default=None, choices=["sgd", "momentum", "adam", "adamw"],
-                       help="default adam (gpt: adamw); momentum with --reference")
+    train.add_argument("--optimizer", default=None,
+                       choices=["sgd", "momentum", "adam", "adamw", "muon"],
+                       help="default adam (gpt: adamw); momentum with --reference; muon: "
+                            "optax.contrib.muon on the model's matrices, Adam on the rest, "
+                            "its update's RMS AdamW's")
     train.add_argument("--weight-decay", type=float, default=0.1,
-                       help="adamw's decoupled weight decay, on matrices and embeddings "
-                            "(adamw runs with betas 0.9, 0.95)")
+                       help="adamw's and muon's decoupled weight decay, on matrices and "
+                            "embeddings (adamw runs with betas 0.9, 0.95)")
     train.add_argument("--lr", type=_rate, default=None, help="default: the model's")
     train.add_argument("--momentum", type=float, default=None,
                        help="for momentum and mitigations (default 0.9)")
@@ -118,7 +121,7 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
                        help="staleness mitigation for --schedule " + " or ".join(
                            sorted(n for n, f in FAMILIES.items() if f.asynchronous)) + " "
                             "(on --optimizer adam or adamw: all but spectrain; nesterov on "
-                            "nothing else)")
+                            "nothing else; on muon: none, stash and ef)")
     train.add_argument("--horizon-scale", type=float, default=1.0,
                        help="multiplies the forecast horizon and compensated delay (2: LWP_2D)")
     train.add_argument("--form", default=None, choices=["velocity", "difference"],

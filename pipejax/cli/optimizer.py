@@ -27,7 +27,7 @@ def make_optimizer(cfg: TrainConfig, updates: tuple[int, int], update_size: int,
     decay_at = tuple(parse_numbers(cfg.decay_at, "--decay-at"))
     settings = {"optimizer": cfg.optimizer, "lr_schedule": cfg.lr_schedule,
                 "update_size": update_size, "updates": updates[0], "warmup": cfg.warmup}
-    if cfg.optimizer == "adamw":
+    if cfg.optimizer in ("adamw", "muon"):
         settings["weight_decay"] = cfg.weight_decay
     if cfg.lr_schedule == "step":
         settings["decay_at"] = list(decay_at)
@@ -78,7 +78,18 @@ def _named(cfg: TrainConfig, rate, momentum: float):
         return optax.sgd(rate, momentum)
     if cfg.optimizer == "adam":
         return optax.adam(rate)
+    if cfg.optimizer == "muon":
+        return _muon(cfg)(rate)
     return optax.adamw(rate, b2=0.95, weight_decay=cfg.weight_decay, mask=_matrices)
+
+
+def _muon(cfg: TrainConfig):
+    """--optimizer muon: `pj.transforms.Muon` with --weight-decay on matrices, on
+    the matrices the zoo model names (`ZooModel.muon`)."""
+    import pipejax as pj
+
+    return pj.transforms.Muon(weight_decay=cfg.weight_decay, mask=_matrices,
+                              dimensions=pj.models.MODELS[cfg.model].muon)
 
 
 def _mitigation(cfg: TrainConfig, rate, momentum: float, per_epoch: int):
@@ -91,11 +102,13 @@ def _mitigation(cfg: TrainConfig, rate, momentum: float, per_epoch: int):
         raise pj.errors.ConfigError("--mitigation nesterov is NAdam on stashed weights; use "
                                     "--optimizer adam or adamw")
     nesterov = cfg.mitigation == "nesterov"  # its own β1 0.99; on adam, all its settings
-    base = {"adam": None if nesterov else "adam",
-            "adamw": T.AdamW(0.99 if nesterov else 0.9, b2=0.95, weight_decay=cfg.weight_decay,
-                             mask=_matrices)}.get(cfg.optimizer, "momentum")
+    base = _muon(cfg) if cfg.optimizer == "muon" else {
+        "adam": None if nesterov else "adam",
+        "adamw": T.AdamW(0.99 if nesterov else 0.9, b2=0.95, weight_decay=cfg.weight_decay,
+                         mask=_matrices)}.get(cfg.optimizer, "momentum")
     pipemare = cfg.mitigation == "pipemare"
-    return T.mitigation(cfg.mitigation, rate, momentum=None if adam else momentum,
+    own = adam or cfg.optimizer == "muon"  # its momentum is its own (β1, beta)
+    return T.mitigation(cfg.mitigation, rate, momentum=None if own else momentum,
                         horizon_scale=cfg.horizon_scale, form=cfg.form, optimizer=base,
                         warmup_steps=(cfg.warmup or per_epoch) if pipemare else None)
 
@@ -121,6 +134,8 @@ def describe_optimizer(settings: dict) -> str:
         text += f", {s['warmup']} warm-up updates"
     if s["optimizer"] == "adamw":
         text += f", betas (0.9, 0.95), weight decay {s['weight_decay']:g} on matrices"
+    elif s["optimizer"] == "muon":
+        text += f", beta 0.95, weight decay {s['weight_decay']:g} on matrices"
     elif s["optimizer"] != "adam":
         text += f", momentum {s['momentum']:.6g}"
     if "reference" in s:

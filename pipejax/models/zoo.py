@@ -17,7 +17,7 @@ import dataclasses
 import types
 from typing import Any, Callable, Literal, Mapping
 
-from pipejax.models.gpt import gpt
+from pipejax.models.gpt import gpt, gpt_muon_dimensions
 from pipejax.models.mlp import mlp
 from pipejax.models.residual_lstm import residual_lstm
 from pipejax.models.resnet import resnet
@@ -41,6 +41,8 @@ class ZooModel:
         "never" (it takes signals and images as they are).
       dims: it takes `dims`, the example's spatial dimensions (1 for
         signals, 2 for images).
+      muon: Muon's axes of its matrices (`pj.transforms.Muon(dimensions=)`);
+        None: optax's default, every 2-D leaf.
     """
 
     build: Callable[..., list]
@@ -49,6 +51,7 @@ class ZooModel:
     text: bool = False
     flat: Literal["always", "images", "never"] = "never"
     dims: bool = False
+    muon: Callable | None = None
 
     @property
     def data(self) -> str:
@@ -68,5 +71,6 @@ MODELS: Mapping[str, ZooModel] = types.MappingProxyType({
                               {"lr": 3e-3, "epochs": 15}, flat="images"),
     "gpt": ZooModel(gpt, {"depth": 6, "width": 128, "heads": 4, "context": 128},
                     {"lr": 2e-3, "steps": 2000, "optimizer": "adamw", "lr_schedule": "cosine",
-                     "warmup": 100, "batch_size": 32, "eval_every": 250}, text=True),
+                     "warmup": 100, "batch_size": 32, "eval_every": 250}, text=True,
+                    muon=gpt_muon_dimensions),
 })

@@ -10,7 +10,8 @@ mitigations are ready recipes, one function each (`lwp_sc`, `spectrain`, ...,
 `recipes.py`), and by name (`mitigation("lwp+sc", ...)`); the Adam-era ones
 (`pipeoptim`, `nesterov`, SC on Adam's first moment) build on `AdamW`
 (`adam.py`); `error_feedback` corrects a delayed update whatever the
-optimizer (Muon too).
+optimizer, and `Muon` is a recipe's base where the recipe applies the
+optimizer's own update (`muon.py`).
 """
 from pipejax.transforms.data_parallel import (RULES, DataRule, ElasticState, GossipState, adpsgd,
                                               consensus_distance, elastic, elastic_average, gossip,
@@ -26,6 +27,7 @@ from pipejax.transforms.hyperparams import (LR_SCHEDULES, lr_schedule, pipemare_
 from pipejax.transforms.adam_recipes import nesterov, pipeoptim
 from pipejax.transforms.error_feedback import ErrorFeedbackState, ef, error_feedback
 from pipejax.transforms.mitigations import MITIGATIONS, RECIPES, mitigation
+from pipejax.transforms.muon import Muon
 from pipejax.transforms.recipes import (Mitigation, lwp, lwp_sc, no_mitigation, pipemare, sc,
                                         spectrain, stash)
 from pipejax.transforms.spike import SpikeCompensationState, coefficients, spike_compensation
@@ -37,5 +39,5 @@ __all__ = ["AdamW", "DirectionState", "NAdamState", "adam_spike_compensation", "
            "coefficients", "consensus_distance", "ef", "elastic", "elastic_average",
            "error_feedback", "ErrorFeedbackState", "gossip", "hadpsgd", "mean_gradients", "ssgd",
            "forecast", "forecast_horizon", "forecasts_backward", "has_forecast", "lr_schedule",
-           "lwp", "lwp_sc", "mitigation", "no_mitigation", "pipemare", "pipemare_lr", "sc",
+           "lwp", "lwp_sc", "mitigation", "Muon", "no_mitigation", "pipemare", "pipemare_lr", "sc",
            "scale_hyperparams", "spectrain", "spike_compensation", "stash", "weight_forecast"]

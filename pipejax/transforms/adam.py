@@ -20,6 +20,7 @@ import optax
 
 from pipejax.errors import ConfigError
 from pipejax.transforms.forecast import update_direction
+from pipejax.transforms.muon import ON_MUON, Muon, check_muon
 
 
 def _check(name: str, b1: float, b2: float, eps: float, weight_decay: float = 0.0) -> None:
@@ -161,19 +162,37 @@ class AdamW(NamedTuple):
                 optax.scale_by_learning_rate(learning_rate))
 
 
-Base = str | AdamW  # a recipe's optimizer: "momentum" (SGDM), "adam" (= AdamW()) or AdamW(...)
+Base = str | AdamW | Muon  # a recipe's optimizer: "momentum" (SGDM), "adam" (= AdamW()),
+#                           AdamW(...) or Muon(...)
 
 
-def check_optimizer(optimizer: Base) -> None:
+def check_optimizer(optimizer: Base, recipe: str | None = None) -> None:
+    """A recipe's optimizer, checked; Muon only for a `recipe` of `ON_MUON`."""
     if isinstance(optimizer, AdamW):
         _check("AdamW", optimizer.b1, optimizer.b2, optimizer.eps, optimizer.weight_decay)
+    elif isinstance(optimizer, Muon):
+        check_muon(optimizer)
+        if recipe not in ON_MUON:
+            raise ConfigError(f"{f'mitigation {recipe!r}' if recipe else 'this recipe'} on "
+                              "Muon(...): its formula reads SGDM's momentum trace or Adam's "
+                              f"moments, which Muon does not have; Muon runs under "
+                              f"{', '.join(ON_MUON)}")
     elif optimizer not in ("momentum", "adam"):
-        raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum', 'adam' or "
-                          "pj.transforms.AdamW(b1, b2, eps, weight_decay, mask)")
+        raise ConfigError(f"mitigation optimizer {optimizer!r}; use 'momentum', 'adam', "
+                          "pj.transforms.AdamW(b1, b2, eps, weight_decay, mask) or "
+                          "pj.transforms.Muon(...)")
 
 
 def is_adam(optimizer: Base) -> bool:
     return isinstance(optimizer, AdamW) or optimizer == "adam"
+
+
+def own_momentum(optimizer: Base) -> float | None:
+    """The momentum an optimizer carries itself: Adam's β1, Muon's beta;
+    None for SGDM, whose momentum a recipe is given."""
+    if isinstance(optimizer, Muon):
+        return optimizer.beta
+    return as_adamw(optimizer).b1 if is_adam(optimizer) else None
 
 
 def as_adamw(optimizer: Base) -> AdamW:
@@ -188,8 +207,10 @@ def default_form(optimizer: Base) -> str:
 
 def base_optimizer(optimizer: Base, rate: optax.ScalarOrSchedule, m: float,
                    delay: float = 0.0) -> optax.GradientTransformation:
-    """v ← m·v + g, w ← w − η·v (SGDM), or Adam at rate η; with SC_delay on
-    Adam's first moment when delay > 0."""
+    """v ← m·v + g, w ← w − η·v (SGDM), or Adam or Muon at rate η; with
+    SC_delay on Adam's first moment when delay > 0."""
+    if isinstance(optimizer, Muon):
+        return optimizer(rate)
     if is_adam(optimizer):
         return as_adamw(optimizer)(rate, delay=delay)
     return optax.chain(optax.trace(m), optax.scale_by_learning_rate(rate))

@@ -97,9 +97,10 @@ def ef(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float |
 
     Args:
       horizon_scale: multiplies the stage's delay into λ.
-      optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
+      optimizer: "momentum" (SGDM), "adam" (optax.adam), `AdamW(...)` or
+        `Muon(...)`.
     """
-    check_optimizer(optimizer)
+    check_optimizer(optimizer, "ef")
     lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
 
     def make(s: StageInfo) -> optax.GradientTransformation:

@@ -20,7 +20,9 @@ takes and the optimizer it runs on by default.
 
 Every name but spectrain runs on Adam (`optimizer="adam"` or
 `pj.transforms.AdamW(...)`); sc and lwp+sc then compensate Adam's first
-moment (`adam_spike_compensation`), and nesterov runs on nothing else.
+moment (`adam_spike_compensation`), and nesterov runs on nothing else. none,
+stash and ef, which apply the optimizer's own update, run on Muon too
+(`pj.transforms.Muon(...)`).
 
 Kosson et al. train at update size 1 with the hyper-parameters of a
 reference batch scaled by their eq. 9; `reference=(η, m, B), batch=B′` does
@@ -95,8 +97,9 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
       name: one of `MITIGATIONS`.
       learning_rate, momentum, reference, batch: as the recipes take them.
       horizon_scale: for spectrain, lwp, sc, lwp+sc and pipeoptim.
-      optimizer: "momentum", "adam" or `pj.transforms.AdamW(...)` (every name
-        but spectrain on Adam, nesterov on nothing else); default the
+      optimizer: "momentum", "adam", `pj.transforms.AdamW(...)` (every name
+        but spectrain on Adam, nesterov on nothing else) or
+        `pj.transforms.Muon(...)` (none, stash and ef); default the
         recipe's own ("momentum"; "adam" for pipeoptim; Ajanthan et al.'s
         AdamW for nesterov).
       form: for lwp and lwp+sc: "velocity" (the default on SGDM) or
@@ -110,7 +113,7 @@ def mitigation(name: str, learning_rate: optax.ScalarOrSchedule | None = None, *
     recipe = RECIPES[name]
     takes = recipe.takes
     base = optimizer if optimizer is not None else recipe.optimizer
-    check_optimizer(base)
+    check_optimizer(base, name)
     if is_adam(base) and not recipe.on_adam:
         on_adam = ", ".join(n for n, r in RECIPES.items() if r.on_adam)
         raise ConfigError(f"mitigation {name!r} forecasts with a momentum trace, which Adam does "

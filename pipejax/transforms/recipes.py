@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import optax
 
 from pipejax.errors import ConfigError
-from pipejax.transforms.adam import (AdamW, Base, base_optimizer, check_optimizer, default_form,
-                                     is_adam)
+from pipejax.transforms.adam import (Base, base_optimizer, check_optimizer, default_form, is_adam,
+                                     own_momentum)
+from pipejax.transforms.muon import Muon
 from pipejax.transforms.forecast import FORMS, weight_forecast
 from pipejax.transforms.hyperparams import pipemare_lr, scale_hyperparams
 from pipejax.transforms.spike import coefficients, spike_compensation
@@ -46,10 +47,13 @@ def rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: fl
                        reference: tuple | None, batch: int | None,
                        optimizer: Base) -> tuple[optax.ScalarOrSchedule, float]:
     """(η, m): as given, or scaled from `reference` = (η, m, B) to `batch` by
-    eq. 9; on Adam m is its β1."""
-    if is_adam(optimizer) and momentum is not None:
-        raise ConfigError(f"mitigation: momentum={momentum} on Adam, whose momentum is its β1; "
-                          "leave momentum out and give optimizer=pj.transforms.AdamW(b1=...)")
+    eq. 9; on Adam m is its β1, on Muon its beta."""
+    own = own_momentum(optimizer)
+    if own is not None and momentum is not None:
+        name, field = ("Muon", "beta") if isinstance(optimizer, Muon) else ("AdamW", "b1")
+        raise ConfigError(f"mitigation: momentum={momentum} on {name}, whose momentum is its "
+                          f"{field}; leave momentum out and give optimizer=pj.transforms."
+                          f"{name}({field}=...)")
     if reference is None:
         if learning_rate is None:
             raise ConfigError("mitigation: give learning_rate=η, or reference=(η, m, B) and "
@@ -57,8 +61,8 @@ def rate_and_momentum(learning_rate: optax.ScalarOrSchedule | None, momentum: fl
         if batch is not None:
             raise ConfigError("mitigation: batch= is the update size to scale a reference "
                               "recipe to; give reference=(η, m, B) with it")
-        if is_adam(optimizer):
-            return learning_rate, optimizer.b1 if isinstance(optimizer, AdamW) else 0.9
+        if own is not None:
+            return learning_rate, own
         return learning_rate, 0.9 if momentum is None else momentum
     if learning_rate is not None or momentum is not None:
         raise ConfigError("mitigation: reference=(η, m, B) sets the learning rate and momentum "
@@ -125,7 +129,7 @@ def _sc(optimizer: Base, m: float, delay: float, h: float,
 def _plain(name: str, learning_rate: optax.ScalarOrSchedule | None, momentum: float | None,
            reference: tuple | None, batch: int | None, optimizer: Base, sweep: bool) -> Mitigation:
     """`no_mitigation` or `stash`: the base optimizer, with or without stashing."""
-    check_optimizer(optimizer)
+    check_optimizer(optimizer, name)
     check_sweep(name, optimizer, default_form(optimizer), sweep)
     lr, m = rate_and_momentum(learning_rate, momentum, reference, batch, optimizer)
     make = _swept(lr, m, lambda s: (1.0, 0.0, 0.0, 0.0)) if sweep else (
@@ -149,7 +153,7 @@ def no_mitigation(learning_rate: optax.ScalarOrSchedule | None = None, *,
       reference: (η, m, B) of a recipe tuned at batch B; with `batch` = B′,
         η and m are scaled by Kosson et al.'s eq. 9 (`scale_hyperparams`).
       batch: the update size B′ (an asynchronous pipeline's micro-batch size).
-      optimizer: "momentum" (SGDM), "adam" (optax.adam) or `AdamW(...)`.
+      optimizer: "momentum" (SGDM), "adam" (optax.adam), `AdamW(...)` or `Muon(...)`.
       sweep: the sweep chain (SGDM only; see the module docstring).
     """
     return _plain("none", learning_rate, momentum, reference, batch, optimizer, sweep)

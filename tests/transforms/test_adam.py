@@ -165,7 +165,7 @@ def test_the_adam_recipes_name_what_is_wrong():
         T.mitigation("nesterov", LR, momentum=0.9, reference=(0.1, 0.9, 128), batch=1)
     with pytest.raises(ConfigError, match="'pipeoptim' takes no form, sweep"):
         T.mitigation("pipeoptim", LR, form="velocity", sweep=True)
-    with pytest.raises(ConfigError, match="momentum=0.5 on Adam, whose momentum is its β1"):
+    with pytest.raises(ConfigError, match="momentum=0.5 on AdamW, whose momentum is its b1"):
         T.no_mitigation(LR, momentum=0.5, optimizer="adam")
     with pytest.raises(ConfigError, match="eps=-1 and weight_decay=0.0 be >= 0"):
         T.pipeoptim(LR, optimizer=T.AdamW(eps=-1))

@@ -85,3 +85,29 @@ def test_the_trajectory_follows_synchronous_sgd_closer():
 def test_bad_strength_is_named():
     with pytest.raises(ConfigError, match="strength=-1 must be >= 0"):
         pj.transforms.error_feedback(-1)
+
+
+def test_muon_is_the_base_of_the_recipes_that_apply_its_own_update():
+    """`ef`, `none` and `stash` on `pj.transforms.Muon` are optax's muon (with
+    the feedback at λ = D); a recipe whose formula reads a momentum trace or
+    Adam's moments, or a momentum given beside Muon's beta, is refused."""
+    T = pj.transforms
+    muon = T.Muon(beta=0.9, weight_decay=0.1)
+    stage = pj.StageInfo(stage=0, stages=2, delay=2, forward_horizon=2, backward_horizon=0)
+    params = {"w": jnp.ones((3, 4)), "b": jnp.zeros(4)}
+    grads = [jax.tree.map(lambda p, k=k: jnp.sin(jnp.arange(p.size, dtype=jnp.float32) + k)
+                          .reshape(p.shape), params) for k in range(3)]
+    by_hand = optax.contrib.muon(1e-2, beta=0.9, weight_decay=0.1, adam_b2=0.95,
+                                 consistent_rms=0.2)
+    for got, want in ((T.mitigation("ef", 1e-2, optimizer=muon).optimizer(stage),
+                       optax.chain(by_hand, T.error_feedback(2.0))),
+                      (T.mitigation("none", 1e-2, optimizer=muon).optimizer(stage), by_hand)):
+        chex.assert_trees_all_close(transformed(got, grads), transformed(want, grads))
+    assert T.stash(1e-2, optimizer=muon).weight_stashing
+    for name in ("sc", "lwp", "lwp+sc", "pipeoptim", "spectrain"):
+        with pytest.raises(ConfigError, match="Muon"):
+            T.mitigation(name, 1e-2, optimizer=muon)
+    with pytest.raises(ConfigError, match="Muon, whose momentum is its beta"):
+        T.no_mitigation(1e-2, momentum=0.9, optimizer=muon)
+    with pytest.raises(ConfigError, match="beta=1.0"):
+        T.Muon(beta=1.0)(1e-2)

@@ -138,8 +138,8 @@ def test_the_lookup_checks_what_it_leaves_out():
     with pytest.raises(ConfigError, match="with Adam use none, stash, lwp, sc, lwp\\+sc, "
                                           "pipemare, pipeoptim, nesterov, ef"):
         T.mitigation("spectrain", 0.1, optimizer="adam")
-    with pytest.raises(ConfigError, match="mitigation optimizer 'sgd'; use 'momentum', 'adam' "
-                                          "or pj.transforms.AdamW"):
+    with pytest.raises(ConfigError, match="mitigation optimizer 'sgd'; use 'momentum', 'adam', "
+                                          "pj.transforms.AdamW.* or pj.transforms.Muon"):
         T.mitigation("none", 0.1, optimizer="sgd")
     with pytest.raises(ConfigError, match="form='fast'; use 'velocity' or 'difference'"):
         T.mitigation("none", 0.1, form="fast")  # `none` takes no form, yet it is checked
