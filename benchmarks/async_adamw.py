@@ -96,10 +96,12 @@ def rate_schedule(peak: float, updates: int) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, peak, max(updates // 20, 1), updates)
 
 
+MUON = pj.transforms.Muon(beta=0.95, weight_decay=0.1, mask=matrices,
+                          dimensions=pj.models.gpt_muon_dimensions)
+
+
 def muon(rate: optax.Schedule) -> optax.GradientTransformation:
-    return optax.contrib.muon(rate, beta=0.95, weight_decay=0.1, weight_decay_mask=matrices,
-                              adam_b2=0.95, consistent_rms=0.2,
-                              muon_weight_dimension_numbers=pj.models.gpt_muon_dimensions)
+    return MUON(rate)
 
 
 def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:
