@@ -25,6 +25,7 @@ from pipejax.stage_layout import Gather
 from pipejax.transforms.data_parallel import RULES
 from pipejax.transforms.hyperparams import LR_SCHEDULES
 from pipejax.transforms.mitigations import MITIGATIONS
+from pipejax.transforms.muon import ON_MUON
 
 
 def _count(text: str) -> int:
@@ -121,7 +122,7 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
                        help="staleness mitigation for --schedule " + " or ".join(
                            sorted(n for n, f in FAMILIES.items() if f.asynchronous)) + " "
                             "(on --optimizer adam or adamw: all but spectrain; nesterov on "
-                            "nothing else; on muon: none, stash and ef)")
+                            f"nothing else; on muon: {', '.join(ON_MUON)})")
     train.add_argument("--horizon-scale", type=float, default=1.0,
                        help="multiplies the forecast horizon and compensated delay (2: LWP_2D)")
     train.add_argument("--form", default=None, choices=["velocity", "difference"],
