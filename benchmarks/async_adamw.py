@@ -100,17 +100,13 @@ MUON = pj.transforms.Muon(beta=0.95, weight_decay=0.1, mask=matrices,
                           dimensions=pj.models.gpt_muon_dimensions)
 
 
-def muon(rate: optax.Schedule) -> optax.GradientTransformation:
-    return MUON(rate)
-
-
 def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:
     """(an optimizer for `pj.simulate`, whether the backward uses the stashed weights)."""
     adam = SQRT_ADAMW if row.endswith(SCALED) else ADAMW
     row = row.removesuffix(SCALED)
     row = "nesterov" if row == "NAdam no delay" else row  # no delay: nothing is stashed
     if row.startswith("Muon"):
-        return muon(rate), False
+        return MUON(rate), False
     if row in ("AdamW sync", "AdamW no delay"):
         return adam(rate), False
     settings = {"pipemare": {"warmup_steps": max(updates // 5, 1)},

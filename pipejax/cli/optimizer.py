@@ -135,7 +135,9 @@ def describe_optimizer(settings: dict) -> str:
     if s["optimizer"] == "adamw":
         text += f", betas (0.9, 0.95), weight decay {s['weight_decay']:g} on matrices"
     elif s["optimizer"] == "muon":
-        text += f", beta 0.95, weight decay {s['weight_decay']:g} on matrices"
+        from pipejax.transforms.muon import Muon
+
+        text += f", beta {Muon().beta:g}, weight decay {s['weight_decay']:g} on matrices"
     elif s["optimizer"] != "adam":
         text += f", momentum {s['momentum']:.6g}"
     if "reference" in s:
