@@ -82,3 +82,18 @@ def test_every_table_mark_of_the_pages_names_a_rendered_table():
     assert len(marks) >= 15
     for script, name in marks:
         assert hooks.benchmark_tables(script)[name], f"{script}.{name}"
+
+
+def test_every_figure_the_pages_show_is_tracked():
+    """Each `figures/NAME.png` of docs/ is benchmarks/results/NAME.png under
+    git (`.gitignore` holds the PNGs back: a new one needs `git add -f`), so a
+    clean checkout's strict site build finds it."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "benchmarks/results"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    figure = re.compile(r"\(figures/([\w.-]+\.png)\)")
+    shown = {name for page in PAGES for name in figure.findall(page.read_text())}
+    assert len(shown) >= 3
+    missing = sorted(f for f in shown if f"benchmarks/results/{f}" not in tracked)
+    assert not missing, f"not tracked: {missing}; git add -f benchmarks/results/<name>"
