@@ -21,6 +21,7 @@ of the updates then cosine decay to 0. Rows:
   pipemare       the rate divided by D^p, p fading over the first 20 % of updates
   pipeoptim      the forward at w − η·D·m̂/(√v̂ + ε) (Guan et al. 2023)
   nesterov       NAdam with β1 0.99 on stashed weights (Ajanthan et al. 2025)
+  ef             error feedback at λ = D, the stage's delay (`pj.transforms.ef`)
   NAdam no delay nesterov's optimizer at update size 4 without a delay
   Muon sync      optax.contrib.muon, synchronous; Muon on the blocks' matrices,
                  Adam (β2 0.95) on the embeddings, the head and the vectors;
@@ -28,6 +29,9 @@ of the updates then cosine decay to 0. Rows:
                  et al. 2025), so that it takes AdamW's decay
   Muon no delay  the same at update size 4 without a delay
   Muon           the same on the delayed gradients, no correction
+  Muon stash     with PipeDream's weight stashing
+  Muon ef        with error feedback at λ = D (the corrections that run on Muon:
+                 `pipejax.transforms.muon.ON_MUON`)
   ... (√)        the row with the synchronous row's AdamW moved to update size 4
                  by the square-root rule (`scale_adam_hyperparams`, Malladi et al.
                  2022: η/√8, 1 − β by 1/8, ε·√8, decay λ/√8), no rate tuned
@@ -74,9 +78,10 @@ GRID = 6  # the grid is RATES[:GRID], extended upwards while its best is its lar
 SYNCHRONOUS = ("AdamW sync", "Muon sync")
 SCALED = " (√)"  # the square-root rule's rows
 ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "pipeoptim",
-        "nesterov", "NAdam no delay", "Muon sync", "Muon no delay", "Muon",
+        "nesterov", "ef", "NAdam no delay", "Muon sync", "Muon no delay", "Muon", "Muon stash",
+        "Muon ef",
         *(row + SCALED for row in ("AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
-OWN_ROWS = ("none", "stash", "lwp+sc", "pipemare", "pipeoptim", "nesterov")  # delayed AdamW
+OWN_ROWS = ("none", "stash", "lwp+sc", "pipemare", "pipeoptim", "nesterov", "ef")  # AdamW
 PATH = RESULTS / "async_adamw.json"
 
 
@@ -105,6 +110,9 @@ def optimizer(row: str, rate: optax.Schedule, updates: int) -> tuple:
     adam = SQRT_ADAMW if row.endswith(SCALED) else ADAMW
     row = row.removesuffix(SCALED)
     row = "nesterov" if row == "NAdam no delay" else row  # no delay: nothing is stashed
+    if row in ("Muon stash", "Muon ef"):
+        mit = pj.transforms.mitigation(row.split()[1], rate, optimizer=MUON)
+        return mit.optimizer, mit.weight_stashing
     if row.startswith("Muon"):
         return MUON(rate), False
     if row in ("AdamW sync", "AdamW no delay"):
