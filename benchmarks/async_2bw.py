@@ -19,8 +19,10 @@ Rows, each at the synchronous row's rate of its optimizer:
                           the correction narrows the stable range) along the
                           grid to a rate that beats both neighbours (seed 0)
   AdamW pipedream/pb,     the AdamW study's per-micro-batch asynchronous
-  Muon pipedream/pb       tables at K: its best corrected AdamW row at its
-                          own rate, and Muon (async_adamw.json)
+  Muon pipedream/pb       tables at K, each optimizer's best correction
+                          (error feedback at λ = D among them): AdamW's at
+                          its own rate, Muon's at its tuned rate
+                          (async_adamw.json)
 With `--long F`, Muon sync and Muon's 2BW rows at rates of their own (with
 and without error feedback) also run F times the tokens (their schedule over
 the longer run), each at a rate walked to at that length from its rate at
@@ -158,22 +160,27 @@ def synchronous_runs(study: Study, row: str, tokens: int) -> list[dict]:
     return [r for r in runs + study.runs if (r["row"], r["lr"], r["tokens"]) == (row, lr, tokens)]
 
 
+MUON_ROWS = ("Muon", "Muon stash", "Muon ef")  # the AdamW study's delayed Muon rows
+
+
 def per_microbatch(K: int, tokens: int) -> dict[str, list[dict]]:
     """The AdamW study's runs of its per-micro-batch asynchronous tables at
-    K, by this study's row: per schedule, its best corrected AdamW row at
-    that row's own rate, and Muon at its tuned rate."""
+    K, by this study's row: per schedule and optimizer, its best row with
+    3 seeds (AdamW's corrections at their own rates, Muon's at its tuned
+    rate), each run named by its correction."""
     runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
     rows = base.summary(runs, tokens, [K], base.OWN_ROWS, base.own) + \
-        base.summary(runs, tokens, [K], ("Muon",))
+        base.summary(runs, tokens, [K], MUON_ROWS)
     out = {}
-    for optimizer, names in (("AdamW", base.OWN_ROWS), ("Muon", ("Muon",))):
+    for optimizer, names in (("AdamW", base.OWN_ROWS), ("Muon", MUON_ROWS)):
         for schedule in ("pipedream", "pb"):
-            found = [r for r in rows if r["row"] in names and r["schedule"] == schedule]
+            found = [r for r in rows if r["row"] in names and r["schedule"] == schedule
+                     and r["seeds"] >= 3]
             if found:
                 best = min(found, key=lambda r: r["validation_loss"])
+                correction = best["row"].removeprefix("Muon").strip() or None
                 out[f"{optimizer} {schedule}"] = [
-                    {**r, "correction": best["row"] if optimizer == "AdamW" else None}
-                    for r in runs
+                    {**r, "correction": correction} for r in runs
                     if (r["row"], r["schedule"], r["K"], r["lr"], r["tokens"])
                     == (best["row"], schedule, K, best["lr"], tokens)]
     return out
@@ -214,7 +221,7 @@ def summary(study: Study, K: int, tokens: int) -> list[dict]:
 
 def label(row: str, correction: str | None) -> str:
     """A row's name, with the correction of a per-micro-batch table's row."""
-    return row if correction in (None, "ef") else f"{row} ({correction})"
+    return row if correction is None or "+ef" in row else f"{row} ({correction})"
 
 
 def markdown(rows: list[dict]) -> str:

@@ -117,7 +117,7 @@ def _train_flags(train: argparse.ArgumentParser) -> None:
                             "embeddings (adamw runs with betas 0.9, 0.95)")
     train.add_argument("--lr", type=_rate, default=None, help="default: the model's")
     train.add_argument("--momentum", type=float, default=None,
-                       help="for momentum and mitigations (default 0.9)")
+                       help="--optimizer momentum's, with or without a mitigation (default 0.9)")
     train.add_argument("--mitigation", default=None, choices=list(MITIGATIONS),
                        help="staleness mitigation for --schedule " + " or ".join(
                            sorted(n for n, f in FAMILIES.items() if f.asynchronous)) + " "

@@ -47,6 +47,11 @@ def _rate(cfg: TrainConfig, updates: int, update_size: int, decay_at: tuple) -> 
 
     T = pj.transforms
     warmup = 0 if cfg.mitigation == "pipemare" else cfg.warmup  # PipeMare warms up its own way
+    if cfg.momentum is not None and cfg.optimizer != "momentum":
+        has = "has none" if cfg.optimizer == "sgd" else "keeps its own (Adam's β1, Muon's beta)"
+        raise pj.errors.ConfigError(f"--momentum {cfg.momentum:g} is SGD with momentum's; "
+                                    f"--optimizer {cfg.optimizer} {has}: use --optimizer "
+                                    "momentum or leave out --momentum")
     momentum = 0.0 if cfg.optimizer == "sgd" else (0.9 if cfg.momentum is None else cfg.momentum)
     if cfg.reference is None:
         rate = T.lr_schedule(cfg.lr_schedule, cfg.learning_rate, updates, decay_at=decay_at,
