@@ -178,7 +178,7 @@ def per_microbatch(K: int, tokens: int) -> dict[str, list[dict]]:
                      and r["seeds"] >= 3]
             if found:
                 best = min(found, key=lambda r: r["validation_loss"])
-                correction = best["row"].removeprefix("Muon").strip() or None
+                correction = best["row"].removeprefix("Muon").strip() or "none"
                 out[f"{optimizer} {schedule}"] = [
                     {**r, "correction": correction} for r in runs
                     if (r["row"], r["schedule"], r["K"], r["lr"], r["tokens"])
