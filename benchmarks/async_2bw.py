@@ -300,8 +300,8 @@ def headline(rows: list[dict]) -> str:
     tail = "".join(f"; at {t / 1e6:.0f} M tokens, rates walked at that length, Muon "
                    + ", ".join(said) for t, said in gaps.items() if said)
     return (f"PipeDream-2BW's one-step delay on the 8 × 64 byte GPT at K = 8, 1 M tokens in "
-            f"batches of 2048 (far below Zmushko et al.'s 135 M+ parameters and 180 K-token "
-            f"batches), against the synchronous runs: {'; '.join(each)}{tail}.")
+            f"batches of 2048 (far below Zmushko et al.'s models of up to 10 B parameters "
+            f"and 200 B tokens), against the synchronous runs: {'; '.join(each)}{tail}.")
 
 
 def plot(study: Study, K: int, path) -> None:

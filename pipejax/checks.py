@@ -12,7 +12,7 @@ import numpy as np
 
 from pipejax.errors import ConfigError, LayerError
 from pipejax.placement import Placement
-from pipejax.schedules import Schedule
+from pipejax.schedules import FAMILIES, Schedule
 
 REMATS = ("none", "stage")
 # What a stage keeps for its backward: "stage" (its input: the forward runs
@@ -82,6 +82,28 @@ def staleness(schedule: Schedule, remat: Any, weight_stashing: bool) -> None:
             f"remat={remat!r} keeps residuals computed with the forward's weights, but the "
             f"backward of {schedule.name!r} uses the current weights (the exact vjp at "
             "(backward weights, stashed input)); use remat='stage' or weight_stashing=True")
+
+
+def forecast(schedule: Schedule, forecasting: list[bool]) -> None:
+    """Raise where a stage's optimizer ends in `weight_forecast`
+    (`forecasting`, per stage) but the schedule's table has nothing for it
+    to forecast: synchronous (every backward meets its forward's weights),
+    or double-buffered (PipeDream-2BW: every op of a step runs on one
+    version, one update behind, and no update comes between a forward and
+    its backward; the delay's correction there acts on the update)."""
+    if not any(forecasting) or not (schedule.synchronous or schedule.double_buffered):
+        return
+    head = (f"stage {forecasting.index(True)}'s optimizer ends in weight_forecast, but "
+            f"schedule {schedule.name!r}")
+    if schedule.double_buffered:
+        raise ConfigError(f"{head} runs every op of a step on one weight version, one update "
+                          "behind (double-buffered): no update comes between a forward and its "
+                          "backward to forecast; drop the forecast (the one-step delay's "
+                          "correction is pj.transforms.error_feedback, recipe 'ef')")
+    asynchronous = ", ".join(sorted(repr(n) for n, f in FAMILIES.items() if f.asynchronous))
+    raise ConfigError(f"{head} is synchronous: every backward sees the weights its forward "
+                      f"used, so there is nothing to forecast; use an asynchronous schedule "
+                      f"({asynchronous}) or drop the forecast")
 
 
 def ties(ties: tuple, specs: tuple, schedule: Schedule) -> None:

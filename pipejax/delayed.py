@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from pipejax import checks
 from pipejax.errors import ConfigError
 from pipejax.layers import Layer, apply_layers, initial_variables, layer_list
 from pipejax.placement import Placement
@@ -85,6 +86,7 @@ class Simulation:
     infos: tuple[StageInfo, ...]
     transforms: tuple[optax.GradientTransformation, ...]
     consistent: bool
+    table: Schedule | None  # the family's table the delays come from, if one
 
     def __post_init__(self):
         # run(state, xs, ys) -> (state, losses): `_run`, jitted once per simulation;
@@ -125,6 +127,8 @@ class Simulation:
     def _state(self, variables: list[dict], key: jax.Array) -> SimState:
         w = tuple([variables[i] for i in r] for r in self.ranges)
         s = tuple(t.init(wk) for t, wk in zip(self.transforms, w))
+        if self.table is not None:
+            checks.forecast(self.table, [has_forecast(sk) for sk in s])
         rings = tuple(jax.tree.map(lambda a, D=i.delay: jnp.stack([a] * (D + 1)),
                                    self._predict(w[k], s[k], False))
                       for k, i in enumerate(self.infos))
@@ -202,4 +206,5 @@ def simulate(layers: Sequence[Layer], *, loss: Callable, optimizer: Any,
     table = _table(delays, len(counts))
     infos = tuple(_stage_infos(delays, len(counts), table))
     consistent = consistent or (table is not None and table.double_buffered)
-    return Simulation(layers, loss, ranges, infos, per_stage(optimizer, infos), consistent)
+    return Simulation(layers, loss, ranges, infos, per_stage(optimizer, infos), consistent,
+                      table)

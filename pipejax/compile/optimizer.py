@@ -38,16 +38,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pipejax import checks
 from pipejax.compile.build import Build
 from pipejax.compile import pieces
 from pipejax.compile.outer import Outer, all_finite
 from pipejax.packing import Buffers, Packing
-from pipejax.schedules import FAMILIES
 from pipejax.compile.sharing import StageGroups
 from pipejax.compile.spmd import lead, local, params as rows, per_device, run_if, shard
 from pipejax.compile.state import Staged
 from pipejax.compile.ties import counted_once
-from pipejax.errors import ConfigError
 from pipejax.transforms import forecast, forecasts_backward, has_forecast
 from pipejax.transforms.per_stage import Optimizer, per_stage
 
@@ -83,14 +82,7 @@ class StageOptimizers:
             for k, t in enumerate(transforms):
                 pieces.check(t.init, build.code.params, k, build.F)
         states = [jax.eval_shape(t.init, params.abstract_tree(k)) for k, t in enumerate(transforms)]
-        forecasting = [has_forecast(s) for s in states]
-        if schedule.synchronous and any(forecasting):
-            raise ConfigError(
-                f"stage {forecasting.index(True)}'s optimizer ends in weight_forecast, but "
-                f"schedule {schedule.name!r} is synchronous: every backward sees the weights its "
-                "forward used, so there is nothing to forecast; use an asynchronous schedule "
-                f"({', '.join(sorted(repr(n) for n, f in FAMILIES.items() if f.asynchronous))}) "
-                "or drop the forecast")
+        checks.forecast(schedule, [has_forecast(s) for s in states])
         groups = StageGroups.by([(transforms[k], params.structure(k)) for k in range(build.K)],
                                 lambda a, b: a[0] is b[0] and a[1] == b[1], build.code.share)
         axes = [pieces.tensor_axes(s, params, k) for k, s in enumerate(states)]

@@ -94,11 +94,12 @@ def ef(learning_rate: optax.ScalarOrSchedule | None = None, *, momentum: float |
         W ← W + u_t + λ·(u_t − u_{t−1})
 
     A correction for a short delay. On the byte GPT at K = 8 (1 M tokens,
-    `benchmarks/async_2bw.py` and `benchmarks/async_adamw.py`, 3 seeds) it
-    halves what 2BW's one-update delay costs AdamW and Muon, while at
-    PipeDream's and PB's delays (up to 7 and 14 updates) it helps neither
-    and makes PB worse (Muon 2.185 against 1.966 without it): the larger λ,
-    the narrower the stable range (module docstring).
+    `benchmarks/async_2bw.py` and `benchmarks/async_adamw.py`) it takes half
+    of the delay's part of 2BW's gap, for AdamW and for Muon (seed 0, the
+    gap split from the rate's part), while at PipeDream's and PB's delays (up
+    to 7 and 14 updates) it helps neither and makes PB worse (Muon 2.185
+    against 1.966 without it, 3 seeds): the larger λ, the narrower the
+    stable range (module docstring).
 
     The arguments not listed are `no_mitigation`'s.
 

@@ -115,13 +115,24 @@ def test_the_forecast_changes_the_forward():
     assert rel_err(lwp.losses, none.losses) > 1e-3
 
 
-def test_a_forecast_on_a_synchronous_schedule_is_an_error():
+@pytest.mark.parametrize("schedule, why", [
+    ("1f1b", "is synchronous"),
+    ("2bw", "runs every op of a step on one weight version"),
+])
+def test_a_forecast_where_no_update_comes_between_is_an_error(schedule, why):
+    """Synchronous and double-buffered tables have nothing to forecast; the
+    trainer and `pj.simulate` refuse a forecast alike (the recipes' too)."""
     pipe = pj.pipeline(LAYERS, loss=pj.losses.cross_entropy, example=jnp.zeros((2, 20)),
-                       stages=2, microbatches=2, schedule="1f1b")
-    opt = optax.chain(optax.sgd(LR), pj.transforms.weight_forecast(2))
-    with pytest.raises(ConfigError, match="stage 0's optimizer ends in weight_forecast, but "
-                                          "schedule '1f1b' is synchronous"):
-        pipe.trainer(opt)
+                       stages=2, microbatches=2, schedule=schedule)
+    said = f"stage 0's optimizer ends in weight_forecast, but schedule '{schedule}' {why}"
+    for opt in (optax.chain(optax.sgd(LR), pj.transforms.weight_forecast(2)),
+                pj.transforms.mitigation("lwp", LR).optimizer):
+        with pytest.raises(ConfigError, match=said):
+            pipe.trainer(opt)
+        sim = pj.simulate(LAYERS, loss=pj.losses.cross_entropy, optimizer=opt, split=2,
+                          delays=schedule)
+        with pytest.raises(ConfigError, match=said):
+            sim.init(sim.variables(jax.random.key(0), jnp.zeros((2, 20))))
 
 
 def test_forecast_after_a_collective_update():
