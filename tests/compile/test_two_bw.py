@@ -184,6 +184,27 @@ def test_2bw_holds_two_weight_versions_not_one_per_micro_batch():
     assert (info.delay, info.forward_horizon, info.backward_horizon) == (1, 0, 0)
 
 
+def test_2bw_state_holds_one_previous_version_whatever_K():
+    """The trainer's state, counted: beside the live weights, 2BW keeps one
+    previous version and one gradient sum a stage, at K = 2 and 4 alike,
+    where PipeDream's weight stashing keeps a version per micro-batch in
+    flight, which grows with K."""
+    nbytes = lambda tree: sum(a.nbytes for a in jax.tree.leaves(tree))
+    for K in (2, 4):
+        held = {}
+        for schedule, stash in (("2bw", False), ("pipedream", True)):
+            pipe = pj.pipeline(pj.models.mlp(depth=4, width=64), loss=pj.losses.cross_entropy,
+                               example=jnp.zeros((8, 40)), stages=K, microbatches=4,
+                               schedule=schedule, weight_stashing=stash)
+            state = pipe.trainer(optax.sgd(0.1)).init(pipe.init(jax.random.key(0)))
+            held[schedule] = state.inflight.rings, nbytes(state.params)
+        rings, weights = held["2bw"]
+        assert nbytes(rings.weights) == 0
+        assert nbytes(rings.versions.previous) == nbytes(rings.versions.accumulated) == weights
+        stashed, weights = held["pipedream"]
+        assert nbytes(stashed.weights) == K * weights and nbytes(stashed.versions) == 0
+
+
 def test_2bw_misuse_is_a_clear_error():
     layers, args = heterogeneous_layers(), {"loss": pj.losses.cross_entropy,
                                             "example": jnp.zeros((MB, 20))}
