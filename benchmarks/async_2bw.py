@@ -166,13 +166,14 @@ MUON_ROWS = ("Muon", "Muon stash", "Muon ef")  # the AdamW study's delayed Muon 
 def per_microbatch(K: int, tokens: int) -> dict[str, list[dict]]:
     """The AdamW study's runs of its per-micro-batch asynchronous tables at
     K, by this study's row: per schedule and optimizer, its best row with
-    3 seeds (AdamW's corrections at their own rates, Muon's at its tuned
-    rate), each run named by its correction."""
+    3 seeds (the corrections at the shared rate or, walked, their own),
+    each run named by its correction."""
     runs = json.loads(base.PATH.read_text())["runs"] if base.PATH.exists() else []
     rows = base.summary(runs, tokens, [K], base.OWN_ROWS, base.own) + \
         base.summary(runs, tokens, [K], MUON_ROWS)
+    adamw = tuple(row for row in base.OWN_ROWS if row not in MUON_ROWS)
     out = {}
-    for optimizer, names in (("AdamW", base.OWN_ROWS), ("Muon", MUON_ROWS)):
+    for optimizer, names in (("AdamW", adamw), ("Muon", MUON_ROWS)):
         for schedule in ("pipedream", "pb"):
             found = [r for r in rows if r["row"] in names and r["schedule"] == schedule
                      and r["seeds"] >= 3]

@@ -38,7 +38,8 @@ of the updates then cosine decay to 0. Rows:
 The rates, an optimizer at a time: the synchronous rows' and those of every
 asynchronous row of a K are the best of the grid `RATES` at seed 0, for
 "AdamW sync" and for "none" with PB at that K (for Muon: "Muon sync" and
-"Muon" with PB; `--tune`). With `--own` the delayed AdamW rows also run at a
+"Muon" with PB; `--tune`). With `--own` the delayed AdamW rows (and Muon ef,
+whose correction narrows the stable range) also run at a
 rate of their own: from the shared one, along the grid to the rate that beats
 both its neighbours (PB, seed 0). The effective delay is η·D at the first stage
 (Adam's steps are normalized: a gradient moves each weight by about η over
@@ -81,7 +82,8 @@ ROWS = ("AdamW sync", "AdamW no delay", "none", "stash", "lwp+sc", "pipemare", "
         "nesterov", "ef", "NAdam no delay", "Muon sync", "Muon no delay", "Muon", "Muon stash",
         "Muon ef",
         *(row + SCALED for row in ("AdamW no delay", "none", "stash", "lwp+sc", "pipeoptim")))
-OWN_ROWS = ("none", "stash", "lwp+sc", "pipemare", "pipeoptim", "nesterov", "ef")  # AdamW
+OWN_ROWS = ("none", "stash", "lwp+sc", "pipemare", "pipeoptim", "nesterov", "ef",  # AdamW's
+            "Muon ef")  # the rows `--own` may walk
 PATH = RESULTS / "async_adamw.json"
 
 
