@@ -20,9 +20,8 @@ Rows, each at the synchronous row's rate of its optimizer:
                           grid to a rate that beats both neighbours (seed 0)
   AdamW pipedream/pb,     the AdamW study's per-micro-batch asynchronous
   Muon pipedream/pb       tables at K, each optimizer's best correction
-                          (error feedback at λ = D among them): AdamW's at
-                          its own rate, Muon's at its tuned rate
-                          (async_adamw.json)
+                          (error feedback at λ = D among them), at the
+                          shared rate or, walked, its own (async_adamw.json)
 With `--long F`, Muon sync and Muon's 2BW rows at rates of their own (with
 and without error feedback) also run F times the tokens (their schedule over
 the longer run), each at a rate walked to at that length from its rate at

@@ -51,6 +51,7 @@ Run: python benchmarks/async_adamw.py            (every row, K = 4 and 8, 3 seed
      python benchmarks/async_adamw.py --tune --K 8
      python benchmarks/async_adamw.py --K 8 --schedules pb --rows none lwp+sc --seeds 0 1 2
      python benchmarks/async_adamw.py --K 8 --rows nesterov --own
+     python benchmarks/async_adamw.py --K 8 --rows ef "Muon stash" "Muon ef" --own
 """
 
 from __future__ import annotations
