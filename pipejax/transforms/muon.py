@@ -47,6 +47,7 @@ class Muon(NamedTuple):
 
 
 def check_muon(muon: Muon) -> None:
+    """Raise unless Muon's momenta lie in [0, 1) and its decay is >= 0."""
     if not (0.0 <= muon.beta < 1.0 and 0.0 <= muon.adam_b2 < 1.0 and muon.weight_decay >= 0.0):
         raise ConfigError(f"Muon: beta={muon.beta} and adam_b2={muon.adam_b2} must lie in "
                           f"[0, 1), weight_decay={muon.weight_decay} be >= 0")
